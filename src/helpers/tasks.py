@@ -1,0 +1,211 @@
+"""Benchmarks as lm-eval 0.4 writes and scores them, and the paper's KV-retrieval task.
+
+Every task becomes a list of `Item`s: each choice is a (context, continuation) pair and the model
+picks the pair with the highest log-likelihood of the continuation, as lm-eval's
+`multiple_choice` output type does. Prompts follow lm-eval's task YAMLs (MMLU's
+`_default_template_yaml`, arc_easy.yaml, piqa.yaml, ...): `tests/test_tasks.py` renders those
+YAMLs from the installed lm-eval and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from .models import DATA
+
+LETTERS = "ABCD"
+TARGET_DELIMITER = " "  # lm-eval's default between context and continuation
+FEWSHOT_DELIMITER = "\n\n"  # lm-eval's default between few-shot examples
+
+
+@dataclass(frozen=True)
+class Item:
+    pairs: tuple[tuple[str, str], ...]  # one (context, continuation) per choice
+    gold: int
+    group: str = ""  # MMLU subject or knowledge task: what accuracy is grouped by
+    verbatim: bool = False  # score after the context exactly as written (no lm-eval whitespace move)
+
+
+# --- MMLU -----------------------------------------------------------------------------------------
+
+def mmlu_description(subject: str) -> str:
+    return f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+
+
+def mmlu_question(row: dict) -> str:
+    options = "".join(f"\n{letter}. {c}" for letter, c in zip(LETTERS, row["choices"]))
+    return f"{row['question'].strip()}{options}\nAnswer:"
+
+
+def mmlu_context(row: dict, shots: list[dict] = ()) -> str:
+    """lm-eval's MMLU prompt: description, then k solved dev examples, then the question."""
+    solved = [mmlu_question(s) + TARGET_DELIMITER + LETTERS[s["answer"]] for s in shots]
+    return mmlu_description(row["subject"]) + "".join(s + FEWSHOT_DELIMITER for s in solved) + mmlu_question(row)
+
+
+def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]:
+    """k-shot items; shots are the first k dev rows of the same subject (lm-eval's `first_n`
+    sampler, run one task per subject as lm-eval's `mmlu` group does)."""
+    by_subject: dict[str, list[dict]] = {}
+    for row in dev:
+        by_subject.setdefault(row["subject"], []).append(row)
+    items = []
+    for row in test:
+        shots = by_subject.get(row["subject"], [])[:k]
+        if len(shots) < k:
+            raise ValueError(f"subject {row['subject']!r} has {len(shots)} dev rows, {k}-shot needs {k}")
+        ctx = mmlu_context(row, shots)
+        items.append(Item(tuple((ctx, TARGET_DELIMITER + l) for l in LETTERS), row["answer"], row["subject"]))
+    return items
+
+
+def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> list[Item]:
+    """MMLU test items: `cais/mmlu` on the paper profile, the fixture set on the CPU profile.
+    `n` draws a seeded random subset (all when None)."""
+    if profile == "cpu":
+        rows = _jsonl(DATA / "fixtures" / "mmlu.jsonl")
+        test = [r for r in rows if r["split"] == "test"]
+        dev = [r for r in rows if r["split"] == "dev"]
+    else:
+        from datasets import load_dataset
+
+        ds = load_dataset("cais/mmlu", "all")
+        test, dev = list(ds["test"]), list(ds["dev"])
+    return _subset(mmlu_items(test, dev, k), n, seed)
+
+
+# --- knowledge tasks ------------------------------------------------------------------------------
+
+def _preprocess_hellaswag(text: str) -> str:
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+
+def _choices(ctx: str, texts: list[str], gold: int, group: str) -> Item:
+    return Item(tuple((ctx, TARGET_DELIMITER + t) for t in texts), gold, group)
+
+
+def knowledge_item(task: str, doc: dict) -> Item:
+    """One row of a knowledge task in lm-eval's prompt for that task."""
+    if task in ("arc_easy", "arc_challenge") or task in FIXTURE_KNOWLEDGE:
+        labels = doc["choices"]["label"]
+        return _choices(f"Question: {doc['question']}\nAnswer:", doc["choices"]["text"],
+                        labels.index(doc["answerKey"]), task)
+    if task == "piqa":
+        return _choices(f"Question: {doc['goal']}\nAnswer:", [doc["sol1"], doc["sol2"]], int(doc["label"]), task)
+    if task == "openbookqa":
+        labels = doc["choices"]["label"]
+        return _choices(doc["question_stem"], doc["choices"]["text"],
+                        labels.index(doc["answerKey"].lstrip()), task)
+    if task == "hellaswag":
+        ctx = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
+        return _choices(_preprocess_hellaswag(doc["activity_label"] + ": " + ctx),
+                        [_preprocess_hellaswag(e) for e in doc["endings"]], int(doc["label"]), task)
+    if task == "winogrande":
+        # Partial scoring: the same continuation after each option-filled context.
+        cut = doc["sentence"].index("_")
+        rest = TARGET_DELIMITER + doc["sentence"][cut + 1:].strip()
+        pairs = tuple((doc["sentence"][:cut] + opt, rest) for opt in (doc["option1"], doc["option2"]))
+        return Item(pairs, {"1": 0, "2": 1}[doc["answer"]], task)
+    raise KeyError(f"unknown knowledge task {task!r}; known: {', '.join(PAPER_KNOWLEDGE + FIXTURE_KNOWLEDGE)}")
+
+
+# The released code's knowledge score: the unweighted mean of `acc` over these six.
+PAPER_KNOWLEDGE = ("winogrande", "openbookqa", "piqa", "hellaswag", "arc_challenge", "arc_easy")
+# Where lm-eval 0.4 takes each from (hub dataset, config, split scored).
+KNOWLEDGE_SOURCES = {
+    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test"),
+    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test"),
+    "piqa": ("baber/piqa", None, "validation"),
+    "openbookqa": ("allenai/openbookqa", "main", "test"),
+    "hellaswag": ("Rowan/hellaswag", None, "validation"),
+    "winogrande": ("allenai/winogrande", "winogrande_xl", "validation"),
+}
+# The CPU profile's self-written cloze sets, in ARC's schema and prompt.
+FIXTURE_KNOWLEDGE = ("capitals", "symbols", "everyday")
+
+
+def load_knowledge(profile: str, n: int | None = None, seed: int = 0) -> dict[str, list[Item]]:
+    """Items per knowledge task; `n` draws a seeded subset of each task."""
+    if profile == "cpu":
+        rows = _jsonl(DATA / "fixtures" / "knowledge.jsonl")
+        return {t: _subset([knowledge_item(t, r) for r in rows if r["task"] == t], n, seed)
+                for t in FIXTURE_KNOWLEDGE}
+    from datasets import load_dataset
+
+    out = {}
+    for task in PAPER_KNOWLEDGE:
+        path, config, split = KNOWLEDGE_SOURCES[task]
+        out[task] = _subset([knowledge_item(task, d) for d in load_dataset(path, config, split=split)], n, seed)
+    return out
+
+
+# --- the paper's KV retrieval ---------------------------------------------------------------------
+
+KV_HEADER = "Memorize the following dictionary:\n"
+
+
+@cache
+def kv_words() -> tuple[str, ...]:
+    """Key vocabulary: the word lists of `wonderwords` (the release draws keys with its
+    RandomWord, whose default mixes nouns, verbs and adjectives), single lowercase words only."""
+    from importlib.resources import files
+
+    assets = files("wonderwords").joinpath("assets")
+    words = set()
+    for name in ("nounlist.txt", "verblist.txt", "adjectivelist.txt"):
+        words.update(w for w in assets.joinpath(name).read_text().split() if w.isalpha() and w.islower())
+    return tuple(sorted(words))
+
+
+def kv_item(rng: random.Random, n_pairs: int, query: str = "paper", trailing_space: bool = False) -> Item:
+    """One dictionary of `n_pairs` word:number lines (numbers 0-99 without replacement) and a
+    query for one key; the candidates are all the values in the dictionary.
+
+    query="paper": the release's `The value of the key 'X' is`, candidates ` 42` (the release
+    appends no space, one of its slips; lm-eval's delimiter is a space);
+    query="repeat": the key repeated as it stands in the list, `X:`, candidates `42`.
+    trailing_space: end the prompt with a space (the paper appendix's variant) and drop the
+    candidates' leading space; the item is scored verbatim, since lm-eval's convention would
+    move that space back into the candidates and undo the variant.
+    """
+    keys = rng.sample(kv_words(), n_pairs)
+    values = rng.sample(range(100), n_pairs)
+    target = rng.randrange(n_pairs)
+    lines = "\n".join(f"{k}:{v}" for k, v in zip(keys, values))
+    if query == "paper":
+        ctx, sep = f"{KV_HEADER}{lines}\nThe value of the key '{keys[target]}' is", TARGET_DELIMITER
+    elif query == "repeat":
+        ctx, sep = f"{KV_HEADER}{lines}\n{keys[target]}:", ""
+    else:
+        raise ValueError(f"unknown KV query style {query!r}; use 'paper' or 'repeat'")
+    if trailing_space:
+        ctx, sep = ctx + " ", ""
+    return Item(tuple((ctx, f"{sep}{v}") for v in values), target, f"kv{n_pairs}", verbatim=trailing_space)
+
+
+def kv_items(n_pairs: int, n: int, seed: int = 0, query: str = "paper", trailing_space: bool = False) -> list[Item]:
+    """`n` KV prompts of one dictionary size; the same (n_pairs, seed) always gives the same
+    prompts, and a larger n extends a smaller one."""
+    if not 1 <= n_pairs <= 100:
+        raise ValueError(f"n_pairs must be in 1..100 (values are the numbers 0-99), got {n_pairs}")
+    rng = random.Random(f"kv-{seed}-{n_pairs}")
+    return [kv_item(rng, n_pairs, query, trailing_space) for _ in range(n)]
+
+
+# --- utilities ------------------------------------------------------------------------------------
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _subset(items: list[Item], n: int | None, seed: int) -> list[Item]:
+    if n is None or n >= len(items):
+        return items
+    keep = sorted(random.Random(seed).sample(range(len(items)), n))
+    return [items[i] for i in keep]

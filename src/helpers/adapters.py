@@ -60,6 +60,21 @@ class Adapter:
         """The linear map whose input is the concatenation of the layer's head outputs."""
         raise NotImplementedError
 
+    def is_attention(self, layer: int) -> bool:
+        """Whether the layer mixes with softmax attention (else an SSM mixer)."""
+        return False
+
+    def attention(self, layer: int) -> nn.Module:
+        raise InterventionError(f"layer {layer} of this {self.family} model has no attention module")
+
+    def mixer(self, layer: int) -> nn.Module:
+        """The sequence mixer of the layer (attention or SSM)."""
+        raise NotImplementedError
+
+    def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
+        """alpha [batch, heads, T, T] of an SSM layer's heads, given the mixer's input."""
+        raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
+
     def check_heads(self, layer: int, heads) -> list[int]:
         self.check_layer(layer)
         n = self.n_heads(layer)
@@ -82,8 +97,13 @@ class LlamaAdapter(Adapter):
     def final_norm(self) -> nn.Module:
         return self.model.base_model.norm
 
+    def is_attention(self, layer: int) -> bool:
+        return True
+
     def attention(self, layer: int) -> nn.Module:
         return self.layers[self.check_layer(layer)].self_attn
+
+    mixer = attention
 
     def n_heads(self, layer: int) -> int:
         return self.model.config.num_attention_heads
@@ -95,7 +115,36 @@ class LlamaAdapter(Adapter):
         return self.attention(layer).o_proj
 
 
-ADAPTERS: dict[str, type[Adapter]] = {"llama": LlamaAdapter}
+class Mamba2Adapter(Adapter):
+    """Mamba-2 (transformers `Mamba2ForCausalLM`): heads of `head_dim` channels, zeroed after the
+    gated norm, where they enter `out_proj`."""
+
+    family = "mamba2"
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.base_model.norm_f
+
+    def mixer(self, layer: int) -> nn.Module:
+        return self.layers[self.check_layer(layer)].mixer
+
+    def n_heads(self, layer: int) -> int:
+        return self.mixer(layer).num_heads
+
+    def head_dim(self, layer: int) -> int:
+        return self.mixer(layer).head_dim
+
+    def head_site(self, layer: int) -> nn.Linear:
+        return self.mixer(layer).out_proj
+
+    def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
+        from .attention import mamba2_terms, ssd_hidden_attention
+
+        t = mamba2_terms(self.mixer(layer), mixer_input)
+        return ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
+
+
+ADAPTERS: dict[str, type[Adapter]] = {"llama": LlamaAdapter, "mamba2": Mamba2Adapter}
 
 
 def adapter_for(model: nn.Module) -> Adapter:

@@ -1,0 +1,150 @@
+"""Per-head attention of attention layers, and hidden attention of SSM heads.
+
+Attention layers run through transformers' attention interface under the name "helpers": a layer
+with nothing attached calls transformers' own SDPA function (so the model computes exactly what it
+computes under "sdpa"); a layer with a recorder or a mask attached computes eager attention, hands
+its probabilities to the recorder and applies the mask before the softmax.
+
+SSM heads have no softmax, but unrolling the recurrence gives a matrix alpha with y = alpha @ x
+(Ali, Zimerman, Wolf 2024, "hidden attention"). For Mamba-2 (SSD) heads
+
+    alpha[t, s] = (C_t . B_s) * dt_s * exp(A * sum_{k=s+1..t} dt_k)   for s <= t,
+
+computed here from segment sums, with no loop over time.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from .adapters import InterventionError, unwrap
+
+IMPLEMENTATION = "helpers"
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    record = getattr(module, "_helpers_record", None)
+    allowed = getattr(module, "_helpers_allowed", None)
+    if record is None and allowed is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      scaling=scaling, dropout=dropout, **kwargs)
+    key = repeat_kv(key, query.shape[1] // key.shape[1])
+    value = repeat_kv(value, query.shape[1] // value.shape[1])
+    scores = (query @ key.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    t, s = scores.shape[-2:]
+    visible = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(s - t)
+    if attention_mask is not None:
+        visible = visible & (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)
+    if allowed is not None:
+        visible = visible & allowed.to(scores.device)
+    probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(query.dtype)
+    if record is not None:
+        record(probs)
+    return (probs @ value).transpose(1, 2).contiguous(), probs
+
+
+AttentionInterface.register(IMPLEMENTATION, _attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+
+
+@contextmanager
+def _routed(model):
+    """Route the model's attention through `_attention` for the block, then restore it."""
+    before = model.config._attn_implementation
+    model.config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = before
+
+
+@torch.inference_mode()
+def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
+    """Attention probabilities [batch, heads, T, T] of each requested layer, one forward pass.
+    SSM layers give their hidden attention instead (see `hidden_attention`)."""
+    model, adapter = unwrap(model)
+    maps: dict[int, torch.Tensor] = {}
+    attn_layers = [l for l in layers if adapter.is_attention(adapter.check_layer(l))]
+    ssm_layers = [l for l in layers if l not in attn_layers]
+    modules = {l: adapter.attention(l) for l in attn_layers}
+    for l, m in modules.items():
+        m._helpers_record = lambda p, l=l: maps.__setitem__(l, p.float())
+    taps, handles = {}, []
+    for l in ssm_layers:
+        handles.append(adapter.mixer(l).register_forward_pre_hook(
+            lambda m, args, l=l: taps.__setitem__(l, args[0])))
+    try:
+        with _routed(model):
+            model(input_ids=input_ids.to(next(model.parameters()).device))
+    finally:
+        for m in modules.values():
+            del m._helpers_record
+        for h in handles:
+            h.remove()
+    for l in ssm_layers:
+        maps[l] = adapter.hidden_attention(l, taps[l]).float()
+    return {l: maps[l] for l in layers}
+
+
+@contextmanager
+def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
+    """Let these heads of an attention layer attend only where `allowed` [T, T] (or
+    [heads, T, T]) is True, renormalising over what is left; other heads are untouched.
+    An all-True mask changes nothing but the arithmetic path (eager instead of SDPA)."""
+    model, adapter = unwrap(model)
+    heads = adapter.check_heads(layer, heads)
+    if not adapter.is_attention(layer):
+        raise InterventionError(
+            f"layer {layer} of this {adapter.family} model has no softmax attention to mask; "
+            "mask an SSM head through its hidden attention instead")
+    n = adapter.n_heads(layer)
+    full = torch.ones(n, *allowed.shape[-2:], dtype=torch.bool)
+    full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
+    module = adapter.attention(layer)
+    module._helpers_allowed = full
+    try:
+        with _routed(model):
+            yield model
+    finally:
+        del module._helpers_allowed
+
+
+def segment_sum(x: torch.Tensor) -> torch.Tensor:
+    """out[..., t, s] = sum_{k=s+1..t} x[..., k] for s <= t, -inf above the diagonal."""
+    t = x.shape[-1]
+    cum = torch.cumsum(x, dim=-1)
+    out = cum[..., :, None] - cum[..., None, :]
+    return out.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+
+
+def ssd_hidden_attention(C: torch.Tensor, B: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """alpha [batch, heads, T, T] of SSD heads. C, B: [batch, T, heads, state] (groups already
+    expanded to heads); dt: [batch, T, heads] after softplus; A: [heads] (negative)."""
+    decay = torch.exp(segment_sum((dt * A).transpose(1, 2)))  # [b, h, T, T]
+    cb = torch.einsum("bthn,bshn->bhts", C, B)
+    return cb * decay * dt.transpose(1, 2)[:, :, None, :]
+
+
+def mamba2_terms(mixer, u: torch.Tensor) -> dict[str, torch.Tensor]:
+    """x, B, C, dt, A, z of a transformers Mamba2Mixer on input `u` [batch, T, hidden]
+    (the same steps as the mixer's own torch path, with no cache)."""
+    T = u.shape[1]
+    z, xbc, dt = mixer.in_proj(u).split([mixer.intermediate_size, mixer.conv_dim, mixer.num_heads], dim=-1)
+    xbc = mixer.act(mixer.conv1d(xbc.transpose(1, 2))[..., :T].transpose(1, 2))
+    g, n = mixer.n_groups, mixer.ssm_state_size
+    x, B, C = xbc.split([mixer.intermediate_size, g * n, g * n], dim=-1)
+    rep = mixer.num_heads // g
+    dt = F.softplus(dt + mixer.dt_bias)
+    lo, hi = mixer.time_step_limit
+    return dict(
+        x=x.reshape(*x.shape[:2], mixer.num_heads, mixer.head_dim),
+        B=B.reshape(*B.shape[:2], g, n).repeat_interleave(rep, dim=2),
+        C=C.reshape(*C.shape[:2], g, n).repeat_interleave(rep, dim=2),
+        dt=dt.clamp(lo, hi), A=-torch.exp(mixer.A_log.float()), z=z,
+    )

@@ -118,3 +118,42 @@ def test_mamba2_zero_head_and_restore():
     with pytest.raises(helpers.InterventionError, match="heads 0..3"):
         with helpers.zero_heads(model, {0: [4]}):
             pass
+
+
+def tiny_mamba1(kind):
+    from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
+
+    config_cls, model_cls = {"mamba": (MambaConfig, MambaForCausalLM),
+                             "falcon_mamba": (FalconMambaConfig, FalconMambaForCausalLM)}[kind]
+    torch.manual_seed(0)
+    cfg = config_cls(vocab_size=50, hidden_size=16, num_hidden_layers=2, state_size=4, expand=2,
+                     conv_kernel=4, time_step_rank=4, use_mambapy=False)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            layer.mixer.D.normal_()
+            layer.mixer.dt_proj.bias.uniform_(-2, 1)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["mamba", "falcon_mamba"])
+@torch.inference_mode()
+def test_mamba1_hidden_attention_reproduces_the_mixer(kind):
+    """(alpha @ x + D x) * silu(z) equals what the mixer feeds its out_proj."""
+    from helpers.attention import mamba1_terms
+
+    model = tiny_mamba1(kind)
+    adapter = helpers.adapter_for(model)
+    ids = torch.randint(0, 50, (2, 13))
+    mixer = adapter.mixer(1)
+    seen = {}
+    h1 = mixer.register_forward_pre_hook(lambda m, a: seen.update(u=a[0]))
+    h2 = mixer.out_proj.register_forward_pre_hook(lambda m, a: seen.update(y=a[0]))
+    model(ids)
+    h1.remove(), h2.remove()
+    t = mamba1_terms(mixer, seen["u"])
+    alpha = adapter.hidden_attention(1, seen["u"])  # [b, channels, T, T]
+    y = (torch.einsum("bcts,bsc->btc", alpha, t["x"]) + mixer.D * t["x"]) * torch.nn.functional.silu(t["z"])
+    torch.testing.assert_close(y, seen["y"], rtol=1e-4, atol=1e-5)
+    grouped = helpers.adapter_for(model).__class__(model, group=4).hidden_attention(1, seen["u"], heads=[1])
+    torch.testing.assert_close(grouped[:, 0], alpha[:, 4:8].mean(1))

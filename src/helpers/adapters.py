@@ -144,7 +144,74 @@ class Mamba2Adapter(Adapter):
         return ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
 
 
-ADAPTERS: dict[str, type[Adapter]] = {"llama": LlamaAdapter, "mamba2": Mamba2Adapter}
+class MambaAdapter(Adapter):
+    """Mamba-1 and Falcon-Mamba (transformers `MambaForCausalLM`, `FalconMambaForCausalLM`):
+    every inner channel is its own SSM, so a "head" is one channel (width 1), as in the released
+    code; `group` > 1 treats consecutive channels as one head."""
+
+    family = "mamba"
+    head_kind = "channel"
+
+    def __init__(self, model: nn.Module, group: int = 1):
+        super().__init__(model)
+        self.group = group
+        if group > 1:
+            self.head_kind = "channel group"
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.base_model.norm_f
+
+    def mixer(self, layer: int) -> nn.Module:
+        return self.layers[self.check_layer(layer)].mixer
+
+    def n_heads(self, layer: int) -> int:
+        return self.mixer(layer).intermediate_size // self.group
+
+    def head_dim(self, layer: int) -> int:
+        return self.group
+
+    def head_site(self, layer: int) -> nn.Linear:
+        return self.mixer(layer).out_proj
+
+    def hidden_attention(self, layer: int, mixer_input: torch.Tensor, heads=None) -> torch.Tensor:
+        from .attention import mamba1_hidden_attention, mamba1_terms
+
+        t = mamba1_terms(self.mixer(layer), mixer_input)
+        heads = self.check_heads(layer, range(self.n_heads(layer)) if heads is None else heads)
+        channels = [h * self.group + i for h in heads for i in range(self.group)]
+        alpha = mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
+        # A channel group's map is the mean of its channels' maps.
+        return alpha.unflatten(1, (len(heads), self.group)).mean(2)
+
+
+class LlambaAdapter(Mamba2Adapter):
+    """Llamba (our `helpers.llamba`): DiscreteMamba2 heads, zeroed where they enter `out_proj`
+    (after the gate, as for Mamba-2)."""
+
+    family = "llamba"
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.base_model.final_layernorm
+
+    def n_heads(self, layer: int) -> int:
+        return self.mixer(layer).n_v_heads
+
+    def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
+        from .llamba import discrete_hidden_attention
+
+        t = self.mixer(layer).terms(mixer_input)
+        return discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
+
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    "llamba": LlambaAdapter,
+    "llama": LlamaAdapter,
+    "mamba2": Mamba2Adapter,
+    "mamba": MambaAdapter,
+    "falcon_mamba": MambaAdapter,
+}
 
 
 def adapter_for(model: nn.Module) -> Adapter:

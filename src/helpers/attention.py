@@ -148,3 +148,36 @@ def mamba2_terms(mixer, u: torch.Tensor) -> dict[str, torch.Tensor]:
         C=C.reshape(*C.shape[:2], g, n).repeat_interleave(rep, dim=2),
         dt=dt.clamp(lo, hi), A=-torch.exp(mixer.A_log.float()), z=z,
     )
+
+
+def mamba1_terms(mixer, u: torch.Tensor) -> dict[str, torch.Tensor]:
+    """x, B, C, dt, A, z of a transformers MambaMixer / FalconMambaMixer on input `u`:
+    x, dt, z [batch, T, channels]; B, C [batch, T, state]; A [channels, state] (negative).
+    Falcon-Mamba normalises B, C and dt (weightless RMS norms) before use."""
+    T = u.shape[1]
+    x, z = mixer.in_proj(u).chunk(2, dim=-1)
+    x = mixer.act(mixer.conv1d(x.transpose(1, 2))[..., :T]).transpose(1, 2)
+    dt, B, C = mixer.x_proj(x).split([mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size], dim=-1)
+    if hasattr(mixer, "b_layernorm"):
+        dt, B, C = mixer.dt_layernorm(dt), mixer.b_layernorm(B), mixer.c_layernorm(C)
+    dt = F.softplus(dt @ mixer.dt_proj.weight.T + mixer.dt_proj.bias)
+    return dict(x=x, B=B, C=C, dt=dt, A=-torch.exp(mixer.A_log.float()), z=z)
+
+
+def mamba1_hidden_attention(C, B, dt, A, channels=None, chunk: int = 64) -> torch.Tensor:
+    """alpha [batch, channels, T, T] of Mamba-1 channels (each channel is its own SSM):
+
+        alpha[t, s] = sum_n C_t[n] exp(A[n] * sum_{k=s+1..t} dt_k) dt_s B_s[n],
+
+    computed `chunk` channels at a time ([batch, chunk, state, T, T] at most in memory)."""
+    channels = torch.arange(dt.shape[-1]) if channels is None else torch.as_tensor(channels)
+    parts = []
+    for i in range(0, len(channels), chunk):
+        ch = channels[i:i + chunk]
+        d = dt[..., ch].transpose(1, 2)  # [b, c, T]
+        seg = segment_sum(d)[:, :, None]  # [b, c, 1, T, T], -inf above the diagonal
+        # Multiply A into the finite sums only: A * -inf would be +inf for A < 0.
+        rate = torch.where(seg.isfinite(), A[ch][None, :, :, None, None] * seg.clamp(min=0), float("-inf"))
+        decay = torch.exp(rate)  # [b, c, n, T, T]
+        parts.append(torch.einsum("btn,bcnts,bsn->bcts", C, decay, B) * d[:, :, None, :])
+    return torch.cat(parts, dim=1)

@@ -151,9 +151,9 @@ def paper_config(name: str):
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in (DATA / "configs").glob("*.json")))
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     if name.startswith("llamba"):
         from .llamba import LlambaConfig
 
-        return LlambaConfig.from_json_file(path)
-    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+        return LlambaConfig(**fields)
     return AutoConfig.for_model(**fields)

@@ -1,0 +1,103 @@
+"""Our pure-PyTorch Llamba: the chunked scan, the step-by-step recurrence and the materialised
+hidden attention compute the same map, and the model loads a checkpoint by its own names."""
+
+import pytest
+import torch
+
+import helpers
+from helpers.llamba import (LlambaConfig, LlambaForCausalLM, discrete_hidden_attention, ssd_recurrence,
+                            ssd_scan)
+
+
+def tiny_config(**ssm):
+    return LlambaConfig(vocab_size=60, d_model=32, n_layer=2, mlp_cfg={"intermediate_size": 48},
+                        ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 8, **ssm})
+
+
+def random_terms(T=21, h=3, p=5, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, T, h, p, generator=g, dtype=torch.float64)
+    log_decay = -torch.rand(2, T, h, generator=g, dtype=torch.float64)
+    B = torch.randn(2, T, h, n, generator=g, dtype=torch.float64)
+    C = torch.randn(2, T, h, n, generator=g, dtype=torch.float64)
+    return x, log_decay, B, C
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 8, 32])
+def test_scan_recurrence_and_materialised_form_agree(chunk):
+    x, a, B, C = random_terms()
+    ref = ssd_recurrence(x, a, B, C)
+    torch.testing.assert_close(ssd_scan(x, a, B, C, chunk), ref)
+    alpha = discrete_hidden_attention(a, B, C)
+    torch.testing.assert_close(torch.einsum("bhts,bshp->bthp", alpha, x), ref)
+
+
+@torch.inference_mode()
+def test_hidden_attention_reproduces_the_mixer():
+    torch.manual_seed(0)
+    model = LlambaForCausalLM(tiny_config()).eval()
+    adapter = helpers.adapter_for(model)
+    mixer = adapter.mixer(1)
+    with torch.no_grad():
+        mixer.D.normal_()
+        mixer.z_bias.normal_()
+    ids = torch.randint(0, 60, (2, 19))
+    seen = {}
+    h1 = mixer.register_forward_pre_hook(lambda m, a: seen.update(u=a[0]))
+    h2 = mixer.out_proj.register_forward_pre_hook(lambda m, a: seen.update(y=a[0]))
+    model(ids)
+    h1.remove(), h2.remove()
+    t = mixer.terms(seen["u"])
+    alpha = adapter.hidden_attention(1, seen["u"])
+    y = torch.einsum("bhts,bshp->bthp", alpha, t["x"]) + mixer.D[:, None] * t["x"]
+    torch.testing.assert_close(mixer.gate(y.flatten(-2), t["z"]), seen["y"], rtol=1e-4, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_llamba_interventions_restore(tmp_path):
+    torch.manual_seed(0)
+    model = LlambaForCausalLM(tiny_config()).eval()
+    ids = torch.randint(0, 60, (1, 10))
+    plain = model(ids).logits
+    with helpers.zero_heads(model, {1: [3]}):
+        assert not torch.equal(model(ids).logits, plain)
+    with helpers.prune_top(model, 1):
+        assert not torch.equal(model(ids).logits, plain)
+    assert torch.equal(model(ids).logits, plain)
+    with pytest.raises(helpers.InterventionError, match="heads 0..3"):
+        with helpers.zero_heads(model, {0: [4]}):
+            pass
+
+
+def test_loads_checkpoint_by_its_names(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    model = LlambaForCausalLM(cfg).eval()
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"vocab_size": 60, "d_model": 32, "n_layer": 2, "mlp_cfg": cfg.mlp_cfg, "ssm_cfg": cfg.ssm_cfg}))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors")
+    # The checkpoint's names, as the released Llamba uses them.
+    names = set(model.state_dict())
+    assert {"backbone.embedding.weight", "backbone.layers.0.mixer.in_proj.weight", "backbone.layers.0.mixer.z_bias",
+            "backbone.layers.0.mixer.conv1d.weight", "backbone.layers.0.mixer.D", "backbone.layers.0.mlp.gate_proj.weight",
+            "backbone.layers.1.post_attention_layernorm.weight", "backbone.final_layernorm.weight",
+            "lm_head.weight"} <= names
+    loaded = LlambaForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    ids = torch.randint(0, 60, (1, 9))
+    with torch.inference_mode():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_llamba_8b_shapes_on_meta():
+    cfg = helpers.paper_config("llamba-8b")
+    with torch.device("meta"):
+        model = LlambaForCausalLM(cfg)
+    adapter = helpers.adapter_for(model)
+    assert adapter.n_layers == 32 and adapter.n_heads(17) == 32 and adapter.head_dim(17) == 128
+    assert adapter.check_heads(17, [3, 9]) == [3, 9]
+    mixer = adapter.mixer(16)
+    assert mixer.in_proj.weight.shape == (2 * 4096 + 2 * 32 * 64 + 32, 4096)

@@ -57,10 +57,14 @@ def test_mask_restricts_only_the_chosen_head(smol, ids):
     assert not torch.all(p[1, 1:, 0] == 1)
 
 
-def test_mask_attention_rejects_ssm_layers():
-    model = tiny_mamba2()
-    with pytest.raises(helpers.InterventionError, match="no softmax attention"):
-        with mask_attention(model, 0, [0], torch.ones(4, 4)):
+def test_mask_attention_bad_input(smol):
+    from test_adapters import tiny_zamba2
+
+    with pytest.raises(helpers.InterventionError, match=r"Mamba layer without attention.*\[1, 3\].*mamba_heads"):
+        with mask_attention(tiny_zamba2(), 2, [0], torch.ones(4, 4)):
+            pass
+    with pytest.raises(helpers.InterventionError, match="one pattern per head: 2, not 3"):
+        with mask_attention(smol, 16, [0, 1], torch.ones(3, 4, 4)):
             pass
 
 

@@ -44,6 +44,16 @@ class Adapter:
         """The residual stream a layer's forward returns (some return tuples)."""
         return output if isinstance(output, torch.Tensor) else output[0]
 
+    @property
+    def width(self) -> int:
+        """The residual stream's width."""
+        return self.final_norm.weight.shape[0]
+
+    def run_layer(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Run one of this family's blocks on a residual stream, outside its own model (what a
+        transplanted layer needs; see `interventions.swap_layers`)."""
+        return self.layer_output(block(hidden))
+
     def check_layer(self, layer: int) -> int:
         if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
             raise InterventionError(f"layer {layer!r} is out of range: this {self.family} model has layers 0..{self.n_layers - 1}")
@@ -75,6 +85,17 @@ class Adapter:
         """alpha [batch, heads, T, T] of an SSM layer's heads, given the mixer's input."""
         raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
 
+    def ssm_site(self, layer: int) -> nn.Module:
+        """The module whose input carries each SSM head's output, in head order, `head_dim`
+        channels per head (where `masked_heads_output` is written back)."""
+        raise InterventionError(f"this {self.family} model has no SSM heads in layer {layer}")
+
+    def masked_heads_output(self, layer: int, mixer_input: torch.Tensor, heads: list[int],
+                            allowed: torch.Tensor) -> torch.Tensor:
+        """What `ssm_site` receives for these heads [batch, T, heads * head_dim] when their
+        hidden attention is multiplied by `allowed` ([T, T] or [heads, T, T])."""
+        raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
+
     def check_heads(self, layer: int, heads) -> list[int]:
         self.check_layer(layer)
         n = self.n_heads(layer)
@@ -104,6 +125,16 @@ class LlamaAdapter(Adapter):
         return self.layers[self.check_layer(layer)].self_attn
 
     mixer = attention
+
+    def run_layer(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        # A Llama block needs its model's rotary embeddings and an explicit causal mask
+        # (additive, which eager, SDPA and our own attention function all read the same way).
+        T = hidden.shape[1]
+        positions = torch.arange(T, device=hidden.device)[None]
+        rotary = self.model.base_model.rotary_emb(hidden, position_ids=positions)
+        mask = torch.full((T, T), float("-inf"), device=hidden.device, dtype=hidden.dtype).triu(1)[None, None]
+        return self.layer_output(block(hidden, attention_mask=mask, position_ids=positions,
+                                       position_embeddings=rotary))
 
     def n_heads(self, layer: int) -> int:
         return self.model.config.num_attention_heads
@@ -142,6 +173,17 @@ class Mamba2Adapter(Adapter):
 
         t = mamba2_terms(self.mixer(layer), mixer_input)
         return ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
+
+    def ssm_site(self, layer: int) -> nn.Module:
+        return self.mixer(layer).norm  # the gated norm's input: the scan output plus D x
+
+    def masked_heads_output(self, layer, mixer_input, heads, allowed):
+        from .attention import mamba2_terms
+
+        mixer = self.mixer(layer)
+        x = mamba2_terms(mixer, mixer_input)["x"][:, :, heads]
+        alpha = self.hidden_attention(layer, mixer_input)[:, heads] * allowed.to(x.dtype)
+        return (torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None] * x).flatten(-2)
 
 
 class MambaAdapter(Adapter):
@@ -184,6 +226,22 @@ class MambaAdapter(Adapter):
         # A channel group's map is the mean of its channels' maps.
         return alpha.unflatten(1, (len(heads), self.group)).mean(2)
 
+    def ssm_site(self, layer: int) -> nn.Module:
+        return self.mixer(layer).out_proj  # the gated scan output
+
+    def masked_heads_output(self, layer, mixer_input, heads, allowed):
+        from .attention import mamba1_hidden_attention, mamba1_terms
+
+        mixer = self.mixer(layer)
+        t = mamba1_terms(mixer, mixer_input)
+        channels = [h * self.group + i for h in heads for i in range(self.group)]
+        alpha = mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
+        if allowed.dim() == 3:  # one pattern per head: repeat it over the head's channels
+            allowed = allowed.repeat_interleave(self.group, dim=0)
+        x = t["x"][..., channels]
+        y = torch.einsum("bcts,bsc->btc", alpha * allowed.to(x.dtype), x) + mixer.D[channels] * x
+        return y * torch.nn.functional.silu(t["z"][..., channels])
+
 
 class LlambaAdapter(Mamba2Adapter):
     """Llamba (our `helpers.llamba`): DiscreteMamba2 heads, zeroed where they enter `out_proj`
@@ -204,8 +262,81 @@ class LlambaAdapter(Mamba2Adapter):
         t = self.mixer(layer).terms(mixer_input)
         return discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
 
+    def ssm_site(self, layer: int) -> nn.Module:
+        return self.mixer(layer).out_proj  # the gated output, y * silu(z + z_bias)
+
+    def masked_heads_output(self, layer, mixer_input, heads, allowed):
+        mixer = self.mixer(layer)
+        t = mixer.terms(mixer_input)
+        x = t["x"][:, :, heads]
+        alpha = self.hidden_attention(layer, mixer_input)[:, heads] * allowed.to(x.dtype)
+        y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None] * x
+        channels = torch.arange(mixer.d_inner).view(-1, mixer.head_dim)[heads].flatten()
+        z = t["z"][..., channels] + (mixer.z_bias[channels] if mixer.z_bias is not None else 0)
+        return y.flatten(-2) * torch.nn.functional.silu(z)
+
+
+class Zamba2Adapter(Mamba2Adapter):
+    """Zamba2 (transformers `Zamba2ForCausalLM`), attention view: the heads of a hybrid layer are
+    the heads of the shared attention block it calls. Each hybrid layer holds its own copy of
+    the block module with the shared (tied) weights, so hooks on that copy act on this layer's
+    call only and no weight is ever edited. Its Mamba-2 heads are in `mamba_heads()`."""
+
+    family = "zamba2"
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.base_model.final_layernorm
+
+    @property
+    def hybrid_layers(self) -> list[int]:
+        return list(self.model.config.hybrid_layer_ids)
+
+    def is_attention(self, layer: int) -> bool:
+        return self.check_layer(layer) in self.hybrid_layers
+
+    def attention(self, layer: int) -> nn.Module:
+        if not self.is_attention(layer):
+            raise InterventionError(
+                f"layer {layer} of this zamba2 model is a Mamba layer without attention; its attention "
+                f"layers are {self.hybrid_layers}; for its Mamba heads use adapter.mamba_heads()")
+        return self.layers[layer].shared_transformer.self_attn
+
+    def mixer(self, layer: int) -> nn.Module:
+        block = self.layers[self.check_layer(layer)]
+        return block.mamba_decoder.mamba if self.is_attention(layer) else block.mamba
+
+    def n_heads(self, layer: int) -> int:
+        self.attention(layer)
+        return self.model.config.num_attention_heads
+
+    def head_dim(self, layer: int) -> int:
+        return self.attention(layer).head_dim
+
+    def head_site(self, layer: int) -> nn.Linear:
+        return self.attention(layer).o_proj
+
+    def mamba_heads(self) -> "Zamba2MambaAdapter":
+        return Zamba2MambaAdapter(self.model)
+
+
+class Zamba2MambaAdapter(Zamba2Adapter):
+    """Zamba2, Mamba view: the Mamba-2 heads of every layer (hybrid layers included)."""
+
+    def is_attention(self, layer: int) -> bool:
+        return False
+
+    def mixer(self, layer: int) -> nn.Module:
+        block = self.layers[self.check_layer(layer)]
+        return block.mamba_decoder.mamba if hasattr(block, "mamba_decoder") else block.mamba
+
+    n_heads = Mamba2Adapter.n_heads
+    head_dim = Mamba2Adapter.head_dim
+    head_site = Mamba2Adapter.head_site
+
 
 ADAPTERS: dict[str, type[Adapter]] = {
+    "zamba2": Zamba2Adapter,
     "llamba": LlambaAdapter,
     "llama": LlamaAdapter,
     "mamba2": Mamba2Adapter,

@@ -15,7 +15,7 @@ computed here from segment sums, with no loop over time.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
         visible = visible & (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)
     if allowed is not None:
         visible = visible & allowed.to(scores.device)
-    probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(query.dtype)
+    probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1)
+    # A query row with nothing left to attend to reads nothing (softmax of all -inf is NaN).
+    probs = probs.nan_to_num(0.0).to(query.dtype)
     if record is not None:
         record(probs)
     return (probs @ value).transpose(1, 2).contiguous(), probs
@@ -64,55 +66,97 @@ def _routed(model):
         model.config._attn_implementation = before
 
 
+def mixer_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The hidden states a mixer was called with (positionally, or as `hidden_states=`)."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@contextmanager
+def _attached(adapter, layer: int, name: str, value):
+    """Give the layer's attention module the attribute `name` for the block."""
+    module = adapter.attention(layer)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        delattr(module, name)
+
+
 @torch.inference_mode()
 def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
     """Attention probabilities [batch, heads, T, T] of each requested layer, one forward pass.
-    SSM layers give their hidden attention instead (see `hidden_attention`)."""
+    SSM layers give their hidden attention instead (see the adapters' `hidden_attention`)."""
     model, adapter = unwrap(model)
     maps: dict[int, torch.Tensor] = {}
-    attn_layers = [l for l in layers if adapter.is_attention(adapter.check_layer(l))]
-    ssm_layers = [l for l in layers if l not in attn_layers]
-    modules = {l: adapter.attention(l) for l in attn_layers}
-    for l, m in modules.items():
-        m._helpers_record = lambda p, l=l: maps.__setitem__(l, p.float())
-    taps, handles = {}, []
-    for l in ssm_layers:
-        handles.append(adapter.mixer(l).register_forward_pre_hook(
-            lambda m, args, l=l: taps.__setitem__(l, args[0])))
-    try:
-        with _routed(model):
-            model(input_ids=input_ids.to(next(model.parameters()).device))
-    finally:
-        for m in modules.values():
-            del m._helpers_record
-        for h in handles:
-            h.remove()
-    for l in ssm_layers:
-        maps[l] = adapter.hidden_attention(l, taps[l]).float()
+    taps: dict[int, torch.Tensor] = {}
+    with ExitStack() as stack:
+        for l in layers:
+            if adapter.is_attention(adapter.check_layer(l)):
+                stack.enter_context(_attached(adapter, l, "_helpers_record",
+                                              lambda p, l=l: maps.__setitem__(l, p.float())))
+            else:
+                handle = adapter.mixer(l).register_forward_pre_hook(
+                    lambda m, a, kw, l=l: taps.__setitem__(l, mixer_input(a, kw)), with_kwargs=True)
+                stack.callback(handle.remove)
+        stack.enter_context(_routed(model))
+        model(input_ids=input_ids.to(next(model.parameters()).device))
+    for l, u in taps.items():
+        maps[l] = adapter.hidden_attention(l, u).float()
     return {l: maps[l] for l in layers}
 
 
 @contextmanager
 def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
-    """Let these heads of an attention layer attend only where `allowed` [T, T] (or
-    [heads, T, T]) is True, renormalising over what is left; other heads are untouched.
-    An all-True mask changes nothing but the arithmetic path (eager instead of SDPA)."""
+    """Let these heads attend only where `allowed` [T, T] (or [heads, T, T]) is True.
+
+    Attention heads: the masked scores are renormalised over what is left (a row with nothing
+    allowed reads nothing); an all-True mask changes only the arithmetic path (eager instead of
+    SDPA). SSM heads: their output is recomputed as (alpha * allowed) @ x + D x from the
+    materialised hidden attention (no renormalisation: alpha is not a distribution). Other heads
+    are untouched."""
     model, adapter = unwrap(model)
     heads = adapter.check_heads(layer, heads)
-    if not adapter.is_attention(layer):
-        raise InterventionError(
-            f"layer {layer} of this {adapter.family} model has no softmax attention to mask; "
-            "mask an SSM head through its hidden attention instead")
-    n = adapter.n_heads(layer)
-    full = torch.ones(n, *allowed.shape[-2:], dtype=torch.bool)
-    full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
-    module = adapter.attention(layer)
-    module._helpers_allowed = full
-    try:
-        with _routed(model):
+    if allowed.dim() == 3 and allowed.shape[0] != len(heads):
+        raise InterventionError(f"a [heads, T, T] mask needs one pattern per head: {len(heads)}, not {allowed.shape[0]}")
+    if adapter.is_attention(layer):
+        full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
+        full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
+        with _attached(adapter, layer, "_helpers_allowed", full), _routed(model):
             yield model
-    finally:
-        del module._helpers_allowed
+        return
+    site = adapter.ssm_site(layer)  # raises for families without hidden attention
+    dim = adapter.head_dim(layer)
+    index = torch.arange(adapter.n_heads(layer) * dim).view(-1, dim)[heads].flatten()
+    seen = {}
+
+    def take_input(module, args, kwargs):
+        seen["u"] = mixer_input(args, kwargs)
+
+    def rewrite(module, args):
+        out = args[0].clone()
+        new = adapter.masked_heads_output(layer, seen["u"], heads, allowed.to(out.device))
+        out[..., index.to(out.device)] = new.to(out.dtype)
+        return (out,) + tuple(args[1:])
+
+    with ExitStack() as stack:
+        stack.callback(adapter.mixer(layer).register_forward_pre_hook(take_input, with_kwargs=True).remove)
+        stack.callback(site.register_forward_pre_hook(rewrite).remove)
+        yield model
+
+
+@contextmanager
+def mask_last_row(model, length: int, layers: list[int] | None = None):
+    """The released code's attention ablation for hybrids: every attention head of these layers
+    (default: all attention layers) reads nothing at the final position of inputs of `length`
+    tokens (unpadded inputs: the final position is the last column)."""
+    model, adapter = unwrap(model)
+    layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)] if layers is None else layers
+    allowed = torch.ones(length, length, dtype=torch.bool)
+    allowed[-1] = False
+    with ExitStack() as stack:
+        for l in layers:
+            stack.enter_context(mask_attention(adapter, l, list(range(adapter.n_heads(l))), allowed))
+        yield model
 
 
 def segment_sum(x: torch.Tensor) -> torch.Tensor:

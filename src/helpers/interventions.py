@@ -7,7 +7,7 @@ layers are taken out of the block list and put back, heads are silenced by hooks
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Iterable, Mapping
 
 import torch
@@ -54,23 +54,51 @@ def zero_heads(model, heads: Mapping[int, Iterable[int] | int]):
     """Zero the output of these heads, `{layer: [head, ...]}`, where they enter the layer's
     output projection. An empty mapping changes nothing."""
     model, adapter = unwrap(model)
-    plan = {layer: adapter.check_heads(layer, hs) for layer, hs in heads.items()}
-    handles = []
-    try:
+    plan = {layer: adapter.check_heads(layer, hs) for layer, hs in heads.items() if hs != []}
+    with ExitStack() as stack:
         for layer, hs in plan.items():
-            if not hs:
-                continue
-            dim, n = adapter.head_dim(layer), adapter.n_heads(layer)
-            keep = torch.ones(n, dtype=torch.bool)
+            keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
             keep[hs] = False
+            mask = keep.repeat_interleave(adapter.head_dim(layer))
 
-            def silence(module, args, keep=keep, dim=dim, n=n):
-                x = args[0]
-                mask = keep.to(x.device).repeat_interleave(dim).to(x.dtype)
-                return (x * mask,) + tuple(args[1:])
+            def silence(module, args, mask=mask):
+                return (args[0] * mask.to(args[0].device, args[0].dtype),) + tuple(args[1:])
 
-            handles.append(adapter.head_site(layer).register_forward_pre_hook(silence))
+            stack.callback(adapter.head_site(layer).register_forward_pre_hook(silence).remove)
         yield model
+
+
+class Transplant(nn.Module):
+    """A block of another model, run as its own model runs it, whatever the host passes."""
+
+    def __init__(self, block: nn.Module, donor):
+        super().__init__()
+        self.block = block
+        object.__setattr__(self, "donor", donor)  # not a submodule: the donor stays its own model
+
+    def forward(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.donor.run_layer(self.block, hidden)
+
+
+@contextmanager
+def swap_layers(host, donor, layers: Iterable[int]):
+    """Run `host` with the donor's layer i in place of its own layer i, for each i (the paper's
+    hybrid swap: a Llama-3.1 layer into Llamba). Both models are left as they were."""
+    host_model, host_adapter = unwrap(host)
+    _, donor_adapter = unwrap(donor)
+    if host_adapter.width != donor_adapter.width:
+        raise InterventionError(
+            f"cannot swap layers between models of width {host_adapter.width} ({host_adapter.family}) "
+            f"and {donor_adapter.width} ({donor_adapter.family}): residual streams must match")
+    layers = [host_adapter.check_layer(i) for i in layers]
+    for i in layers:
+        donor_adapter.check_layer(i)
+    owner, original = host_adapter.layer_owner, host_adapter.layers
+    swapped = list(original)
+    for i in layers:
+        swapped[i] = Transplant(donor_adapter.layers[i], donor_adapter)
+    owner.layers = nn.ModuleList(swapped)
+    try:
+        yield host_model
     finally:
-        for h in handles:
-            h.remove()
+        owner.layers = original

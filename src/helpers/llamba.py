@@ -150,7 +150,8 @@ class LlambaBlock(nn.Module):
     def __init__(self, config: LlambaConfig):
         super().__init__()
         mlp = LlamaConfig(hidden_size=config.d_model, intermediate_size=config.mlp_cfg["intermediate_size"],
-                          mlp_bias=config.mlp_cfg["bias"], hidden_act=config.mlp_cfg["act_fn"])
+                          mlp_bias=config.mlp_cfg["bias"], hidden_act=config.mlp_cfg["act_fn"],
+                          num_attention_heads=1, num_key_value_heads=1)  # only the MLP's fields are used
         self.input_layernorm = LlamaRMSNorm(config.d_model, eps=1e-5)
         self.mixer = DiscreteMamba2(config.d_model, **config.ssm_cfg)
         self.post_attention_layernorm = LlamaRMSNorm(config.d_model, eps=1e-5)

@@ -49,9 +49,18 @@ class Adapter:
         """The residual stream's width."""
         return self.final_norm.weight.shape[0]
 
-    def run_layer(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """Run one of this family's blocks on a residual stream, outside its own model (what a
-        transplanted layer needs; see `interventions.swap_layers`)."""
+    # Whether `run_layer` honours `positions` and `allowed`, so that several continuations of one
+    # context can share a row (attention models); recurrent mixers read the row in order.
+    packs_candidates = False
+
+    def run_layer(self, block: nn.Module, hidden: torch.Tensor, positions: torch.Tensor | None = None,
+                  allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one of this family's blocks on a residual stream, outside its own model (a
+        transplanted layer in `swap_layers`, the layers above an ablation in `engine`).
+        Attention families also take token `positions` [rows, T] and which keys each query may
+        read, `allowed` [rows, T, T] (default: causal)."""
+        if allowed is not None:
+            raise InterventionError(f"{self.family} layers read their input in order; they cannot take a packed mask")
         return self.layer_output(block(hidden))
 
     def check_layer(self, layer: int) -> int:
@@ -96,6 +105,10 @@ class Adapter:
         hidden attention is multiplied by `allowed` ([T, T] or [heads, T, T])."""
         raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
 
+    def head_layers(self) -> list[int]:
+        """The layers that have heads in this view of the model."""
+        return list(range(self.n_layers))
+
     def check_heads(self, layer: int, heads) -> list[int]:
         self.check_layer(layer)
         n = self.n_heads(layer)
@@ -126,13 +139,19 @@ class LlamaAdapter(Adapter):
 
     mixer = attention
 
-    def run_layer(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        # A Llama block needs its model's rotary embeddings and an explicit causal mask
-        # (additive, which eager, SDPA and our own attention function all read the same way).
-        T = hidden.shape[1]
-        positions = torch.arange(T, device=hidden.device)[None]
+    packs_candidates = True
+
+    def run_layer(self, block, hidden, positions=None, allowed=None):
+        # A Llama block needs its model's rotary embeddings and an explicit mask (additive,
+        # which eager, SDPA and our own attention function all read the same way).
+        R, T = hidden.shape[:2]
+        if positions is None:
+            positions = torch.arange(T, device=hidden.device).expand(R, T)
+        if allowed is None:
+            allowed = torch.ones(T, T, dtype=torch.bool, device=hidden.device).tril().expand(R, T, T)
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]
         rotary = self.model.base_model.rotary_emb(hidden, position_ids=positions)
-        mask = torch.full((T, T), float("-inf"), device=hidden.device, dtype=hidden.dtype).triu(1)[None, None]
         return self.layer_output(block(hidden, attention_mask=mask, position_ids=positions,
                                        position_embeddings=rotary))
 
@@ -316,6 +335,9 @@ class Zamba2Adapter(Mamba2Adapter):
     def head_site(self, layer: int) -> nn.Linear:
         return self.attention(layer).o_proj
 
+    def head_layers(self) -> list[int]:
+        return self.hybrid_layers
+
     def mamba_heads(self) -> "Zamba2MambaAdapter":
         return Zamba2MambaAdapter(self.model)
 
@@ -330,6 +352,7 @@ class Zamba2MambaAdapter(Zamba2Adapter):
         block = self.layers[self.check_layer(layer)]
         return block.mamba_decoder.mamba if hasattr(block, "mamba_decoder") else block.mamba
 
+    head_layers = Adapter.head_layers
     n_heads = Mamba2Adapter.n_heads
     head_dim = Mamba2Adapter.head_dim
     head_site = Mamba2Adapter.head_site

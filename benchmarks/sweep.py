@@ -1,0 +1,175 @@
+"""Head-ablation sweeps three ways, in one process, on the same prompts:
+
+1. the naive loop (the released code's, and the usual TransformerLens / nnsight pattern): for
+   every ablation, a forward pass of every (prompt, candidate) sequence with full logits;
+2. the exact engine (`helpers.engine.SweepEngine`);
+3. the screen: attribution patching over all heads, then the engine on its top k.
+
+It prints throughput ratios measured side by side (absolute seconds on a shared machine mean
+little), checks that the engine's log-likelihoods equal the naive loop's, and reports how well the
+screen's ranking matches the exact one. With CUDA present it also times the engine on a
+random-weight model of Llama-3.1-8B's shape (bf16).
+
+    python benchmarks/sweep.py            # SmolLM2-135M on CPU, 40 KV prompts of 8 keys
+    python benchmarks/sweep.py --quick    # fewer prompts and heads, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+import helpers
+from helpers.engine import SweepEngine
+from helpers.evaluate import encode_pair
+
+
+@torch.inference_mode()
+def naive_loglikelihoods(forward, tokenizer, items, batch_size: int = 32) -> np.ndarray:
+    """One right-padded forward pass per batch of full sequences (`forward(ids) -> logits`),
+    log-softmax over the whole vocabulary at every position, then the continuation's tokens
+    gathered (the release's way)."""
+    seqs = [encode_pair(tokenizer, c, x, it.verbatim) for it in items for c, x in it.pairs]
+    out = np.zeros(len(seqs))
+    for start in range(0, len(seqs), batch_size):
+        chunk = seqs[start:start + batch_size]
+        T = max(len(c) + len(t) for c, t in chunk)
+        ids = torch.full((len(chunk), T), tokenizer.pad_token_id)
+        for i, (c, t) in enumerate(chunk):
+            ids[i, : len(c) + len(t)] = torch.tensor(c + t)
+        logp = torch.log_softmax(forward(ids).float(), dim=-1)
+        for i, (c, t) in enumerate(chunk):
+            steps = torch.arange(len(c) - 1, len(c) + len(t) - 1)
+            out[start + i] = logp[i, steps, torch.tensor(t)].sum().item()
+    return out
+
+
+def nnsight_naive(loaded, items, layer: int, head: int) -> np.ndarray:
+    """The naive loop through nnsight: the head's slice of o_proj's input set to zero in a trace."""
+    from nnsight import LanguageModel
+
+    lm = LanguageModel(loaded.model, tokenizer=loaded.tokenizer)
+    dim = loaded.adapter.head_dim(layer)
+
+    def forward(ids):
+        with lm.trace(ids):
+            lm.model.layers[layer].self_attn.o_proj.input[..., head * dim:(head + 1) * dim] = 0
+            out = lm.output.save()
+        return out.logits
+
+    return naive_loglikelihoods(forward, loaded.tokenizer, items)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--keys", type=int, default=8)
+    parser.add_argument("--every", type=int, default=3, help="time the naive loop on one head every N layers")
+    parser.add_argument("--top", type=int, default=10, help="heads the screen hands to the exact engine")
+    parser.add_argument("--quick", action="store_true", help="8 prompts, naive loop on 3 heads, no full sweep")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.every = 8, 12
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    loaded = helpers.load("smollm2-135m-instruct")
+    model, tok, adapter = loaded.model, loaded.tokenizer, loaded.adapter
+    items = helpers.kv_items(args.keys, args.prompts, seed=0, query="repeat")
+    sample = [(l, (l * 4) % adapter.n_heads(l)) for l in range(0, adapter.n_layers, args.every)]
+    n_heads = sum(adapter.n_heads(l) for l in range(adapter.n_layers))
+    print(f"SmolLM2-135M-Instruct, {len(items)} KV prompts of {args.keys} keys, {n_heads} heads; "
+          f"naive loop timed on {len(sample)} heads: {sample}")
+
+    # 1. The naive loop on the sample heads.
+    t = time.perf_counter()
+    naive = {}
+    for layer, head in sample:
+        with helpers.zero_heads(loaded, {layer: [head]}):
+            naive[layer, head] = naive_loglikelihoods(lambda ids: model(ids).logits, tok, items)
+    naive_s = (time.perf_counter() - t) / len(sample)
+
+    # 1b. Our plain scorer (full sequences, vocabulary only where scored), for the breakdown.
+    t = time.perf_counter()
+    for layer, head in sample:
+        with helpers.zero_heads(loaded, {layer: [head]}):
+            helpers.choice_loglikelihoods(model, tok, items)
+    scorer_s = (time.perf_counter() - t) / len(sample)
+
+    # 2. The engine on the same heads (its one-off residual pass included), then equality.
+    t = time.perf_counter()
+    engine = SweepEngine(loaded, tok, items)
+    lls = {lh: engine.loglikelihoods([{lh[0]: [lh[1]]}])[0] for lh in sample}
+    engine_s = (time.perf_counter() - t) / len(sample)
+    diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
+    same_acc = all(engine._scores(lls[lh]).acc == engine._scores(naive[lh]).acc for lh in sample)
+    print(f"\nexact engine vs naive loop, same {len(sample)} heads:")
+    print(f"  naive  {naive_s:7.2f} s per ablation ({len(items) / naive_s:6.1f} ablation-prompts/s)")
+    print(f"  scorer {scorer_s:7.2f} s per ablation ({len(items) / scorer_s:6.1f} ablation-prompts/s)"
+          "  [helpers.score: full sequences, logits only where scored]")
+    print(f"  engine {engine_s:7.2f} s per ablation ({len(items) / engine_s:6.1f} ablation-prompts/s)")
+    print(f"  speed-up {naive_s / engine_s:.1f}x (target >= 3x); max |log-lik difference| {diff:.2e}; "
+          f"same accuracies: {same_acc}")
+
+    # 3. The screen and its exact check, against the naive loop over every head.
+    t = time.perf_counter()
+    attribution = engine.attribution()
+    top = sorted(attribution, key=attribution.get)[: args.top]
+    checked = {lh: engine.score({lh[0]: [lh[1]]}) for lh in top}
+    screen_s = time.perf_counter() - t
+    print(f"\nscreen (attribution patching, all {n_heads} heads) + exact engine on its top {args.top}: "
+          f"{screen_s:.1f} s; the naive loop over all heads would take {naive_s * n_heads:.0f} s: "
+          f"{naive_s * n_heads / screen_s:.0f}x (target >= 30x)")
+
+    if not args.quick:
+        t = time.perf_counter()
+        full = engine.head_sweep(progress=True)
+        full_s = time.perf_counter() - t
+        base = engine.margins(engine.loglikelihoods([{}])[0]).mean()
+        exact_effect = {lh: engine.margins(engine.loglikelihoods([{lh[0]: [lh[1]]}])[0]).mean() - base
+                        for lh in sorted(set(top) | set(sorted(full, key=lambda k: full[k].acc)[:20]))}
+        exact_top5 = sorted(full, key=lambda k: (full[k].acc, exact_effect.get(k, 0)))[:5]
+        recall = len(set(exact_top5) & set(top[:5]))
+        ranks = pd.DataFrame({"screen": pd.Series(attribution),
+                              "exact": pd.Series({k: v.acc for k, v in full.items()})})
+        rho = ranks.screen.rank().corr(ranks.exact.rank())
+        print(f"\nexact engine over all {n_heads} heads: {full_s:.0f} s ({naive_s * n_heads / full_s:.1f}x the naive loop)")
+        print(f"  exact top 5 by accuracy: {[(k, round(full[k].acc, 3)) for k in exact_top5]}")
+        print(f"  screen top 5: {top[:5]}")
+        print(f"  screen top-5 recall: {recall} of 5 (target >= 4); Spearman rank correlation with "
+              f"exact accuracy: {rho:.2f}")
+    print("\npeers:")
+    print("  TransformerLens: not run; it loads models by hub name (HookedTransformer.from_pretrained), and "
+          "the CPU profile has no hub, only SmolLM2's GGUF file")
+    if importlib.util.find_spec("nnsight") is None:
+        print("  nnsight: not installed (pip install -e '.[bench]' to include it)")
+    else:
+        t = time.perf_counter()
+        peer = {lh: nnsight_naive(loaded, items, *lh) for lh in sample}
+        peer_s = (time.perf_counter() - t) / len(sample)
+        peer_diff = max(np.abs(peer[lh] - naive[lh]).max() for lh in sample)
+        print(f"  nnsight naive loop {peer_s:.2f} s per ablation: the engine is {peer_s / engine_s:.1f}x faster; "
+              f"max |log-lik difference| to the naive loop {peer_diff:.2e}")
+
+    if torch.cuda.is_available():
+        from transformers import AutoModelForCausalLM
+
+        cfg = helpers.paper_config("llama-3.1-8b")
+        with torch.device("cuda"):
+            big = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+        big_tok = type("Tok", (), {"pad_token_id": 0, "encode": staticmethod(lambda s: tok.encode(s))})()
+        engine = SweepEngine(big, big_tok, helpers.kv_items(args.keys, 256, seed=0))
+        t = time.perf_counter()
+        engine.head_sweep(layers=[16], progress=False)
+        torch.cuda.synchronize()
+        s = time.perf_counter() - t
+        print(f"\nGPU: random-weight Llama-3.1-8B shape, bf16, layer 16 (32 heads x 256 prompts): "
+              f"{32 * 256 / s:.0f} ablation-prompts/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The sweep engine gives what the plain scorer gives under `zero_heads`, on every path: shared
+rows (attention), flat rows (recurrent), ablations side by side, any layer."""
+
+import numpy as np
+import pytest
+import torch
+
+import helpers
+from helpers.engine import SweepEngine, pack
+
+
+@pytest.fixture(scope="module")
+def kv(smol):
+    return helpers.kv_items(5, 6, seed=2, query="paper")  # multi-token continuations (" 42")
+
+
+def plain(smol, items, ablation):
+    with helpers.zero_heads(smol, ablation):
+        return np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items))
+
+
+@pytest.mark.parametrize("shared_rows", [True, False])
+def test_engine_equals_scorer_under_zero_heads(smol, kv, shared_rows):
+    engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=300, shared_rows=shared_rows)
+    ablations = [{}, {16: [0]}, {3: [1, 2], 20: [5]}, {29: [8]}]
+    got = engine.loglikelihoods(ablations)
+    for ablation, row in zip(ablations, got):
+        np.testing.assert_allclose(row, plain(smol, kv, ablation), rtol=0, atol=2e-4)
+    s = engine.score({16: [0]})
+    with helpers.zero_heads(smol, {16: [0]}):
+        ref = helpers.score(smol.model, smol.tokenizer, kv)
+    assert (s.acc, s.n) == (ref.acc, ref.n) and np.array_equal(s.correct, ref.correct)
+
+
+def test_shared_rows_hold_all_choices_of_a_question(smol, kv):
+    shared, flat = pack(kv, smol.tokenizer, True), pack(kv, smol.tokenizer, False)
+    assert len(shared.ids) == len(kv) and len(flat.ids) > len(kv)
+    assert shared.ids.numel() < flat.ids.numel() / 2
+    assert len(shared.target) == len(flat.target)
+
+
+def test_head_sweep_matches_single_ablations(smol, kv):
+    engine = SweepEngine(smol, smol.tokenizer, kv)
+    sweep = engine.head_sweep(layers=[16], side_by_side=4, progress=False)
+    assert len(sweep) == 9
+    for h in (0, 5, 8):
+        single = engine.score({16: [h]})
+        assert sweep[16, h].acc == single.acc and np.array_equal(sweep[16, h].correct, single.correct)
+
+
+@torch.inference_mode()
+def test_engine_on_a_recurrent_model():
+    from test_attention import tiny_mamba2
+
+    model = tiny_mamba2()
+
+    class Tok:  # a character-level tokenizer for the tiny vocabulary
+        pad_token_id = 0
+
+        def encode(self, s):
+            return [3 + ord(c) % 40 for c in s]
+
+    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
+             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    engine = SweepEngine(model, Tok(), items, batch_tokens=64)
+    assert engine.rows.allowed is None  # recurrent models read rows in order: no shared rows
+    with pytest.raises(helpers.InterventionError, match="cannot share rows"):
+        SweepEngine(model, Tok(), items, shared_rows=True)
+    for ablation in ({}, {1: [2]}):
+        with helpers.zero_heads(model, ablation):
+            ref = np.concatenate(helpers.choice_loglikelihoods(model, Tok(), items))
+        np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
+
+
+def test_attribution_is_the_derivative_of_the_margin(smol, kv):
+    """attribution[l, h] = d(mean gold margin)/d(scale of head h's output) at 1, times -1:
+    compare with a finite difference through the plain scorer."""
+    engine = SweepEngine(smol, smol.tokenizer, kv)
+    attribution = engine.attribution()
+    assert len(attribution) == 30 * 9
+
+    def margin(layer, head, scale):
+        dim = smol.adapter.head_dim(layer)
+
+        def hook(module, args):
+            x = args[0].clone()
+            x[..., head * dim:(head + 1) * dim] *= scale
+            return (x,)
+
+        handle = smol.adapter.head_site(layer).register_forward_pre_hook(hook)
+        try:
+            flat = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
+        finally:
+            handle.remove()
+        return engine.margins(flat).mean()
+
+    eps = 1e-2
+    for layer, head in [(16, 0), (5, 3)]:
+        finite = (margin(layer, head, 1 - eps) - margin(layer, head, 1 + eps)) / (2 * eps)
+        assert attribution[layer, head] == pytest.approx(finite, rel=0.05, abs=1e-4)

@@ -98,3 +98,20 @@ def test_attribution_is_the_derivative_of_the_margin(smol, kv):
     for layer, head in [(16, 0), (5, 3)]:
         finite = (margin(layer, head, 1 - eps) - margin(layer, head, 1 + eps)) / (2 * eps)
         assert attribution[layer, head] == pytest.approx(finite, rel=0.05, abs=1e-4)
+
+
+def test_pruned_and_removed_layers_equal_the_interventions(smol, kv):
+    engine = SweepEngine(smol, smol.tokenizer, kv)
+    minimal = list(range(22))
+    with helpers.keep_layers(smol, minimal):
+        ref = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
+    np.testing.assert_allclose(engine.loglikelihoods([{}], minimal)[0], ref, rtol=0, atol=2e-4)
+    removed = engine.layer_sweep([5, 17], layers=minimal, progress=False)
+    with helpers.keep_layers(smol, [l for l in minimal if l != 17]):
+        ref = helpers.score(smol.model, smol.tokenizer, kv)
+    assert np.array_equal(removed[17].correct, ref.correct)
+    with helpers.keep_layers(smol, minimal), helpers.zero_heads(smol, {16: [0]}):
+        ref = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
+    np.testing.assert_allclose(engine.loglikelihoods([{16: [0]}], minimal)[0], ref, rtol=0, atol=2e-4)
+    with pytest.raises(helpers.InterventionError, match="not run"):
+        engine.loglikelihoods([{25: [0]}], minimal)

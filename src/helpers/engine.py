@@ -18,6 +18,7 @@ take the same path without the shared rows.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,14 +116,14 @@ class SweepEngine:
             sel = (r.row >= b[0]) & (r.row <= b[-1])
             self._scored.append((r.row[sel] - b[0], r.pos[sel], r.target[sel], r.pair[sel]))
 
-    def _run(self, hidden: torch.Tensor, batch: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    def _run(self, hidden: torch.Tensor, batch: torch.Tensor, layers) -> torch.Tensor:
         r, dev = self.rows, self.device
         allowed = None if r.allowed is None else r.allowed[batch].to(dev)
         reps = hidden.shape[0] // len(batch)
         if reps > 1 and allowed is not None:
             allowed = allowed.repeat(reps, 1, 1)
         positions = r.positions[batch].to(dev).repeat(reps, 1)
-        for layer in range(start, stop):
+        for layer in layers:
             hidden = self.adapter.run_layer(self.adapter.layers[layer], hidden, positions, allowed)
         return hidden
 
@@ -135,7 +136,7 @@ class SweepEngine:
             embed = self.model.get_input_embeddings()
             start = [self._residuals[below][i] if below is not None else embed(b_ids.to(self.device))
                      for i, b_ids in enumerate(self.rows.ids[b] for b in self.batches)]
-            self._residuals = {layer: [self._run(h, b, below or 0, layer) for h, b in zip(start, self.batches)]}
+            self._residuals = {layer: [self._run(h, b, range(below or 0, layer)) for h, b in zip(start, self.batches)]}
         return self._residuals[layer]
 
     def _pair_loglik(self, hidden: torch.Tensor, i: int) -> torch.Tensor:
@@ -151,47 +152,55 @@ class SweepEngine:
         return out
 
     @torch.inference_mode()
-    def loglikelihoods(self, ablations: list[dict[int, list[int]]]) -> np.ndarray:
+    def loglikelihoods(self, ablations: list[dict[int, list[int]]], layers: list[int] | None = None) -> np.ndarray:
         """[len(ablations), n_pairs] log-likelihoods, each ablation `{layer: [heads]}` applied
-        alone; all run side by side from the residual stream below their lowest layer."""
+        alone, all run side by side. `layers`: the layers the model runs, in order (default all;
+        a prefix is a pruned model, a gap a removed layer). Everything below the first ablated
+        or missing layer comes from the cached residual stream."""
+        layers = list(range(self.adapter.n_layers)) if layers is None else [self.adapter.check_layer(l) for l in layers]
         plans = [{l: self.adapter.check_heads(l, hs) for l, hs in a.items() if hs} for a in ablations]
-        start = min((min(p) for p in plans if p), default=self.adapter.n_layers)
-        layers = sorted({l for p in plans for l in p})
+        ablated = sorted({l for p in plans for l in p})
+        if set(ablated) - set(layers):
+            raise InterventionError(f"heads of layers {sorted(set(ablated) - set(layers))} are ablated but not run")
+        start = next((k for k, l in enumerate(layers) if l != k), len(layers))
+        start = min([start] + [layers.index(l) for l in ablated])
         masks = {}
-        for layer in layers:
+        for layer in ablated:
             keep = torch.ones(len(plans), self.adapter.n_heads(layer), dtype=torch.bool)
             for k, p in enumerate(plans):
                 keep[k, p.get(layer, [])] = False
             masks[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
         out = torch.zeros(len(plans), self.rows.n_pairs, dtype=torch.float64)
-        handles = []
-        try:
-            for layer in layers:
+        with ExitStack() as stack:
+            for layer in ablated:
                 def silence(module, args, mask=masks[layer]):
-                    x = args[0]
-                    m = mask.to(x.device, x.dtype)
+                    x, m = args[0], mask.to(args[0].device, args[0].dtype)
                     x = (x.unflatten(0, (len(plans), -1)) * m[:, None, None, :]).flatten(0, 1)
                     return (x,) + tuple(args[1:])
-                handles.append(self.adapter.head_site(layer).register_forward_pre_hook(silence))
+                stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(silence).remove)
             for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
-                h = h.repeat(len(plans), 1, 1)
-                out += self._pair_loglik(self._run(h, b, start, self.adapter.n_layers), i)
-        finally:
-            for handle in handles:
-                handle.remove()
+                out += self._pair_loglik(self._run(h.repeat(len(plans), 1, 1), b, layers[start:]), i)
         return out.numpy()
 
     def _scores(self, flat: np.ndarray) -> Score:
         lls = [flat[a:b] for a, b in zip(self._choices[:-1], self._choices[1:])]
         return _score(lls, self.items)
 
-    def score(self, ablation: dict[int, list[int]] | None = None) -> Score:
-        return self._scores(self.loglikelihoods([ablation or {}])[0])
+    def score(self, ablation: dict[int, list[int]] | None = None, layers: list[int] | None = None) -> Score:
+        return self._scores(self.loglikelihoods([ablation or {}], layers)[0])
+
+    def layer_sweep(self, remove: list[int], layers: list[int] | None = None,
+                    progress: bool = True) -> dict[int, Score]:
+        """Remove each of `remove` alone from the model that runs `layers` (default all)."""
+        layers = list(range(self.adapter.n_layers)) if layers is None else list(layers)
+        return {l: self.score(layers=[k for k in layers if k != l])
+                for l in tqdm(sorted(remove), desc="layer removal", disable=not progress)}
 
     def head_sweep(self, layers: list[int] | None = None, side_by_side: int | None = None,
-                   progress: bool = True) -> dict[tuple[int, int], Score]:
-        """Zero each head of these layers alone (default: every layer); `side_by_side` heads of a
-        layer run together (default: as many as fit the batch budget)."""
+                   progress: bool = True, model_layers: list[int] | None = None) -> dict[tuple[int, int], Score]:
+        """Zero each head of these layers alone (default: every layer with heads) in the model
+        that runs `model_layers` (default all); `side_by_side` heads of a layer run together
+        (default: as many as fit the batch budget)."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
         cells = [(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
         # As many copies of the rows as the token budget holds beside the largest batch.
@@ -202,7 +211,7 @@ class SweepEngine:
                 heads = list(range(self.adapter.n_heads(layer)))
                 for i in range(0, len(heads), k):
                     chunk = heads[i:i + k]
-                    lls = self.loglikelihoods([{layer: [h]} for h in chunk])
+                    lls = self.loglikelihoods([{layer: [h]} for h in chunk], model_layers)
                     for h, ll in zip(chunk, lls):
                         out[layer, h] = self._scores(ll)
                     bar.update(len(chunk))
@@ -236,7 +245,7 @@ class SweepEngine:
                 lls = 0
                 for i, b in enumerate(self.batches):
                     h = embed(self.rows.ids[b].to(self.device)).detach().requires_grad_(True)
-                    lls = lls + self._pair_loglik(self._run(h, b, 0, self.adapter.n_layers), i)[0]
+                    lls = lls + self._pair_loglik(self._run(h, b, range(self.adapter.n_layers)), i)[0]
                 margins = [lls[a + it.gold] - torch.logsumexp(lls[a:z], 0)
                            for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]
                 torch.stack(margins).mean().backward()

@@ -161,3 +161,20 @@ def test_mamba1_hidden_attention_reproduces_the_mixer(kind):
     torch.testing.assert_close(y, seen["y"], rtol=1e-4, atol=1e-5)
     grouped = helpers.adapter_for(model).__class__(model, group=4).hidden_attention(1, seen["u"], heads=[1])
     torch.testing.assert_close(grouped[:, 0], alpha[:, 4:8].mean(1))
+
+
+@torch.inference_mode()
+def test_masks_on_two_heads_of_one_layer_compose_and_unwind(smol, ids):
+    T = ids.shape[1]
+    first = torch.zeros(T, T, dtype=torch.bool)
+    first[:, 0] = True
+    seen = {}
+    with mask_attention(smol, 16, [0], first), mask_attention(smol, 16, [1], first):
+        smol.adapter.attention(16)._helpers_record = lambda p: seen.update(p=p)
+        try:
+            smol.model(ids)
+        finally:
+            del smol.adapter.attention(16)._helpers_record
+    p = seen["p"][0]
+    assert torch.all(p[0, :, 0] == 1) and torch.all(p[1, :, 0] == 1) and not torch.all(p[2, 1:, 0] == 1)
+    assert not hasattr(smol.adapter.attention(16), "_helpers_allowed")

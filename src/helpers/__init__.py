@@ -5,6 +5,7 @@ from .adapters import Adapter, InterventionError, adapter_for
 from .evaluate import Score, choice_loglikelihoods, loglikelihoods, mean_of_tasks, score, score_by_depth, wilson
 from .interventions import keep_layers, prune_top, remove_layers, swap_layers, zero_heads
 from .models import MODELS, Loaded, ModelUnavailable, default_model, load, paper_config
+from . import segments
 from .tasks import Item, kv_items, load_knowledge, load_mmlu
 
 __all__ = [

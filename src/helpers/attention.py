@@ -73,13 +73,18 @@ def mixer_input(args: tuple, kwargs: dict) -> torch.Tensor:
 
 @contextmanager
 def _attached(adapter, layer: int, name: str, value):
-    """Give the layer's attention module the attribute `name` for the block."""
+    """Give the layer's attention module the attribute `name` for the block, then put back
+    what it had (nested interventions on one module unwind in order)."""
     module = adapter.attention(layer)
+    before = module.__dict__.get(name)
     setattr(module, name, value)
     try:
         yield
     finally:
-        delattr(module, name)
+        if before is None:
+            delattr(module, name)
+        else:
+            setattr(module, name, before)
 
 
 @torch.inference_mode()
@@ -121,6 +126,9 @@ def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
     if adapter.is_attention(layer):
         full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
         full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
+        earlier = adapter.attention(layer).__dict__.get("_helpers_allowed")
+        if earlier is not None:  # masks on other heads of this layer already in force: keep them
+            full = full & earlier
         with _attached(adapter, layer, "_helpers_allowed", full), _routed(model):
             yield model
         return

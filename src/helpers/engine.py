@@ -259,3 +259,17 @@ class SweepEngine:
             for head, value in enumerate(effect.view(-1, dim).sum(-1).tolist()):
                 out[layer, head] = value
         return out
+
+    def rank_heads(self, top: int = 10) -> "pd.DataFrame":
+        """Heads ranked by ablation: the attribution screen over every head, then the exact
+        score of its `top` candidates, most harmful first."""
+        import pandas as pd
+
+        estimate = self.attribution()
+        candidates = sorted(estimate, key=estimate.get)[:top]
+        scores = self.loglikelihoods([{l: [h]} for l, h in candidates])
+        rows = []
+        for (layer, head), ll in zip(candidates, scores):
+            s = self._scores(ll)
+            rows.append(dict(layer=layer, head=head, estimate=estimate[layer, head], acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))
+        return pd.DataFrame(rows).sort_values(["acc", "estimate"]).reset_index(drop=True)

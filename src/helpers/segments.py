@@ -1,0 +1,166 @@
+"""Where the segments of a prompt are, token by token, and the attention patterns of the G&A
+hypothesis over them.
+
+A segment is one line the circuit summarises: a `key:value` line of a KV prompt, or an
+`A. option` line of an MMLU question. Its last token (the newline) is where the paper's Gather
+head writes the summary, and where its Aggregate head reads it from the final position.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Segments:
+    labels: list[str]  # each token, decoded, for axis labels
+    segment: np.ndarray  # segment index per token, -1 outside every segment
+    role: list[str]  # "key", "sep", "value", "end" inside segments; "query", "other" outside
+    target: int  # the segment holding the answer
+
+    @property
+    def ends(self) -> list[int]:
+        """The last token of each segment, in order."""
+        return [int(np.flatnonzero(self.segment == s)[-1]) for s in range(self.segment.max() + 1)]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def _by_chars(tokenizer, text: str, spans: list[tuple[int, int, list[tuple[int, str]]]], query_from: int,
+              target: int) -> Segments:
+    """Token segments from character spans: (start, end, [(char offset, role from there)])."""
+    # Tokenised as the model reads it (with a BOS where the tokenizer adds one: offsets (0, 0)).
+    enc = tokenizer(text, return_offsets_mapping=True)
+    segment = np.full(len(enc.input_ids), -1)
+    role = ["other"] * len(segment)
+    for t, (a, b) in enumerate(enc.offset_mapping):
+        for s, (start, end, roles) in enumerate(spans):
+            if start <= a < end:
+                segment[t] = s
+                role[t] = [r for off, r in roles if off <= a][-1]
+        if a >= query_from and b > a:
+            role[t] = "query"
+    labels = [tokenizer.decode([i]).replace("\n", "\\n") for i in enc.input_ids]
+    return Segments(labels, segment, role, target)
+
+
+def kv_segments(tokenizer, context: str) -> Segments:
+    """Segments of a KV-retrieval prompt: one per dictionary line, the newline included."""
+    lines = context.split("\n")
+    header, rows, query = lines[0], lines[1:-1], lines[-1]
+    spans, pos = [], len(header) + 1
+    for row in rows:
+        key, _, _ = row.partition(":")
+        spans.append((pos, pos + len(row) + 1,
+                      [(pos, "key"), (pos + len(key), "sep"), (pos + len(key) + 1, "value"), (pos + len(row), "end")]))
+        pos += len(row) + 1
+    asked = re.search(r"'(.*)'", query).group(1) if "'" in query else query.rstrip(": ").rstrip(":")
+    target = [r.partition(":")[0] for r in rows].index(asked)
+    return _by_chars(tokenizer, context, spans, pos, target)
+
+
+def mcq_segments(tokenizer, context: str, gold: int) -> Segments:
+    """Segments of an MMLU prompt: the answer options of its last question, one per line."""
+    start = context.rindex("\nA. ") + 1
+    end = context.rindex("\nAnswer:") + 1
+    spans, pos = [], start
+    for line in context[start:end].split("\n")[:-1]:
+        spans.append((pos, pos + len(line) + 1, [(pos, "key"), (pos + 1, "sep"), (pos + 2, "value"),
+                                                 (pos + len(line), "end")]))
+        pos += len(line) + 1
+    return _by_chars(tokenizer, context, spans, end, gold)
+
+
+# --- patterns: which keys each query may read --------------------------------------------------
+
+def causal(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def gather_pattern(seg: Segments, control: bool = False) -> torch.Tensor:
+    """Queries inside a segment read only their own segment (control: only outside it); other
+    queries are left causal."""
+    s = torch.as_tensor(seg.segment)
+    inside = s[:, None] >= 0
+    same = s[:, None] == s[None, :]
+    allowed = torch.where(inside, same ^ control, torch.ones_like(same))
+    allowed = allowed & causal(len(seg))
+    return allowed | torch.eye(len(seg), dtype=torch.bool) if control else allowed
+
+
+def aggregate_pattern(seg: Segments, control: bool = False) -> torch.Tensor:
+    """The final position reads only the segments' last tokens (control: only the other tokens
+    of the segments); every other query is left causal."""
+    allowed = causal(len(seg))
+    ends = torch.zeros(len(seg), dtype=torch.bool)
+    ends[seg.ends] = True
+    inside = torch.as_tensor(seg.segment) >= 0
+    allowed[-1] = (inside & ~ends) if control else ends
+    return allowed
+
+
+# --- reading attention -------------------------------------------------------------------------
+
+def mass_by_role(row: np.ndarray, seg: Segments) -> dict[str, float]:
+    """Where one query's attention goes: the answer segment's key / value / end, the other
+    segments, the query's own tokens, and the rest."""
+    out = {"answer key": 0.0, "answer value": 0.0, "answer end": 0.0, "answer sep": 0.0,
+           "other segments": 0.0, "query": 0.0, "rest": 0.0}
+    for t, w in enumerate(row):
+        if seg.segment[t] == seg.target:
+            out[f"answer {seg.role[t]}"] += float(w)
+        elif seg.segment[t] >= 0:
+            out["other segments"] += float(w)
+        elif seg.role[t] == "query":
+            out["query"] += float(w)
+        else:
+            out["rest"] += float(w)
+    return out
+
+
+def sharpness(row: np.ndarray, seg: Segments) -> dict[str, float]:
+    """How concentrated one query's attention is over the segments: the share of its
+    in-segment mass on the single heaviest segment, and the entropy (nats) of the per-segment
+    distribution. For SSM hidden attention the row's absolute values are used."""
+    row = np.abs(row)
+    per = np.array([row[seg.segment == s].sum() for s in range(seg.segment.max() + 1)])
+    total = per.sum()
+    if total == 0:
+        return {"top segment share": float("nan"), "segment entropy": float("nan")}
+    p = per / total
+    entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+    return {"top segment share": float(p.max()), "segment entropy": entropy,
+            "answer segment share": float(p[seg.target])}
+
+
+def score_with_patterns(loaded, items, segmenter, patterns) -> "Score":
+    """Accuracy when heads may attend only where a per-prompt pattern allows.
+
+    `segmenter(context) -> Segments`; `patterns(seg) -> {(layer, head): allowed [T, T]}` over the
+    context's T tokens. Continuation tokens, which come after the context, stay causal. Each
+    item runs in one batch of its choices."""
+    from contextlib import ExitStack
+
+    from .attention import mask_attention
+    from .evaluate import _score, choice_loglikelihoods, encode_pair
+
+    lls = []
+    for item in items:
+        context = item.pairs[0][0]
+        if any(c != context for c, _ in item.pairs):
+            raise ValueError("pattern masks need one shared context per item")
+        seg = segmenter(context)
+        lengths = [sum(map(len, encode_pair(loaded.tokenizer, c, x, item.verbatim))) - 1 for c, x in item.pairs]
+        T = max(lengths)
+        with ExitStack() as stack:
+            for (layer, head), pattern in patterns(seg).items():
+                allowed = causal(T)
+                allowed[: len(seg), : len(seg)] = pattern
+                stack.enter_context(mask_attention(loaded, layer, [head], allowed))
+            lls += choice_loglikelihoods(loaded.model, loaded.tokenizer, [item], batch_tokens=T * len(item.pairs))
+    return _score(lls, items)

@@ -115,3 +115,12 @@ def test_pruned_and_removed_layers_equal_the_interventions(smol, kv):
     np.testing.assert_allclose(engine.loglikelihoods([{16: [0]}], minimal)[0], ref, rtol=0, atol=2e-4)
     with pytest.raises(helpers.InterventionError, match="not run"):
         engine.loglikelihoods([{25: [0]}], minimal)
+
+
+def test_score_by_depth_equals_the_scorers(smol, kv):
+    engine = SweepEngine(smol, smol.tokenizer, kv)
+    depths = [4, 17, 30]
+    ours = engine.score_by_depth(depths)
+    ref = helpers.score_by_depth(smol.model, smol.tokenizer, kv, depths)
+    for d in depths:
+        assert np.array_equal(ours[d].correct, ref[d].correct)

@@ -189,6 +189,16 @@ class SweepEngine:
     def score(self, ablation: dict[int, list[int]] | None = None, layers: list[int] | None = None) -> Score:
         return self._scores(self.loglikelihoods([ablation or {}], layers)[0])
 
+    @torch.inference_mode()
+    def score_by_depth(self, depths) -> dict[int, Score]:
+        """Scores of the model cut to its bottom d layers, for every d: each cut is the final
+        norm and head applied to the residual stream after layer d, walked up once."""
+        out = {}
+        for d in sorted(depths):
+            flat = sum(self._pair_loglik(h, i)[0] for i, h in enumerate(self.residual(self.adapter.check_layer(d - 1) + 1)))
+            out[d] = self._scores(flat.numpy())
+        return out
+
     def layer_sweep(self, remove: list[int], layers: list[int] | None = None,
                     progress: bool = True) -> dict[int, Score]:
         """Remove each of `remove` alone from the model that runs `layers` (default all)."""

@@ -124,3 +124,12 @@ def test_score_by_depth_equals_the_scorers(smol, kv):
     ref = helpers.score_by_depth(smol.model, smol.tokenizer, kv, depths)
     for d in depths:
         assert np.array_equal(ours[d].correct, ref[d].correct)
+
+
+def test_few_shot_questions_share_their_prefix_exactly(smol):
+    items = helpers.load_mmlu("cpu", k=5, n=12, seed=0)  # several questions per subject
+    rows = pack(items, smol.tokenizer, True, max_row_tokens=900)
+    assert len(rows.ids) < len(items)  # questions of a subject share a row behind one 5-shot prefix
+    engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=2048)
+    for ablation in ({}, {16: [0]}):
+        np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4)

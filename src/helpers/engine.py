@@ -27,15 +27,16 @@ from tqdm.auto import tqdm
 
 from .adapters import InterventionError, unwrap
 from .evaluate import Score, _score, default_batch_tokens, encode_pair
-from .tasks import Item
+from .tasks import FEWSHOT_DELIMITER, Item
 
 
 @dataclass
 class Rows:
-    """The evaluation set as model rows. For each scored token: its row, the position whose
-    output predicts it, its id, and the (item, choice) pair it belongs to."""
+    """The evaluation set as model rows, longest first. For each scored token: its row, the
+    position whose output predicts it, its id, and the (item, choice) pair it belongs to."""
 
-    ids: torch.Tensor  # [R, T]
+    ids: torch.Tensor  # [R, T], right-padded
+    lengths: torch.Tensor  # [R]
     positions: torch.Tensor  # [R, T]
     allowed: torch.Tensor | None  # [R, T, T] keys each query may read; None: causal
     row: torch.Tensor
@@ -45,46 +46,83 @@ class Rows:
     n_pairs: int
 
 
-def pack(items: list[Item], tokenizer, shared_rows: bool) -> Rows:
-    """Rows for `items`: one per distinct context with its choices' continuations packed after
-    it (shared_rows), or one per distinct model input, as `evaluate.loglikelihoods` runs them."""
+def _shared_prefix(tokenizer, context: str, ctx: list[int]) -> tuple[int, ...]:
+    """The context's tokens up to about its last few-shot delimiter (MMLU's description and
+    solved examples): the longest run of the delimited text's tokens that the whole context
+    also starts with (tokenisers may split the delimiter differently before the question)."""
+    cut = context.rfind(FEWSHOT_DELIMITER)
+    if cut < 0:
+        return ()
+    prefix = tokenizer.encode(context[: cut + len(FEWSHOT_DELIMITER)])
+    k = 0
+    while k < min(len(prefix), len(ctx) - 1) and prefix[k] == ctx[k]:
+        k += 1
+    return tuple(ctx[:k])
+
+
+def pack(items: list[Item], tokenizer, shared_rows: bool, max_row_tokens: int = 2048) -> Rows:
+    """Rows for `items`.
+
+    shared_rows=False: one row per distinct model input, as `evaluate.loglikelihoods` runs them.
+    shared_rows=True (attention models): one row holds a shared few-shot prefix once, then
+    several questions, each followed by its choices' continuations; a mask lets a question read
+    the prefix and itself, and a continuation the prefix, its question and itself, with
+    positions numbered as if each stood alone."""
     encoded = [encode_pair(tokenizer, c, x, it.verbatim) for it in items for c, x in it.pairs]
-    groups: dict[tuple, list[int]] = {}
+    contexts = [c for it in items for c, _ in it.pairs]
+    units: dict[tuple, list[int]] = {}  # a model input (shared rows: a context) -> its pairs
     for p, (ctx, cont) in enumerate(encoded):
-        key = tuple(ctx) if shared_rows else tuple(ctx + cont[:-1])
-        groups.setdefault(key, []).append(p)
-    seqs, segs, poss, scored = [], [], [], []
-    for r, (key, pairs) in enumerate(groups.items()):
-        ctx = list(encoded[pairs[0]][0])
-        tokens, seg, pos = list(ctx), [0] * len(ctx), list(range(len(ctx)))
-        if not shared_rows:
-            tokens, seg, pos = list(key), [0] * len(key), list(range(len(key)))
-        for j, p in enumerate(pairs, start=1):
-            cont = encoded[p][1]
-            if shared_rows:
-                # Continuation j's tokens but its last (never an input), numbered after the context.
-                start = len(tokens)
-                tokens += cont[:-1]
-                seg += [j] * (len(cont) - 1)
-                pos += range(len(ctx), len(ctx) + len(cont) - 1)
-                preds = [len(ctx) - 1] + list(range(start, start + len(cont) - 1))
-            else:
-                preds = list(range(len(ctx) - 1, len(ctx) - 1 + len(cont)))
-            scored += [(r, q, t, p) for q, t in zip(preds, cont)]
-        seqs.append(tokens), segs.append(seg), poss.append(pos)
-    T = max(map(len, seqs))
+        units.setdefault(tuple(ctx) if shared_rows else tuple(ctx + cont[:-1]), []).append(p)
+    groups: dict[tuple, list[tuple]] = {}  # shared prefix -> units behind it
+    for key, pairs in units.items():
+        prefix = _shared_prefix(tokenizer, contexts[pairs[0]], list(key)) if shared_rows else ()
+        groups.setdefault(prefix, []).append(key)
+
+    rows = []  # (tokens, positions, unit per token, choice per token, scored)
+    for prefix, keys in groups.items():
+        row = None
+        for key in keys:
+            body = list(key[len(prefix):])
+            size = len(body) + sum(len(encoded[p][1]) - 1 for p in units[key])
+            if row is None or (prefix and len(row[0]) + size > max_row_tokens) or not prefix:
+                row = (list(prefix), list(range(len(prefix))), [-1] * len(prefix), [0] * len(prefix), [])
+                rows.append(row)
+            tokens, pos, unit, choice, scored = row
+            u = max(unit, default=-1) + 1
+            tokens += body
+            pos += range(len(prefix), len(key))
+            unit += [u] * len(body)
+            choice += [0] * len(body)
+            last = len(tokens) - 1  # the position that predicts each continuation's first token
+            for j, p in enumerate(units[key], start=1):
+                cont = encoded[p][1]
+                if shared_rows:
+                    start = len(tokens)
+                    tokens += cont[:-1]
+                    pos += range(len(key), len(key) + len(cont) - 1)
+                    unit += [u] * (len(cont) - 1)
+                    choice += [j] * (len(cont) - 1)
+                    preds = [last] + list(range(start, start + len(cont) - 1))
+                else:
+                    preds = list(range(len(encoded[p][0]) - 1, len(encoded[p][0]) - 1 + len(cont)))
+                scored += [(q, t, p) for q, t in zip(preds, cont)]
+    rows.sort(key=lambda r: -len(r[0]))
+    T = len(rows[0][0])
     pad = tokenizer.pad_token_id
-    ids = torch.tensor([s + [pad] * (T - len(s)) for s in seqs])
-    positions = torch.tensor([p + list(range(len(p), len(p) + T - len(p))) for p in poss])
+    ids = torch.tensor([r[0] + [pad] * (T - len(r[0])) for r in rows])
+    positions = torch.tensor([r[1] + list(range(len(r[1]), T)) for r in rows])
     allowed = None
     if shared_rows:
-        seg = torch.tensor([s + [-1] * (T - len(s)) for s in segs])
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
-        allowed = causal & same & (seg[:, None, :] >= 0)
+        unit = torch.tensor([r[2] + [-2] * (T - len(r[2])) for r in rows])
+        choice = torch.tensor([r[3] + [0] * (T - len(r[3])) for r in rows])
+        uq, uk = unit[:, :, None], unit[:, None, :]
+        cq, ck = choice[:, :, None], choice[:, None, :]
+        same = (uk == -1) | ((uk == uq) & ((ck == 0) | (ck == cq)))
+        allowed = torch.ones(T, T, dtype=torch.bool).tril() & same & (uk != -2)
         allowed |= torch.eye(T, dtype=torch.bool)  # pads read themselves (no empty softmax rows)
+    scored = [(i, q, t, p) for i, r in enumerate(rows) for q, t, p in r[4]]
     r, q, t, p = (torch.tensor(c) for c in zip(*scored))
-    return Rows(ids, positions, allowed, r, q, t, p, len(encoded))
+    return Rows(ids, torch.tensor([len(r[0]) for r in rows]), positions, allowed, r, q, t, p, len(encoded))
 
 
 class SweepEngine:
@@ -107,22 +145,29 @@ class SweepEngine:
         self.batch_tokens = batch_tokens or default_batch_tokens(self.device)
         self._residuals: dict[int, list[torch.Tensor]] = {}
         self._choices = np.cumsum([0] + [len(it.pairs) for it in items])
-        per_batch = max(1, self.batch_tokens // self.rows.ids.shape[1])
-        self.batches = list(torch.arange(len(self.rows.ids)).split(per_batch))
-        # Each batch's scored tokens: (row within the batch, position, target id, pair index).
+        # Rows come longest first: fill each batch up to the token budget at its own length.
         r = self.rows
+        self.batches, start = [], 0
+        while start < len(r.ids):
+            rows = max(1, self.batch_tokens // int(r.lengths[start]))
+            self.batches.append(torch.arange(start, min(start + rows, len(r.ids))))
+            start += rows
+        # Each batch's scored tokens: (row within the batch, position, target id, pair index).
         self._scored = []
         for b in self.batches:
             sel = (r.row >= b[0]) & (r.row <= b[-1])
             self._scored.append((r.row[sel] - b[0], r.pos[sel], r.target[sel], r.pair[sel]))
 
+    def _width(self, batch: torch.Tensor) -> int:
+        return int(self.rows.lengths[batch[0]])
+
     def _run(self, hidden: torch.Tensor, batch: torch.Tensor, layers) -> torch.Tensor:
-        r, dev = self.rows, self.device
-        allowed = None if r.allowed is None else r.allowed[batch].to(dev)
+        r, dev, T = self.rows, self.device, self._width(batch)
+        allowed = None if r.allowed is None else r.allowed[batch, :T, :T].to(dev)
         reps = hidden.shape[0] // len(batch)
         if reps > 1 and allowed is not None:
             allowed = allowed.repeat(reps, 1, 1)
-        positions = r.positions[batch].to(dev).repeat(reps, 1)
+        positions = r.positions[batch, :T].to(dev).repeat(reps, 1)
         for layer in layers:
             hidden = self.adapter.run_layer(self.adapter.layers[layer], hidden, positions, allowed)
         return hidden
@@ -134,8 +179,9 @@ class SweepEngine:
         if layer not in self._residuals:
             below = max([l for l in self._residuals if l < layer], default=None)
             embed = self.model.get_input_embeddings()
-            start = [self._residuals[below][i] if below is not None else embed(b_ids.to(self.device))
-                     for i, b_ids in enumerate(self.rows.ids[b] for b in self.batches)]
+            start = [self._residuals[below][i] if below is not None
+                     else embed(self.rows.ids[b, : self._width(b)].to(self.device))
+                     for i, b in enumerate(self.batches)]
             self._residuals = {layer: [self._run(h, b, range(below or 0, layer)) for h, b in zip(start, self.batches)]}
         return self._residuals[layer]
 
@@ -214,7 +260,7 @@ class SweepEngine:
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
         cells = [(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
         # As many copies of the rows as the token budget holds beside the largest batch.
-        k = side_by_side or max(1, self.batch_tokens // (self.rows.ids.shape[1] * len(self.batches[0])))
+        k = side_by_side or max(1, self.batch_tokens // (self._width(self.batches[0]) * len(self.batches[0])))
         out = {}
         with tqdm(total=len(cells), desc="head sweep", disable=not progress) as bar:
             for layer in layers:
@@ -254,7 +300,7 @@ class SweepEngine:
             with torch.enable_grad():
                 lls = 0
                 for i, b in enumerate(self.batches):
-                    h = embed(self.rows.ids[b].to(self.device)).detach().requires_grad_(True)
+                    h = embed(self.rows.ids[b, : self._width(b)].to(self.device)).detach().requires_grad_(True)
                     lls = lls + self._pair_loglik(self._run(h, b, range(self.adapter.n_layers)), i)[0]
                 margins = [lls[a + it.gold] - torch.logsumexp(lls[a:z], 0)
                            for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]

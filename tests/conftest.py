@@ -18,3 +18,10 @@ def smol():
     import helpers
 
     return helpers.load("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def ids(smol):
+    """A short KV prompt, tokenised for SmolLM2."""
+    prompt = "Memorize the following dictionary:\nriver:42\nlamp:7\nriver:"
+    return smol.tokenizer(prompt, return_tensors="pt").input_ids

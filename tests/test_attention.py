@@ -7,14 +7,6 @@ import torch
 import helpers
 from helpers.attention import attention_maps, mamba2_terms, mask_attention, segment_sum
 
-PROMPT = "Memorize the following dictionary:\nriver:42\nlamp:7\nriver:"
-
-
-@pytest.fixture(scope="module")
-def ids(smol):
-    return smol.tokenizer(PROMPT, return_tensors="pt").input_ids
-
-
 @torch.inference_mode()
 def test_attention_maps_equal_eager_attentions(smol, ids):
     maps = attention_maps(smol, ids, [0, 16])
@@ -45,14 +37,8 @@ def test_mask_restricts_only_the_chosen_head(smol, ids):
     T = ids.shape[1]
     allowed = torch.zeros(T, T, dtype=torch.bool)
     allowed[:, 0] = True  # attend only to the first token
-    seen = {}
     with mask_attention(smol, 16, [0], allowed):
-        smol.adapter.attention(16)._helpers_record = lambda p: seen.update(p=p)
-        try:
-            smol.model(ids)
-        finally:
-            del smol.adapter.attention(16)._helpers_record
-    p = seen["p"][0]
+        p = attention_maps(smol, ids, [16])[16][0]
     assert torch.all(p[0, :, 0] == 1) and torch.all(p[0, :, 1:] == 0)
     assert not torch.all(p[1, 1:, 0] == 1)
 
@@ -168,13 +154,7 @@ def test_masks_on_two_heads_of_one_layer_compose_and_unwind(smol, ids):
     T = ids.shape[1]
     first = torch.zeros(T, T, dtype=torch.bool)
     first[:, 0] = True
-    seen = {}
     with mask_attention(smol, 16, [0], first), mask_attention(smol, 16, [1], first):
-        smol.adapter.attention(16)._helpers_record = lambda p: seen.update(p=p)
-        try:
-            smol.model(ids)
-        finally:
-            del smol.adapter.attention(16)._helpers_record
-    p = seen["p"][0]
+        p = attention_maps(smol, ids, [16])[16][0]
     assert torch.all(p[0, :, 0] == 1) and torch.all(p[1, :, 0] == 1) and not torch.all(p[2, 1:, 0] == 1)
     assert not hasattr(smol.adapter.attention(16), "_helpers_allowed")

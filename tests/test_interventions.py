@@ -4,14 +4,6 @@ import torch
 import helpers
 from helpers import InterventionError
 
-PROMPT = "Memorize the following dictionary:\nriver:42\nlamp:7\nriver:"
-
-
-@pytest.fixture(scope="module")
-def ids(smol):
-    return smol.tokenizer(PROMPT, return_tensors="pt").input_ids
-
-
 @torch.inference_mode()
 def logits(loaded, ids):
     return loaded.model(ids).logits

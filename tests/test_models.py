@@ -74,3 +74,16 @@ def test_llama_config_builds_exact_shape_on_meta():
 def test_unknown_config_lists_known():
     with pytest.raises(KeyError, match="llama-3.1-8b"):
         helpers.paper_config("gpt-5")
+
+
+def test_paper_model_with_unreachable_hub_names_the_fix(monkeypatch):
+    import transformers
+
+    def unreachable(*a, **k):
+        raise OSError("We couldn't connect to the hub")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    with pytest.raises(helpers.ModelUnavailable, match="local Hugging Face cache or the hub must be reachable"):
+        helpers.load("zamba2-7b")

@@ -165,11 +165,9 @@ class LlamaAdapter(Adapter):
         return self.attention(layer).o_proj
 
 
-class Mamba2Adapter(Adapter):
-    """Mamba-2 (transformers `Mamba2ForCausalLM`): heads of `head_dim` channels, zeroed after the
-    gated norm, where they enter `out_proj`."""
-
-    family = "mamba2"
+class SSMAdapter(Adapter):
+    """A stack of `backbone.layers[i].mixer` blocks under a final `norm_f` (transformers' Mamba
+    families), heads zeroed where they enter the mixer's `out_proj`."""
 
     @property
     def final_norm(self) -> nn.Module:
@@ -178,34 +176,42 @@ class Mamba2Adapter(Adapter):
     def mixer(self, layer: int) -> nn.Module:
         return self.layers[self.check_layer(layer)].mixer
 
+    def head_site(self, layer: int) -> nn.Linear:
+        return self.mixer(layer).out_proj
+
+
+class Mamba2Adapter(SSMAdapter):
+    """Mamba-2 (transformers `Mamba2ForCausalLM`): heads of `head_dim` channels, zeroed after the
+    gated norm, where they enter `out_proj`."""
+
+    family = "mamba2"
+
     def n_heads(self, layer: int) -> int:
         return self.mixer(layer).num_heads
 
     def head_dim(self, layer: int) -> int:
         return self.mixer(layer).head_dim
 
-    def head_site(self, layer: int) -> nn.Linear:
-        return self.mixer(layer).out_proj
-
-    def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
+    def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
         from .attention import mamba2_terms, ssd_hidden_attention
 
         t = mamba2_terms(self.mixer(layer), mixer_input)
-        return ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
+        return t, ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
+
+    def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
+        return self._terms_and_alpha(layer, mixer_input)[1]
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).norm  # the gated norm's input: the scan output plus D x
 
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        from .attention import mamba2_terms
-
-        mixer = self.mixer(layer)
-        x = mamba2_terms(mixer, mixer_input)["x"][:, :, heads]
-        alpha = self.hidden_attention(layer, mixer_input)[:, heads] * allowed.to(x.dtype)
-        return (torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None] * x).flatten(-2)
+        t, alpha = self._terms_and_alpha(layer, mixer_input)
+        x = t["x"][:, :, heads]
+        alpha = alpha[:, heads] * allowed.to(x.dtype)
+        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None] * x).flatten(-2)
 
 
-class MambaAdapter(Adapter):
+class MambaAdapter(SSMAdapter):
     """Mamba-1 and Falcon-Mamba (transformers `MambaForCausalLM`, `FalconMambaForCausalLM`):
     every inner channel is its own SSM, so a "head" is one channel (width 1), as in the released
     code; `group` > 1 treats consecutive channels as one head."""
@@ -219,21 +225,11 @@ class MambaAdapter(Adapter):
         if group > 1:
             self.head_kind = "channel group"
 
-    @property
-    def final_norm(self) -> nn.Module:
-        return self.model.base_model.norm_f
-
-    def mixer(self, layer: int) -> nn.Module:
-        return self.layers[self.check_layer(layer)].mixer
-
     def n_heads(self, layer: int) -> int:
         return self.mixer(layer).intermediate_size // self.group
 
     def head_dim(self, layer: int) -> int:
         return self.group
-
-    def head_site(self, layer: int) -> nn.Linear:
-        return self.mixer(layer).out_proj
 
     def hidden_attention(self, layer: int, mixer_input: torch.Tensor, heads=None) -> torch.Tensor:
         from .attention import mamba1_hidden_attention, mamba1_terms
@@ -275,20 +271,20 @@ class LlambaAdapter(Mamba2Adapter):
     def n_heads(self, layer: int) -> int:
         return self.mixer(layer).n_v_heads
 
-    def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
+    def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
         from .llamba import discrete_hidden_attention
 
         t = self.mixer(layer).terms(mixer_input)
-        return discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
+        return t, discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).out_proj  # the gated output, y * silu(z + z_bias)
 
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
         mixer = self.mixer(layer)
-        t = mixer.terms(mixer_input)
+        t, alpha = self._terms_and_alpha(layer, mixer_input)
         x = t["x"][:, :, heads]
-        alpha = self.hidden_attention(layer, mixer_input)[:, heads] * allowed.to(x.dtype)
+        alpha = alpha[:, heads] * allowed.to(x.dtype)
         y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None] * x
         channels = torch.arange(mixer.d_inner).view(-1, mixer.head_dim)[heads].flatten()
         z = t["z"][..., channels] + (mixer.z_bias[channels] if mixer.z_bias is not None else 0)

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .adapters import InterventionError, unwrap
 from .evaluate import Score, _score, default_batch_tokens, encode_pair
-from .tasks import FEWSHOT_DELIMITER, Item
+from .tasks import FEWSHOT_DELIMITER, Item, kv_items
 
 
 @dataclass
@@ -281,12 +281,14 @@ class SweepEngine:
             out.append(ll[it.gold] - np.logaddexp.reduce(ll))
         return np.array(out)
 
-    def attribution(self) -> dict[tuple[int, int], float]:
+    def attribution(self, model_layers: list[int] | None = None) -> dict[tuple[int, int], float]:
         """Attribution patching: for every head, a first-order estimate of how zeroing it
         changes the mean gold margin (see `margins`), -sum(gradient * activation) at its slice of
-        the head site, from one forward and one backward pass for all heads together."""
+        the head site, from one forward and one backward pass for all heads together.
+        `model_layers`: the layers the model runs (default all)."""
         acts: dict[int, list[torch.Tensor]] = {}
-        layers = self.adapter.head_layers()
+        model_layers = list(range(self.adapter.n_layers)) if model_layers is None else list(model_layers)
+        layers = [l for l in self.adapter.head_layers() if l in model_layers]
 
         def keep(layer):
             def hook(module, args):
@@ -301,7 +303,7 @@ class SweepEngine:
                 lls = 0
                 for i, b in enumerate(self.batches):
                     h = embed(self.rows.ids[b, : self._width(b)].to(self.device)).detach().requires_grad_(True)
-                    lls = lls + self._pair_loglik(self._run(h, b, range(self.adapter.n_layers)), i)[0]
+                    lls = lls + self._pair_loglik(self._run(h, b, model_layers), i)[0]
                 margins = [lls[a + it.gold] - torch.logsumexp(lls[a:z], 0)
                            for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]
                 torch.stack(margins).mean().backward()
@@ -316,16 +318,49 @@ class SweepEngine:
                 out[layer, head] = value
         return out
 
-    def rank_heads(self, top: int = 10) -> "pd.DataFrame":
-        """Heads ranked by ablation: the attribution screen over every head, then the exact
-        score of its `top` candidates, most harmful first."""
+    def rank_heads(self, top: int = 10, layers: list[int] | None = None,
+                   model_layers: list[int] | None = None) -> "pd.DataFrame":
+        """Heads ranked by ablation. The attribution screen estimates every head; the layers
+        of its `top` heads (or `layers`) are then swept exactly, every head of them. One row per
+        head, the exactly measured ones first, most harmful first; `acc` is empty elsewhere."""
         import pandas as pd
 
-        estimate = self.attribution()
-        candidates = sorted(estimate, key=estimate.get)[:top]
-        scores = self.loglikelihoods([{l: [h]} for l, h in candidates])
-        rows = []
-        for (layer, head), ll in zip(candidates, scores):
-            s = self._scores(ll)
-            rows.append(dict(layer=layer, head=head, estimate=estimate[layer, head], acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))
-        return pd.DataFrame(rows).sort_values(["acc", "estimate"]).reset_index(drop=True)
+        estimate = self.attribution(model_layers)
+        layers = layers or sorted({l for l, _ in sorted(estimate, key=estimate.get)[:top]})
+        exact = self.head_sweep(layers=layers, model_layers=model_layers, progress=False)
+        rows = [dict(layer=l, head=h, estimate=e, **({"acc": exact[l, h].acc, "lo": exact[l, h].lo,
+                                                      "hi": exact[l, h].hi, "n": exact[l, h].n} if (l, h) in exact else {}))
+                for (l, h), e in estimate.items()]
+        return pd.DataFrame(rows).sort_values(["acc", "estimate"], na_position="last").reset_index(drop=True)
+
+
+def gather_aggregate_pair(ranking) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A candidate Gather/Aggregate pair from a ranking: the most harmful head, and the most
+    harmful head in a layer above it (G&A spans two layers, Gather below Aggregate)."""
+    measured = ranking.dropna(subset=["acc"])
+    g = tuple(int(v) for v in measured[["layer", "head"]].iloc[0])
+    above = measured[measured.layer > g[0]]
+    if above.empty:
+        raise ValueError(f"no measured head above layer {g[0]}: sweep more layers to find an Aggregate candidate")
+    return g, tuple(int(v) for v in above[["layer", "head"]].iloc[0])
+
+
+def kv_head_ranking(loaded, pairs: int = 8, n: int = 40, seed: int = 0, query: str = "repeat", top: int = 10,
+                    trailing_space: bool = False):
+    """The KV-retrieval head ranking (`SweepEngine.rank_heads`) that several chapters share,
+    kept in the results store so that it is computed once per setting."""
+    import pandas as pd
+
+    from .sweep import Store, results_dir, sweep
+
+    def run(cell):
+        items = kv_items(pairs, n, seed=seed, query=query, trailing_space=trailing_space)
+        engine = SweepEngine(loaded, loaded.tokenizer, items)
+        clean = engine.score()
+        return {"clean": [clean.acc, clean.lo, clean.hi, clean.n],
+                "table": engine.rank_heads(top).to_dict("records")}
+
+    store = Store(results_dir("head_ranking") / f"{loaded.name}.jsonl")
+    cell = dict(pairs=pairs, n=n, seed=seed, query=query, top=top, trailing_space=trailing_space)
+    row = sweep(store, [cell], run, desc="head ranking")[0]
+    return row["clean"], pd.DataFrame(row["table"])

@@ -27,6 +27,7 @@ class ModelSpec:
     hub_id: str
     tokenizer_id: str | None = None  # Llamba ships no tokenizer: it uses Llama-3.1's
     note: str = ""
+    ours: bool = False  # not in transformers: loaded by our `helpers.llamba`
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -38,9 +39,9 @@ MODELS: dict[str, ModelSpec] = {
                   note="the released code's Transformer"),
         ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B"),
         ModelSpec("llamba-8b", "paper", "cartesia-ai/Llamba-8B-untied",
-                  tokenizer_id="meta-llama/Llama-3.1-8B"),
+                  tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
         ModelSpec("llamba-8b-unaligned", "paper", "goombalab/Llamba-8B-untied-unaligned",
-                  tokenizer_id="meta-llama/Llama-3.1-8B"),
+                  tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
         ModelSpec("falcon-mamba-7b-instruct", "paper", "tiiuae/falcon-mamba-7b-instruct"),
         ModelSpec("zamba2-7b", "paper", "Zyphra/Zamba2-7B"),
     ]
@@ -129,13 +130,19 @@ def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
     else:
         check_paper_model(s)
         dtype = dtype or torch.bfloat16
-        tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
-        if s.name.startswith("llamba"):
-            from .llamba import LlambaForCausalLM
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
+            if s.ours:
+                from .llamba import LlambaForCausalLM
 
-            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+                model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+        except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
+            raise ModelUnavailable(
+                f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
+                f"must be reachable (run `huggingface-cli download {s.hub_id}`; Meta's models are gated: "
+                f"`huggingface-cli login` first). The cause: {e}") from e
         model = model.to("cuda")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -152,7 +159,7 @@ def paper_config(name: str):
         known = ", ".join(sorted(p.stem for p in (DATA / "configs").glob("*.json")))
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
     fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
-    if name.startswith("llamba"):
+    if name in MODELS and MODELS[name].ours:
         from .llamba import LlambaConfig
 
         return LlambaConfig(**fields)

@@ -80,3 +80,14 @@ def test_mean_of_tasks():
     b = helpers.Score(1.0, 0, 1, 100, np.ones(100))
     m = helpers.mean_of_tasks({"a": a, "b": b})
     assert m.acc == 0.75 and m.hi - m.acc == pytest.approx(1.96 * (0.25 / 100) ** 0.5 / 2)
+
+
+def test_mean_over_tasks_matches_mean_of_tasks():
+    import pandas as pd
+
+    a = helpers.Score(0.5, 0, 1, 100, np.zeros(100))
+    b = helpers.Score(1.0, 0, 1, 50, np.ones(50))
+    table = pd.DataFrame([dict(layer=3, acc=0.5, n=100), dict(layer=3, acc=1.0, n=50)])
+    row = helpers.mean_over_tasks(table, by="layer").iloc[0]
+    ref = helpers.mean_of_tasks({"a": a, "b": b})
+    assert (row.acc, row.lo, row.hi, row.n) == (ref.acc, ref.lo, ref.hi, ref.n)

@@ -180,12 +180,29 @@ def score_by_depth(model, tokenizer, items: list[Item], depths: list[int], **kw)
     return {d: _score([ll[row] for ll in lls], items) for row, d in enumerate(depths)}
 
 
+def _mean_with_interval(accs, ns) -> tuple[float, float, float]:
+    """Unweighted mean of accuracies and a normal 95% interval from their binomial variances."""
+    accs, ns = np.asarray(accs, dtype=float), np.asarray(ns, dtype=float)
+    half = 1.96 * math.sqrt((accs * (1 - accs) / ns).sum() / len(accs) ** 2)
+    m = float(accs.mean())
+    return m, max(0.0, m - half), min(1.0, m + half)
+
+
+def mean_over_tasks(table, by: str, name: str = "knowledge (mean)"):
+    """For each value of `by`, the unweighted mean of the tasks' accuracies (rows of `table`
+    with columns acc and n), as rows like the table's: by, benchmark, acc, lo, hi, n."""
+    import pandas as pd
+
+    rows = []
+    for key, group in table.groupby(by):
+        m, lo, hi = _mean_with_interval(group.acc, group.n)
+        rows.append({by: key, "benchmark": name, "acc": m, "lo": lo, "hi": hi, "n": int(group.n.sum())})
+    return pd.DataFrame(rows)
+
+
 def mean_of_tasks(scores: dict[str, Score]) -> Score:
     """Unweighted mean of per-task accuracies (the release's knowledge score) with a normal
     95% interval from the tasks' binomial variances."""
-    accs = np.array([s.acc for s in scores.values()])
-    var = sum(s.acc * (1 - s.acc) / s.n for s in scores.values()) / len(scores) ** 2
-    half = 1.96 * math.sqrt(var)
-    m = float(accs.mean())
+    m, lo, hi = _mean_with_interval([s.acc for s in scores.values()], [s.n for s in scores.values()])
     correct = np.concatenate([s.correct for s in scores.values()])
-    return Score(m, max(0.0, m - half), min(1.0, m + half), int(sum(s.n for s in scores.values())), correct)
+    return Score(m, lo, hi, int(sum(s.n for s in scores.values())), correct)

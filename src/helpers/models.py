@@ -61,10 +61,6 @@ class Loaded:
     tokenizer: object
     adapter: Adapter
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
 
 def spec(name: str) -> ModelSpec:
     if name not in MODELS:

@@ -106,7 +106,7 @@ def main() -> None:
     lls = {lh: engine.loglikelihoods([{lh[0]: [lh[1]]}])[0] for lh in sample}
     engine_s = (time.perf_counter() - t) / len(sample)
     diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
-    same_acc = all(engine._scores(lls[lh]).acc == engine._scores(naive[lh]).acc for lh in sample)
+    same_acc = all(engine.score_loglikelihoods(lls[lh]).acc == engine.score_loglikelihoods(naive[lh]).acc for lh in sample)
     print(f"\nexact engine vs naive loop, same {len(sample)} heads:")
     print(f"  naive  {naive_s:7.2f} s per ablation ({len(items) / naive_s:6.1f} ablation-prompts/s)")
     print(f"  scorer {scorer_s:7.2f} s per ablation ({len(items) / scorer_s:6.1f} ablation-prompts/s)"

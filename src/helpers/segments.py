@@ -164,3 +164,18 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> "Score":
                 stack.enter_context(mask_attention(loaded, layer, [head], allowed))
             lls += choice_loglikelihoods(loaded.model, loaded.tokenizer, [item], batch_tokens=T * len(item.pairs))
     return _score(lls, items)
+
+
+def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
+    """Everything the book reads off one head's [T, T] attention (or hidden attention) over a
+    prompt: where the final position looks (`mass_by_role`), how sharply (`sharpness`), how
+    local every query is (share on itself and the previous token: high for a previous-token
+    head, for which staying inside a segment says little), and how much of each segment end's
+    in-segment mass stays in its own segment (a Gather head's signature)."""
+    a = np.abs(a)
+    local = float(np.mean([a[t, t - 1:t + 1].sum() / max(a[t, :t + 1].sum(), 1e-12) for t in range(1, len(seg))]))
+    own = float(np.nanmean([a[e][seg.segment == k].sum() / max(a[e][seg.segment >= 0].sum(), 1e-12)
+                            for k, e in enumerate(seg.ends)]))
+    return {**mass_by_role(a[-1], seg), **sharpness(a[-1], seg),
+            "every query: share on itself and the previous token": local,
+            "segment end: own-segment share": own}

@@ -1,12 +1,13 @@
 # The two commands of the README:
 #   make book   create .venv, install, execute every chapter on the CPU profile, render _build/html
 #   make test   create .venv if needed, install, run the tests (unit tests + every chapter at smoke size)
+#   make zoo    retrain the toy zoo into data/zoo (deterministic, one thread per model; about an hour)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: book test sync browser clean
+.PHONY: book test sync zoo browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ book: $(VENV)/.installed browser
 
 test: $(VENV)/.installed browser
 	$(PY) -m pytest
+
+zoo: $(VENV)/.installed
+	$(PY) -m helpers.zoo build
 
 sync: $(VENV)/.installed
 	$(PY) -m helpers.book sync

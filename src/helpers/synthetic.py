@@ -1,0 +1,227 @@
+"""The toy zoo's synthetic tasks: token-level, seeded, one vocabulary for all of them.
+
+- `kv`: a dictionary of two-token keys and one-token values, one line each, then a key to look
+  up (the paper's KV retrieval, Fig. 4). A line is five tokens, longer than the models' four-wide
+  convolutions, so a line's summary has to be gathered.
+- `mcq`: options of 6-8 content words behind a letter (the letters a random permutation, so the
+  letter must be read from its option); every option but one holds a "marked" word, and the
+  answer is the unmarked option's letter (the MMLU role: the answer is a property of a whole
+  option, reported by its letter).
+- `knowledge`: `ASK subject SEP` -> the subject's object in a fixed fact table, learned in
+  training (the answer lives in the weights, not in the context).
+
+Every example ends at the position whose next-token prediction is scored; `choices` are the
+tokens scored against each other and `gold` indexes the right one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .evaluate import Score, wilson
+from .segments import Segments
+
+SPECIAL = ["<pad>", "<s>", "\\n", "?", ":", "ask"]
+PAD, BOS, NL, ANS, SEP, ASK = range(len(SPECIAL))
+N_LETTERS, N_WORDS, N_MARKS, N_KEYS, N_VALUES, N_SUBJECTS = 8, 64, 8, 16, 32, 32
+
+
+def _block(start: int, n: int) -> np.ndarray:
+    return np.arange(start, start + n)
+
+
+LETTERS = _block(8, N_LETTERS)
+WORDS = _block(LETTERS[-1] + 1, N_WORDS)
+MARKS = _block(WORDS[-1] + 1, N_MARKS)
+KEYS = _block(MARKS[-1] + 1, N_KEYS)
+VALUES = _block(KEYS[-1] + 1, N_VALUES)
+SUBJECTS = _block(VALUES[-1] + 1, N_SUBJECTS)
+VOCAB_SIZE = int(SUBJECTS[-1] + 1)
+TASKS = ("kv", "mcq", "knowledge")
+FACT_SEED = 1234  # the fact table is part of the task, not of a run
+
+
+def fact_table() -> np.ndarray:
+    """The object (a value token) of each subject."""
+    return VALUES[np.random.default_rng(FACT_SEED).integers(0, N_VALUES, N_SUBJECTS)]
+
+
+class Vocab:
+    """Names for the toy tokens (axis labels, printing); `decode` mirrors a tokenizer's."""
+
+    def name(self, token: int) -> str:
+        for prefix, block in (("ABCDEFGH", LETTERS), ("w", WORDS), ("m", MARKS), ("k", KEYS), ("v", VALUES),
+                              ("s", SUBJECTS)):
+            if block[0] <= token <= block[-1]:
+                i = token - block[0]
+                return prefix[i] if len(prefix) > 1 else f"{prefix}{i}"
+        return SPECIAL[token]
+
+    def decode(self, ids) -> str:
+        return " ".join(self.name(int(t)) for t in ids)
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # [B, T], right-padded with PAD
+    at: torch.Tensor  # [B] the scored position (its next token is the answer)
+    choices: torch.Tensor  # [B, C] candidate answer tokens
+    gold: torch.Tensor  # [B] index into choices
+    task: str
+    inline: torch.Tensor | None = None  # [B, T] answers of earlier queries in the row (-100 elsewhere)
+
+    def __len__(self) -> int:
+        return len(self.gold)
+
+    @property
+    def target(self) -> torch.Tensor:
+        return self.choices.gather(1, self.gold[:, None])[:, 0]
+
+
+def _pack(rows: list[list[int]], choices: list[list[int]], gold: list[int], task: str,
+          inline: list[list[tuple[int, int]]] | None = None) -> Batch:
+    T = max(map(len, rows))
+    ids = torch.full((len(rows), T), PAD, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+    targets = None
+    if inline is not None:
+        targets = torch.full((len(rows), T), -100, dtype=torch.long)
+        for i, answers in enumerate(inline):
+            for position, token in answers:
+                targets[i, position] = token
+    return Batch(ids, torch.tensor([len(r) - 1 for r in rows]), torch.tensor(choices), torch.tensor(gold), task, targets)
+
+
+def kv(n: int, n_keys: int, rng: np.random.Generator, queries: int = 1) -> Batch:
+    """`queries` > 1 (training): more lookups follow the first, each with its answer, and the
+    row ends at the last one's (their answers are the batch's `inline` targets)."""
+    if not 1 <= n_keys <= N_VALUES:
+        raise ValueError(f"n_keys must be in 1..{N_VALUES} (distinct values), got {n_keys}")
+    rows, choices, gold, inline = [], [], [], []
+    for _ in range(n):
+        pairs = rng.choice(N_KEYS * N_KEYS, n_keys, replace=False)
+        values = VALUES[rng.choice(N_VALUES, n_keys, replace=False)]
+        row = [BOS]
+        for p, v in zip(pairs, values):
+            row += [KEYS[p // N_KEYS], KEYS[p % N_KEYS], SEP, v, NL]
+        asked = rng.integers(n_keys, size=queries)
+        answers = []
+        for q, g in enumerate(asked):
+            row += [ANS, KEYS[pairs[g] // N_KEYS], KEYS[pairs[g] % N_KEYS], SEP]
+            if q < queries - 1:
+                answers.append((len(row) - 1, int(values[g])))
+                row.append(values[g])
+        rows.append([int(t) for t in row]), choices.append([int(v) for v in values]), gold.append(int(asked[-1]))
+        inline.append(answers)
+    return _pack(rows, choices, gold, "kv", inline if queries > 1 else None)
+
+
+def mcq(n: int, n_options: int, rng: np.random.Generator, length: tuple[int, int] = (6, 8)) -> Batch:
+    if not 2 <= n_options <= N_LETTERS:
+        raise ValueError(f"n_options must be in 2..{N_LETTERS} (letters), got {n_options}")
+    rows, choices, gold = [], [], []
+    for _ in range(n):
+        letters = LETTERS[rng.permutation(N_LETTERS)[:n_options]]
+        g = int(rng.integers(n_options))
+        row = [BOS]
+        for i, letter in enumerate(letters):
+            words = list(WORDS[rng.integers(0, N_WORDS, rng.integers(length[0], length[1] + 1))])
+            if i != g:
+                words[rng.integers(len(words))] = MARKS[rng.integers(N_MARKS)]
+            row += [letter, *words, NL]
+        row.append(ANS)
+        rows.append([int(t) for t in row]), choices.append([int(t) for t in letters]), gold.append(g)
+    return _pack(rows, choices, gold, "mcq")
+
+
+def knowledge(n: int, rng: np.random.Generator) -> Batch:
+    facts = fact_table()
+    subjects = rng.integers(0, N_SUBJECTS, n)
+    rows = [[BOS, ASK, int(SUBJECTS[s]), SEP] for s in subjects]
+    gold = [int(facts[s] - VALUES[0]) for s in subjects]
+    return _pack(rows, [list(map(int, VALUES))] * n, gold, "knowledge")
+
+
+def make(task: str, n: int, size: int | None, rng: np.random.Generator, queries: int = 1) -> Batch:
+    """A batch of one task; `size` is the number of keys (kv) or options (mcq); `queries`: see `kv`."""
+    if task == "kv":
+        return kv(n, size, rng, queries)
+    if task == "mcq":
+        return mcq(n, size, rng)
+    if task == "knowledge":
+        return knowledge(n, rng)
+    raise ValueError(f"unknown task {task!r}; toy tasks: {', '.join(TASKS)}")
+
+
+def segments(batch: Batch, i: int) -> Segments:
+    """The lines of example i as `helpers.segments.Segments` (for the attention-map measures)."""
+    ids = batch.ids[i, :int(batch.at[i]) + 1].tolist()
+    vocab = Vocab()
+    segment = np.full(len(ids), -1)
+    role = ["other"] * len(ids)
+    s, query = 0, False
+    for t, tok in enumerate(ids):
+        if tok == ANS:
+            query = True
+        if query:
+            role[t] = "query"
+        elif t > 0:
+            segment[t] = s
+            role[t] = ("end" if tok == NL else "sep" if tok == SEP else
+                       "key" if tok in LETTERS or tok in KEYS else "value")
+            s += tok == NL
+    return Segments([vocab.name(t) for t in ids], segment, role, int(batch.gold[i]))
+
+
+def answer_logits(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Logits of the candidate tokens at the scored position, [B, C]."""
+    at = logits[torch.arange(len(batch)), batch.at]
+    return at.gather(1, batch.choices.to(at.device))
+
+
+def _rows(batch: Batch, index, length: int | None = None) -> Batch:
+    ids = batch.ids[index] if length is None else batch.ids[index, :length]
+    return Batch(ids, batch.at[index], batch.choices[index], batch.gold[index], batch.task)
+
+
+@torch.no_grad()
+def score(model, batch: Batch, chunk: int = 256, per_length=None) -> Score:
+    """Accuracy of picking the gold candidate, with a Wilson interval. `per_length(T)`, if
+    given, is a context manager to score the rows of unpadded length T under (an intervention
+    that needs the length, such as `mask_last_row`); rows are then grouped by length."""
+    if per_length is None:
+        groups = [(torch.arange(a, min(a + chunk, len(batch))), None) for a in range(0, len(batch), chunk)]
+    else:
+        lengths = batch.at + 1
+        groups = [((lengths == T).nonzero()[:, 0], int(T)) for T in lengths.unique()]
+    correct = np.zeros(len(batch), dtype=bool)
+    for index, length in groups:
+        part = _rows(batch, index, length)
+        with per_length(length) if length else contextlib.nullcontext():
+            logits = model(input_ids=part.ids).logits
+        correct[index.numpy()] = (answer_logits(logits, part).argmax(-1).cpu() == part.gold).numpy()
+    lo, hi = wilson(correct.sum(), len(correct))
+    return Score(float(correct.mean()), lo, hi, len(correct), correct)
+
+def head_sweep(model, batch: Batch, progress: bool = True) -> "pd.DataFrame":
+    """Accuracy with each head of each layer zeroed, one at a time (a `Loaded` model or an
+    adapter: `mamba_heads()` of a hybrid sweeps its SSM heads)."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from .adapters import unwrap
+    from .interventions import zero_heads
+
+    net, adapter = unwrap(model)
+    cells = [(l, h) for l in adapter.head_layers() for h in range(adapter.n_heads(l))]
+    rows = []
+    for l, h in tqdm(cells, desc="heads", disable=not progress):
+        with zero_heads(adapter, {l: [h]}):
+            s = score(net, batch)
+        rows.append(dict(layer=l, head=h, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))
+    return pd.DataFrame(rows)

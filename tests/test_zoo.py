@@ -1,0 +1,129 @@
+"""The toy zoo: its tasks are what they say, training is deterministic and learns, the
+distilled student starts from its teacher, and the shipped checkpoints reproduce their records."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import helpers
+from helpers import synthetic, zoo
+
+
+def test_kv_gold_is_the_value_on_the_queried_line():
+    b = synthetic.kv(50, 6, np.random.default_rng(0))
+    for i in range(len(b)):
+        ids = b.ids[i, :int(b.at[i]) + 1].tolist()
+        key = ids[-3:-1]
+        lines = [ids[1 + 5 * j: 6 + 5 * j] for j in range(6)]
+        (line,) = [l for l in lines if l[:2] == key]
+        assert line[3] == int(b.target[i]) and [l[3] for l in lines] == b.choices[i].tolist()
+
+
+def test_kv_training_rows_supervise_each_earlier_lookup():
+    b = synthetic.kv(8, 4, np.random.default_rng(1), queries=3)
+    for i in range(len(b)):
+        positions = (b.inline[i] >= 0).nonzero().flatten().tolist()
+        assert len(positions) == 2
+        for p in positions:
+            assert b.ids[i, p] == synthetic.SEP and b.ids[i, p + 1] == b.inline[i, p]
+
+
+def test_mcq_gold_option_is_the_only_unmarked_one():
+    b = synthetic.mcq(50, 5, np.random.default_rng(0))
+    for i in range(len(b)):
+        seg = synthetic.segments(b, i)
+        ids = b.ids[i, :len(seg)].numpy()
+        marked = [bool(np.isin(ids[seg.segment == s], synthetic.MARKS).any()) for s in range(5)]
+        assert marked == [s != int(b.gold[i]) for s in range(5)]
+        letters = [ids[seg.segment == s][0] for s in range(5)]
+        assert letters == b.choices[i].tolist() and seg.role[-1] == "query"
+        assert all(seg.role[e] == "end" for e in seg.ends)
+
+
+def test_bad_sizes_and_task_names_say_the_range():
+    with pytest.raises(ValueError, match="2..8"):
+        synthetic.mcq(1, 9, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="kv, mcq, knowledge"):
+        synthetic.make("copy", 1, 2, np.random.default_rng(0))
+    with pytest.raises(KeyError, match="toy-mamba2"):
+        zoo.recipe("toy-rwkv")
+
+
+class Oracle(torch.nn.Module):
+    """Puts all its logit on the right answer's token (for the scorer's known answer)."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def forward(self, input_ids):
+        logits = torch.zeros(*input_ids.shape, synthetic.VOCAB_SIZE)
+        logits[torch.arange(len(self.batch)), self.batch.at, self.batch.target] = 1.0
+        return type("Out", (), {"logits": logits})
+
+
+def test_score_of_an_oracle_is_one_and_of_its_negation_zero():
+    b = synthetic.mcq(40, 4, np.random.default_rng(2))
+    assert synthetic.score(Oracle(b), b).acc == 1.0
+    b.gold = (b.gold + 1) % 4
+    assert synthetic.score(Oracle(synthetic.mcq(40, 4, np.random.default_rng(2))), b).acc == 0.0
+
+
+def test_the_transformers_convolution_is_causal():
+    torch.manual_seed(0)
+    model = zoo.build_model(zoo.recipe("toy-transformer")).eval()
+    ids = synthetic.kv(2, 4, np.random.default_rng(0)).ids
+    changed = ids.clone()
+    changed[:, 10:] = synthetic.WORDS[0]
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, model(input_ids=changed).logits
+    assert torch.equal(a[:, :10], b[:, :10]) and not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("name", ["toy-transformer", "toy-mamba2", "toy-hybrid"])
+def test_training_is_deterministic_and_seeded(name, tmp_path):
+    weights = {}
+    for run, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        zoo.build(name, tmp_path / run, seed=seed, steps=3, n_final=8, progress=False)
+        weights[run] = (tmp_path / run / f"{name}.safetensors").read_bytes()
+    assert weights["a"] == weights["b"] and weights["a"] != weights["c"]
+
+
+def test_training_lowers_the_loss():
+    torch.manual_seed(0)
+    model = zoo.build_model(zoo.recipe("toy-transformer"))
+    with zoo.one_thread():
+        curve = zoo.train(model, 60, seed=0, every=20, n_probe=16, progress=False)
+    assert curve[-1]["loss"] < 0.9 * curve[0]["loss"]
+
+
+def test_student_starts_from_its_teacher_and_distills_end_to_end(tmp_path):
+    zoo.build("toy-transformer", tmp_path, steps=2, n_final=8, progress=False)
+    rec = zoo.build("toy-student", tmp_path, steps=4, n_final=8, progress=False)
+    assert [c["stage"] for c in rec["curve"]][-1] == 2
+    teacher, student = zoo.load("toy-transformer", tmp_path), zoo.load("toy-student", tmp_path)
+    t, s = teacher.model.model, student.model.backbone
+    assert torch.equal(s.layers[1].mlp.down_proj.weight, t.layers[1].mlp.down_proj.weight)
+    assert torch.equal(s.embedding.weight[:synthetic.VOCAB_SIZE], t.embed_tokens.weight)
+    assert not torch.equal(s.layers[0].mixer.in_proj.weight, zoo.build_model(zoo.recipe("toy-student")).backbone.layers[0].mixer.in_proj.weight)
+    b = synthetic.mcq(4, 3, np.random.default_rng(0))
+    with helpers.swap_layers(student, teacher, [0, 1, 2]):
+        swapped = student.model(input_ids=b.ids).logits
+    assert torch.allclose(swapped, teacher.model(input_ids=b.ids).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(zoo.RECIPES))
+def test_shipped_checkpoint_reproduces_its_recorded_accuracies(name):
+    loaded = helpers.load(name)
+    rec = zoo.record(name)
+    with zoo.one_thread():
+        assert zoo.final_accuracies(loaded.model, rec["seed"], rec["n_final"]) == rec["final"]
+    assert json.loads((zoo.ZOO / f"{name}.json").read_text())["config"] == zoo.recipe(name).config
+
+
+def test_every_recipe_is_a_loadable_model_name_and_a_missing_checkpoint_names_the_fix(tmp_path):
+    assert {name for name, s in helpers.MODELS.items() if s.toy} == set(zoo.RECIPES)
+    with pytest.raises(FileNotFoundError, match="python -m helpers.zoo build toy-mamba2"):
+        zoo.load("toy-mamba2", tmp_path)

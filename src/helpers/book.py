@@ -48,13 +48,20 @@ def chapters() -> list[Path]:
 
 
 def sync() -> list[Path]:
-    """Write the Colab notebooks (`book/<name>.ipynb`, no outputs) from the `.md` sources."""
+    """Write the Colab notebooks (`book/<name>.ipynb`, no outputs) from the `.md` sources whose
+    cells changed; returns the notebooks written."""
     import jupytext
+
+    def cells(nb):
+        return [(c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in nb.cells]
 
     written = []
     for md in chapters():
         target = md.with_suffix(".ipynb")
-        jupytext.write(jupytext.read(md), target)
+        source = jupytext.read(md)
+        if target.exists() and cells(jupytext.read(target)) == cells(source):
+            continue  # unchanged: keep the file (and its cell ids) as committed
+        jupytext.write(source, target)
         written.append(target)
     return written
 

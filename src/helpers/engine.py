@@ -282,47 +282,41 @@ class SweepEngine:
             out.append(ll[it.gold] - np.logaddexp.reduce(ll))
         return np.array(out)
 
-    def attribution(self, model_layers: list[int] | None = None, steps: int = 1) -> dict[tuple[int, int], float]:
-        """Attribution patching: for every head, an estimate of how zeroing it changes the mean
-        gold margin (see `margins`), -sum(gradient * activation) at its slice of the head site,
-        all heads from one forward and one backward pass. `steps` > 1 integrates the gradient
-        along the path that scales every head's output from 1 down towards 0 (integrated
-        gradients, one pass per step), which follows effects that are far from linear, such as
-        a head whose removal starves a later attention pattern. `model_layers`: the layers the
-        model runs (default all)."""
+    def attribution(self, model_layers: list[int] | None = None) -> dict[tuple[int, int], float]:
+        """Attribution patching: for every head, a first-order estimate of how zeroing it
+        changes the mean gold margin (see `margins`), -sum(gradient * activation) at its slice of
+        the head site, from one forward and one backward pass for all heads together.
+        `model_layers`: the layers the model runs (default all)."""
+        acts: dict[int, list[torch.Tensor]] = {}
         model_layers = list(range(self.adapter.n_layers)) if model_layers is None else list(model_layers)
         layers = [l for l in self.adapter.head_layers() if l in model_layers]
+
+        def keep(layer):
+            def hook(module, args):
+                args[0].retain_grad()
+                acts.setdefault(layer, []).append(args[0])
+            return hook
+
+        handles = [self.adapter.head_site(l).register_forward_pre_hook(keep(l)) for l in layers]
         embed = self.model.get_input_embeddings()
-        out = dict.fromkeys(((l, h) for l in layers for h in range(self.adapter.n_heads(l))), 0.0)
-        for alpha in (1 - k / steps for k in range(steps)):
-            acts: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-
-            def keep(layer):
-                def hook(module, args):
-                    scaled = args[0] * alpha
-                    scaled.retain_grad()
-                    acts.setdefault(layer, []).append((args[0].detach(), scaled))
-                    return (scaled,) + tuple(args[1:])
-                return hook
-
-            handles = [self.adapter.head_site(l).register_forward_pre_hook(keep(l)) for l in layers]
-            try:
-                with torch.enable_grad():
-                    lls = 0
-                    for i, b in enumerate(self.batches):
-                        h = embed(self.rows.ids[b, : self._width(b)].to(self.device)).detach().requires_grad_(True)
-                        lls = lls + self._pair_loglik(self._run(h, b, model_layers), i)[0]
-                    margins = [lls[a + it.gold] - torch.logsumexp(lls[a:z], 0)
-                               for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]
-                    torch.stack(margins).mean().backward()
-            finally:
-                for handle in handles:
-                    handle.remove()
-            for layer in layers:
-                dim = self.adapter.head_dim(layer)
-                effect = sum((-(x.grad * a)).sum(dim=tuple(range(a.dim() - 1))) for a, x in acts[layer])
-                for head, value in enumerate(effect.view(-1, dim).sum(-1).tolist()):
-                    out[layer, head] += value / steps
+        try:
+            with torch.enable_grad():
+                lls = 0
+                for i, b in enumerate(self.batches):
+                    h = embed(self.rows.ids[b, : self._width(b)].to(self.device)).detach().requires_grad_(True)
+                    lls = lls + self._pair_loglik(self._run(h, b, model_layers), i)[0]
+                margins = [lls[a + it.gold] - torch.logsumexp(lls[a:z], 0)
+                           for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]
+                torch.stack(margins).mean().backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+        out = {}
+        for layer in layers:
+            dim = self.adapter.head_dim(layer)
+            effect = sum((-(x.grad * x)).sum(dim=tuple(range(x.dim() - 1))) for x in acts[layer])
+            for head, value in enumerate(effect.view(-1, dim).sum(-1).tolist()):
+                out[layer, head] = value
         return out
 
     def rank_heads(self, top: int = 10, layers: list[int] | None = None,

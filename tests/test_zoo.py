@@ -119,7 +119,11 @@ def test_shipped_checkpoint_reproduces_its_recorded_accuracies(name):
     loaded = helpers.load(name)
     rec = zoo.record(name)
     with zoo.one_thread():
-        assert zoo.final_accuracies(loaded.model, rec["seed"], rec["n_final"]) == rec["final"]
+        now = zoo.final_accuracies(loaded.model, rec["seed"], rec["n_final"])
+    # Bit-equal on the machine that trained it; another CPU's kernels may round differently and
+    # flip a near-tie, so allow two examples of 500 per cell (a wrong checkpoint misses by far more).
+    assert now.keys() == rec["final"].keys()
+    assert all(abs(now[k] - rec["final"][k]) <= 2 / rec["n_final"] + 1e-12 for k in now), (now, rec["final"])
     assert json.loads((zoo.ZOO / f"{name}.json").read_text())["config"] == zoo.recipe(name).config
 
 

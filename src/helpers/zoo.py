@@ -64,7 +64,7 @@ class ConvLlamaConfig(LlamaConfig):
 
     def __init__(self, conv_kernel: int = 4, conv_layers: list[int] | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.conv_kernel, self.conv_layers = conv_kernel, list(conv_layers or [0])
+        self.conv_kernel, self.conv_layers = conv_kernel, [0] if conv_layers is None else list(conv_layers)
 
 
 class ConvLlamaForCausalLM(LlamaForCausalLM):

@@ -72,19 +72,21 @@ def test_engine_on_a_recurrent_model():
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
 
 
-def test_attribution_is_the_derivative_of_the_margin(smol, kv):
-    """attribution[l, h] = d(mean gold margin)/d(scale of head h's output) at 1, times -1:
-    compare with a finite difference through the plain scorer."""
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_attribution_is_the_derivative_of_the_margin(smol, kv, alpha):
+    """attribution[l, h] = -d(mean gold margin)/d(scale of head h's output), taken with every
+    head of layer l scaled by alpha: compare with a finite difference through the plain scorer."""
     engine = SweepEngine(smol, smol.tokenizer, kv)
-    attribution = engine.attribution()
+    attribution = engine.attribution(alpha=alpha, progress=False)
     assert len(attribution) == 30 * 9
+    assert not any(smol.adapter.head_site(l)._forward_pre_hooks for l in range(30))
 
     def margin(layer, head, scale):
         dim = smol.adapter.head_dim(layer)
 
         def hook(module, args):
-            x = args[0].clone()
-            x[..., head * dim:(head + 1) * dim] *= scale
+            x = args[0] * alpha
+            x[..., head * dim:(head + 1) * dim] *= scale / alpha
             return (x,)
 
         handle = smol.adapter.head_site(layer).register_forward_pre_hook(hook)
@@ -96,7 +98,7 @@ def test_attribution_is_the_derivative_of_the_margin(smol, kv):
 
     eps = 1e-2
     for layer, head in [(16, 0), (5, 3)]:
-        finite = (margin(layer, head, 1 - eps) - margin(layer, head, 1 + eps)) / (2 * eps)
+        finite = (margin(layer, head, alpha - eps) - margin(layer, head, alpha + eps)) / (2 * eps)
         assert attribution[layer, head] == pytest.approx(finite, rel=0.05, abs=1e-4)
 
 
@@ -133,3 +135,16 @@ def test_few_shot_questions_share_their_prefix_exactly(smol):
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=2048)
     for ablation in ({}, {16: [0]}):
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4)
+
+
+def test_gather_aggregate_pair_takes_the_two_most_harmful_layers_lower_first():
+    import pandas as pd
+
+    from helpers.engine import gather_aggregate_pair
+
+    ranking = pd.DataFrame({"layer": [19, 19, 16, 18, 3], "head": [2, 5, 0, 1, 4],
+                            "acc": [0.1, 0.3, 0.4, 0.2, None]}).sort_values("acc", na_position="last")
+    assert gather_aggregate_pair(ranking) == ((18, 1), (19, 2))  # the best head's layer is the top one
+    one_layer = ranking[ranking.layer.isin([19, 3])]
+    with pytest.raises(ValueError, match="only layer 19 was swept exactly.*larger `top`"):
+        gather_aggregate_pair(one_layer)

@@ -18,7 +18,7 @@ take the same path without the shared rows.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,36 +197,63 @@ class SweepEngine:
             out[k].index_add_(0, pair, logp.gather(-1, target.to(self.device)[:, None])[:, 0].double().cpu())
         return out
 
+    def _start(self, layers: list[int], touched: list[int]) -> int:
+        """Index in `layers` from which a run must be recomputed: the first layer that differs
+        from the full model's order, or the first touched one; below it is the cached stream."""
+        start = next((k for k, l in enumerate(layers) if l != k), len(layers))
+        return min([start] + [layers.index(l) for l in touched])
+
+    @contextmanager
+    def _scaling(self, scales: dict[int, torch.Tensor], seen: dict[int, list] | None = None):
+        """Head-site inputs multiplied by `scales[layer]` ([copies, heads * head_dim]), each copy of
+        the rows by its own row. With `seen`, each call is recorded as `seen[layer]` =
+        [(input, scaled input), ...], the scaled input requiring gradients (so that they can be
+        taken with respect to it; gradients still flow through it from layers above)."""
+        with ExitStack() as stack:
+            for layer, scale in scales.items():
+                def hook(module, args, scale=scale, layer=layer):
+                    x, m = args[0], scale.to(args[0].device, args[0].dtype)
+                    scaled = (x.unflatten(0, (len(m), -1)) * m[:, None, None, :]).flatten(0, 1)
+                    if seen is not None:
+                        if not scaled.requires_grad:  # the lowest scaled site: nothing below needs gradients
+                            scaled.requires_grad_(True)
+                        seen.setdefault(layer, []).append((x.detach(), scaled))
+                    return (scaled,) + tuple(args[1:])
+                stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(hook).remove)
+            yield
+
+    def _loglikelihoods(self, scales: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
+        copies = len(next(iter(scales.values()))) if scales else 1
+        start = self._start(layers, list(scales))
+        out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
+        with self._scaling(scales):
+            for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
+                out += self._pair_loglik(self._run(h.repeat(copies, 1, 1), b, layers[start:]), i)
+        return out
+
+    def _layers(self, layers: list[int] | None) -> list[int]:
+        return list(range(self.adapter.n_layers)) if layers is None else [self.adapter.check_layer(l) for l in layers]
+
     @torch.inference_mode()
     def loglikelihoods(self, ablations: list[dict[int, list[int]]], layers: list[int] | None = None) -> np.ndarray:
         """[len(ablations), n_pairs] log-likelihoods, each ablation `{layer: [heads]}` applied
         alone, all run side by side. `layers`: the layers the model runs, in order (default all;
         a prefix is a pruned model, a gap a removed layer). Everything below the first ablated
         or missing layer comes from the cached residual stream."""
-        layers = list(range(self.adapter.n_layers)) if layers is None else [self.adapter.check_layer(l) for l in layers]
+        layers = self._layers(layers)
         plans = [{l: self.adapter.check_heads(l, hs) for l, hs in a.items() if hs} for a in ablations]
         ablated = sorted({l for p in plans for l in p})
         if set(ablated) - set(layers):
             raise InterventionError(f"heads of layers {sorted(set(ablated) - set(layers))} are ablated but not run")
-        start = next((k for k, l in enumerate(layers) if l != k), len(layers))
-        start = min([start] + [layers.index(l) for l in ablated])
-        masks = {}
+        scales = {}
         for layer in ablated:
-            keep = torch.ones(len(plans), self.adapter.n_heads(layer), dtype=torch.bool)
+            keep = torch.ones(len(plans), self.adapter.n_heads(layer))
             for k, p in enumerate(plans):
-                keep[k, p.get(layer, [])] = False
-            masks[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
-        out = torch.zeros(len(plans), self.rows.n_pairs, dtype=torch.float64)
-        with ExitStack() as stack:
-            for layer in ablated:
-                def silence(module, args, mask=masks[layer]):
-                    x, m = args[0], mask.to(args[0].device, args[0].dtype)
-                    x = (x.unflatten(0, (len(plans), -1)) * m[:, None, None, :]).flatten(0, 1)
-                    return (x,) + tuple(args[1:])
-                stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(silence).remove)
-            for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
-                out += self._pair_loglik(self._run(h.repeat(len(plans), 1, 1), b, layers[start:]), i)
-        return out.numpy()
+                keep[k, p.get(layer, [])] = 0
+            scales[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
+        if not scales:
+            return self._loglikelihoods({}, layers).expand(len(plans), -1).numpy()
+        return self._loglikelihoods(scales, layers).numpy()
 
     def score_loglikelihoods(self, flat: np.ndarray) -> Score:
         """The score of one row of `loglikelihoods` (one ablation)."""
@@ -274,60 +301,69 @@ class SweepEngine:
                     bar.update(len(chunk))
         return out
 
+    def _margins(self, flat):
+        """Per item: log-softmax of the gold choice over the choices' log-likelihoods (torch)."""
+        return [flat[a + it.gold] - torch.logsumexp(flat[a:z], 0)
+                for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]
+
     def margins(self, flat: np.ndarray) -> np.ndarray:
         """Per item: log-softmax of the gold choice over the choices' log-likelihoods."""
-        out = []
-        for (a, b), it in zip(zip(self._choices[:-1], self._choices[1:]), self.items):
-            ll = flat[a:b]
-            out.append(ll[it.gold] - np.logaddexp.reduce(ll))
-        return np.array(out)
+        return torch.stack(self._margins(torch.as_tensor(flat))).numpy()
 
-    def attribution(self, model_layers: list[int] | None = None) -> dict[tuple[int, int], float]:
-        """Attribution patching: for every head, a first-order estimate of how zeroing it
-        changes the mean gold margin (see `margins`), -sum(gradient * activation) at its slice of
-        the head site, from one forward and one backward pass for all heads together.
-        `model_layers`: the layers the model runs (default all)."""
-        acts: dict[int, list[torch.Tensor]] = {}
-        model_layers = list(range(self.adapter.n_layers)) if model_layers is None else list(model_layers)
+    def attribution(self, model_layers: list[int] | None = None, alpha: float = 0.5,
+                    progress: bool = True) -> dict[tuple[int, int], float]:
+        """Attribution patching: for every head, an estimate of how zeroing it changes the mean
+        gold margin (see `margins`): -(gradient x output), summed over its slice of the head site.
+
+        The gradient of each layer's heads is taken with that layer's heads all scaled by
+        `alpha` (one midpoint of integrated gradients along the layer's path to zero). At
+        alpha=1 (plain attribution patching, the clean model's gradient, one pass for all
+        layers) the first-order estimate can miss heads whose effect is far from linear, even
+        the most harmful one (`benchmarks/sweep.py` ranks the exact sweep's heads both ways).
+        Otherwise, per layer: a pass that weighs each log-likelihood in the margin, then a
+        forward and backward pass from the cached residual stream entering the layer, batch by
+        batch (memory: one batch's graph). `model_layers`: the layers the model runs (default
+        all)."""
+        model_layers = self._layers(model_layers)
         layers = [l for l in self.adapter.head_layers() if l in model_layers]
-
-        def keep(layer):
-            def hook(module, args):
-                args[0].retain_grad()
-                acts.setdefault(layer, []).append(args[0])
-            return hook
-
-        handles = [self.adapter.head_site(l).register_forward_pre_hook(keep(l)) for l in layers]
-        embed = self.model.get_input_embeddings()
-        try:
-            with torch.enable_grad():
-                lls = 0
-                for i, b in enumerate(self.batches):
-                    h = embed(self.rows.ids[b, : self._width(b)].to(self.device)).detach().requires_grad_(True)
-                    lls = lls + self._pair_loglik(self._run(h, b, model_layers), i)[0]
-                margins = [lls[a + it.gold] - torch.logsumexp(lls[a:z], 0)
-                           for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)]
-                torch.stack(margins).mean().backward()
-        finally:
-            for handle in handles:
-                handle.remove()
+        groups = [layers] if alpha == 1 else [[l] for l in layers]
         out = {}
-        for layer in layers:
-            dim = self.adapter.head_dim(layer)
-            effect = sum((-(x.grad * x)).sum(dim=tuple(range(x.dim() - 1))) for x in acts[layer])
-            for head, value in enumerate(effect.view(-1, dim).sum(-1).tolist()):
-                out[layer, head] = value
+        for group in tqdm(groups, desc="attribution", disable=not progress or len(groups) == 1):
+            scales = {l: torch.full((1, self.adapter.n_heads(l) * self.adapter.head_dim(l)), float(alpha))
+                      for l in group}
+            with torch.inference_mode():
+                flat = self._loglikelihoods(scales, model_layers)[0]
+            flat = flat.clone().requires_grad_(True)
+            torch.stack(self._margins(flat)).mean().backward()
+            weight = flat.grad  # d(mean margin) / d(each pair's log-likelihood)
+            start = self._start(model_layers, group)
+            effect = {l: 0 for l in group}
+            seen: dict[int, list] = {}
+            with self._scaling(scales, seen), torch.enable_grad():
+                for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
+                    lls = self._pair_loglik(self._run(h.clone(), b, model_layers[start:]), i)[0]
+                    sites = [seen.pop(l)[0] for l in group]
+                    grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
+                    for l, (x, _), g in zip(group, sites, grads):
+                        effect[l] = effect[l] - (g * x).sum(dim=tuple(range(x.dim() - 1))).double().cpu()
+            for l in group:
+                for head, value in enumerate(effect[l].view(self.adapter.n_heads(l), -1).sum(-1).tolist()):
+                    out[l, head] = value
         return out
 
     def rank_heads(self, top: int = 10, layers: list[int] | None = None,
-                   model_layers: list[int] | None = None) -> "pd.DataFrame":
+                   model_layers: list[int] | None = None, alpha: float = 0.5) -> "pd.DataFrame":
         """Heads ranked by ablation. The attribution screen estimates every head; the layers
-        of its `top` heads (or `layers`) are then swept exactly, every head of them. One row per
+        of its `top` heads (at least two; or `layers`) are then swept exactly, every head of them. One row per
         head, the exactly measured ones first, most harmful first; `acc` is empty elsewhere."""
         import pandas as pd
 
-        estimate = self.attribution(model_layers)
-        layers = layers or sorted({l for l, _ in sorted(estimate, key=estimate.get)[:top]})
+        estimate = self.attribution(model_layers, alpha)
+        if not layers:
+            order = [l for l, _ in sorted(estimate, key=estimate.get)]
+            layers = sorted(set(order[:top]))
+            if len(layers) < 2:  # a Gather/Aggregate pair needs two layers: the next one in the screen's order
+                layers = sorted(layers + [l for l in order if l not in layers][:1])
         exact = self.head_sweep(layers=layers, model_layers=model_layers, progress=False)
         rows = [dict(layer=l, head=h, estimate=e, **({"acc": exact[l, h].acc, "lo": exact[l, h].lo,
                                                       "hi": exact[l, h].hi, "n": exact[l, h].n} if (l, h) in exact else {}))
@@ -336,18 +372,21 @@ class SweepEngine:
 
 
 def gather_aggregate_pair(ranking) -> tuple[tuple[int, int], tuple[int, int]]:
-    """A candidate Gather/Aggregate pair from a ranking: the most harmful head, and the most
-    harmful head in a layer above it (G&A spans two layers, Gather below Aggregate)."""
+    """A candidate Gather/Aggregate pair from a ranking: the most harmful measured head and the
+    most harmful measured head of another layer, the lower one as Gather (G&A spans two layers,
+    Gather below Aggregate)."""
     measured = ranking.dropna(subset=["acc"])
-    g = tuple(int(v) for v in measured[["layer", "head"]].iloc[0])
-    above = measured[measured.layer > g[0]]
-    if above.empty:
-        raise ValueError(f"no measured head above layer {g[0]}: sweep more layers to find an Aggregate candidate")
-    return g, tuple(int(v) for v in above[["layer", "head"]].iloc[0])
+    best = tuple(int(v) for v in measured[["layer", "head"]].iloc[0])
+    other = measured[measured.layer != best[0]]
+    if other.empty:
+        raise ValueError(f"only layer {best[0]} was swept exactly; a Gather/Aggregate pair needs two: "
+                         "sweep more layers (a larger `top`, or name `layers`)")
+    second = tuple(int(v) for v in other[["layer", "head"]].iloc[0])
+    return tuple(sorted([best, second]))
 
 
 def kv_head_ranking(loaded, pairs: int = 8, n: int = 40, seed: int = 0, query: str = "repeat", top: int = 10,
-                    trailing_space: bool = False):
+                    trailing_space: bool = False, alpha: float = 0.5):
     """The KV-retrieval head ranking (`SweepEngine.rank_heads`) that several chapters share,
     kept in the results store so that it is computed once per setting."""
     import pandas as pd
@@ -359,9 +398,9 @@ def kv_head_ranking(loaded, pairs: int = 8, n: int = 40, seed: int = 0, query: s
         engine = SweepEngine(loaded, loaded.tokenizer, items)
         clean = engine.score()
         return {"clean": [clean.acc, clean.lo, clean.hi, clean.n],
-                "table": engine.rank_heads(top).to_dict("records")}
+                "table": engine.rank_heads(top, alpha=alpha).to_dict("records")}
 
     store = Store(results_dir("head_ranking") / f"{loaded.name}.jsonl")
-    cell = dict(pairs=pairs, n=n, seed=seed, query=query, top=top, trailing_space=trailing_space)
+    cell = dict(pairs=pairs, n=n, seed=seed, query=query, top=top, trailing_space=trailing_space, alpha=alpha)
     row = sweep(store, [cell], run, desc="head ranking")[0]
     return row["clean"], pd.DataFrame(row["table"])

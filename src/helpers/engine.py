@@ -252,7 +252,7 @@ class SweepEngine:
                 keep[k, p.get(layer, [])] = 0
             scales[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
         if not scales:
-            return self._loglikelihoods({}, layers).expand(len(plans), -1).numpy()
+            return self._loglikelihoods({}, layers).repeat(len(plans), 1).numpy()
         return self._loglikelihoods(scales, layers).numpy()
 
     def score_loglikelihoods(self, flat: np.ndarray) -> Score:

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import helpers
-from helpers.attention import attention_maps, mamba2_terms, mask_last_row, mixer_input
+from helpers.attention import attention_maps, mask_last_row, mixer_input
+from helpers.ssm import mamba2_terms
 from helpers.llamba import LlambaConfig, LlambaForCausalLM
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import helpers
-from helpers.attention import attention_maps, mamba2_terms, mask_attention, segment_sum
+from helpers.attention import attention_maps, mask_attention
+from helpers.ssm import mamba1_terms, mamba2_terms, segment_sum
 
 @torch.inference_mode()
 def test_attention_maps_equal_eager_attentions(smol, ids):
@@ -130,8 +131,6 @@ def tiny_mamba1(kind):
 @torch.inference_mode()
 def test_mamba1_hidden_attention_reproduces_the_mixer(kind):
     """(alpha @ x + D x) * silu(z) equals what the mixer feeds its out_proj."""
-    from helpers.attention import mamba1_terms
-
     model = tiny_mamba1(kind)
     adapter = helpers.adapter_for(model)
     ids = torch.randint(0, 50, (2, 13))

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import helpers
-from helpers.engine import SweepEngine, pack
+from helpers import screen
+from helpers.engine import SweepEngine
+from helpers.packing import pack
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,7 @@ def test_attribution_is_the_derivative_of_the_margin(smol, kv, alpha):
     """attribution[l, h] = -d(mean gold margin)/d(scale of head h's output), taken with every
     head of layer l scaled by alpha: compare with a finite difference through the plain scorer."""
     engine = SweepEngine(smol, smol.tokenizer, kv)
-    attribution = engine.attribution(alpha=alpha, progress=False)
+    attribution = screen.attribution(engine, alpha=alpha, progress=False)
     assert len(attribution) == 30 * 9
     assert not any(smol.adapter.head_site(l)._forward_pre_hooks for l in range(30))
 
@@ -94,7 +96,7 @@ def test_attribution_is_the_derivative_of_the_margin(smol, kv, alpha):
             flat = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
         finally:
             handle.remove()
-        return engine.margins(flat).mean()
+        return engine.margins(flat).mean().item()
 
     eps = 1e-2
     for layer, head in [(16, 0), (5, 3)]:
@@ -119,13 +121,14 @@ def test_pruned_and_removed_layers_equal_the_interventions(smol, kv):
         engine.loglikelihoods([{25: [0]}], minimal)
 
 
-def test_score_by_depth_equals_the_scorers(smol, kv):
+def test_score_by_depth_equals_the_pruned_model(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv)
     depths = [4, 17, 30]
     ours = engine.score_by_depth(depths)
-    ref = helpers.score_by_depth(smol.model, smol.tokenizer, kv, depths)
     for d in depths:
-        assert np.array_equal(ours[d].correct, ref[d].correct)
+        with helpers.prune_top(smol, d):
+            ref = helpers.score(smol.model, smol.tokenizer, kv)
+        assert np.array_equal(ours[d].correct, ref.correct)
 
 
 def test_few_shot_questions_share_their_prefix_exactly(smol):
@@ -135,16 +138,3 @@ def test_few_shot_questions_share_their_prefix_exactly(smol):
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=2048)
     for ablation in ({}, {16: [0]}):
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4)
-
-
-def test_gather_aggregate_pair_takes_the_two_most_harmful_layers_lower_first():
-    import pandas as pd
-
-    from helpers.engine import gather_aggregate_pair
-
-    ranking = pd.DataFrame({"layer": [19, 19, 16, 18, 3], "head": [2, 5, 0, 1, 4],
-                            "acc": [0.1, 0.3, 0.4, 0.2, None]}).sort_values("acc", na_position="last")
-    assert gather_aggregate_pair(ranking) == ((18, 1), (19, 2))  # the best head's layer is the top one
-    one_layer = ranking[ranking.layer.isin([19, 3])]
-    with pytest.raises(ValueError, match="only layer 19 was swept exactly.*larger `top`"):
-        gather_aggregate_pair(one_layer)

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import helpers
-from helpers.evaluate import encode_pair, wilson
+from helpers.packing import encode_pair
+from helpers.stats import mean_of, wilson
 
 
 PAIRS = [
@@ -22,9 +23,15 @@ def direct(model, tok, ctx, cont):
     return sum(logp[len(c) - 1 + i, tok_id].item() for i, tok_id in enumerate(t))
 
 
+def loglikelihoods(smol, pairs, **kw):
+    """The scorer's log-likelihood of each (context, continuation) pair, one item per pair."""
+    items = [helpers.Item((pair,), 0) for pair in pairs]
+    return np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items, **kw))
+
+
 @torch.inference_mode()
 def test_loglikelihoods_equal_direct_computation(smol):
-    got = helpers.loglikelihoods(smol.model, smol.tokenizer, PAIRS, batch_tokens=64)
+    got = loglikelihoods(smol, PAIRS, batch_tokens=64)
     want = [direct(smol.model, smol.tokenizer, c, x) for c, x in PAIRS]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
@@ -36,7 +43,7 @@ def test_loglikelihoods_equal_lm_evals(smol):
     lm = HFLM(pretrained=smol.model, tokenizer=smol.tokenizer, batch_size=4)
     reqs = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)]
     want = [ll for ll, _ in lm.loglikelihood(reqs, disable_tqdm=True)]
-    got = helpers.loglikelihoods(smol.model, smol.tokenizer, PAIRS)
+    got = loglikelihoods(smol, PAIRS)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
 
@@ -49,17 +56,6 @@ def test_trailing_space_is_moved_unless_verbatim(smol):
 def test_smollm2_adds_no_bos(smol):
     # lm-eval adds a BOS only when the tokenizer does; SmolLM2's GGUF tokenizer does not.
     assert smol.tokenizer.encode("hello")[0] != smol.tokenizer.bos_token_id
-
-
-def test_score_by_depth_equals_pruned_model(smol):
-    items = helpers.kv_items(4, 3, seed=1, query="repeat")
-    depths = [3, 17, smol.adapter.n_layers]
-    by_depth = helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items, depths=depths)
-    for row, d in enumerate(depths):
-        with helpers.prune_top(smol, d):
-            plain = helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items)
-        for a, b in zip(by_depth, plain):
-            assert np.array_equal(a[row], b)
 
 
 def test_score_reports_interval(smol):
@@ -75,19 +71,15 @@ def test_wilson_known_answers():
     assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
 
 
-def test_mean_of_tasks():
-    a = helpers.Score(0.5, 0, 1, 100, np.zeros(100))
-    b = helpers.Score(1.0, 0, 1, 100, np.ones(100))
-    m = helpers.mean_of_tasks({"a": a, "b": b})
-    assert m.acc == 0.75 and m.hi - m.acc == pytest.approx(1.96 * (0.25 / 100) ** 0.5 / 2)
+def test_mean_of_tasks_known_answer():
+    m, lo, hi = mean_of([0.5, 1.0], [100, 100])
+    assert m == 0.75 and hi - m == pytest.approx(1.96 * (0.25 / 100) ** 0.5 / 2, rel=1e-3)
 
 
-def test_mean_over_tasks_matches_mean_of_tasks():
+def test_mean_over_tasks_is_the_unweighted_mean_per_group():
     import pandas as pd
 
-    a = helpers.Score(0.5, 0, 1, 100, np.zeros(100))
-    b = helpers.Score(1.0, 0, 1, 50, np.ones(50))
-    table = pd.DataFrame([dict(layer=3, acc=0.5, n=100), dict(layer=3, acc=1.0, n=50)])
-    row = helpers.mean_over_tasks(table, by="layer").iloc[0]
-    ref = helpers.mean_of_tasks({"a": a, "b": b})
-    assert (row.acc, row.lo, row.hi, row.n) == (ref.acc, ref.lo, ref.hi, ref.n)
+    table = pd.DataFrame([dict(layer=3, acc=0.5, n=100), dict(layer=3, acc=1.0, n=50), dict(layer=4, acc=0.2, n=10)])
+    rows = helpers.mean_over_tasks(table, by="layer").set_index("layer")
+    assert rows.acc[3] == 0.75 and rows.n[3] == 150 and rows.acc[4] == 0.2
+    assert (rows.lo[3], rows.hi[3]) == pytest.approx(mean_of([0.5, 1.0], [100, 50])[1:])

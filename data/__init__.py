@@ -1,0 +1,1 @@
+"""The companion's data, installed as the package `helpers.data` (see `helpers.paths`)."""

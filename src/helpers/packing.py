@@ -1,0 +1,162 @@
+"""An evaluation set as model rows, in lm-eval's conventions: the one packing that the plain
+scorer (`helpers.evaluate`) and the sweep engine (`helpers.engine`) share.
+
+lm-eval (0.4, `HFLM`) encodes context+continuation together and splits at the context's
+length, after moving the context's trailing whitespace into the continuation; it adds a BOS
+only when the tokenizer does; a continuation's score is the sum of its tokens' log-probs.
+Choices whose model input is the same (one-token continuations such as MMLU's letters) share a
+row, and only the positions that predict a continuation token are scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tasks import FEWSHOT_DELIMITER, Item
+
+
+def encode_pair(tokenizer, context: str, continuation: str, verbatim: bool = False) -> tuple[list[int], list[int]]:
+    if not verbatim:
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole = tokenizer.encode(context + continuation)
+    ctx = tokenizer.encode(context)
+    return ctx, whole[len(ctx):]
+
+
+def default_batch_tokens(device: torch.device) -> int:
+    """Tokens per forward batch, from the memory there is: activations of a 135M model on CPU,
+    or a share of the free GPU memory for the 8B models."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(max(2048, min(65536, free // (2 * 1024 * 1024))))
+    return 4096
+
+
+@dataclass
+class Rows:
+    """The evaluation set as model rows, longest first. For each scored token: its row, the
+    position whose output predicts it, its id, and the (item, choice) pair it belongs to."""
+
+    ids: torch.Tensor  # [R, T], right-padded
+    lengths: torch.Tensor  # [R]
+    positions: torch.Tensor  # [R, T]
+    allowed: torch.Tensor | None  # [R, T, T] keys each query may read; None: causal
+    row: torch.Tensor
+    pos: torch.Tensor
+    target: torch.Tensor
+    pair: torch.Tensor
+    n_pairs: int
+
+
+def shared_prefix(tokenizer, context: str, ctx: list[int]) -> tuple[int, ...]:
+    """The context's tokens up to about its last few-shot delimiter (MMLU's description and
+    solved examples): the longest run of the delimited text's tokens that the whole context
+    also starts with (tokenisers may split the delimiter differently before the question)."""
+    cut = context.rfind(FEWSHOT_DELIMITER)
+    if cut < 0:
+        return ()
+    prefix = tokenizer.encode(context[: cut + len(FEWSHOT_DELIMITER)])
+    k = 0
+    while k < min(len(prefix), len(ctx) - 1) and prefix[k] == ctx[k]:
+        k += 1
+    return tuple(ctx[:k])
+
+
+def pack(items: list[Item], tokenizer, shared_rows: bool, max_row_tokens: int = 2048) -> Rows:
+    """Rows for `items`.
+
+    shared_rows=False: one row per distinct model input (the plain scorer's rows).
+    shared_rows=True (attention models): one row holds a shared few-shot prefix once, then
+    several questions, each followed by its choices' continuations; a mask lets a question read
+    the prefix and itself, and a continuation the prefix, its question and itself, with
+    positions numbered as if each stood alone."""
+    if not items:
+        raise ValueError("no items to score: the evaluation set is empty")
+    encoded = [encode_pair(tokenizer, c, x, it.verbatim) for it in items for c, x in it.pairs]
+    for (ctx, cont), (c, x) in zip(encoded, [p for it in items for p in it.pairs]):
+        if not ctx or not cont:
+            raise ValueError(f"empty context or continuation after tokenisation: {c[-40:]!r} / {x!r}")
+    contexts = [c for it in items for c, _ in it.pairs]
+    units: dict[tuple, list[int]] = {}  # a model input (shared rows: a context) -> its pairs
+    for p, (ctx, cont) in enumerate(encoded):
+        units.setdefault(tuple(ctx) if shared_rows else tuple(ctx + cont[:-1]), []).append(p)
+    groups: dict[tuple, list[tuple]] = {}  # shared prefix -> units behind it
+    for key, pairs in units.items():
+        prefix = shared_prefix(tokenizer, contexts[pairs[0]], list(key)) if shared_rows else ()
+        groups.setdefault(prefix, []).append(key)
+
+    rows = []  # (tokens, positions, unit per token, choice per token, scored)
+    for prefix, keys in groups.items():
+        row = None
+        for key in keys:
+            body = list(key[len(prefix):])
+            size = len(body) + sum(len(encoded[p][1]) - 1 for p in units[key])
+            if row is None or (prefix and len(row[0]) + size > max_row_tokens) or not prefix:
+                row = (list(prefix), list(range(len(prefix))), [-1] * len(prefix), [0] * len(prefix), [])
+                rows.append(row)
+            tokens, pos, unit, choice, scored = row
+            u = max(unit, default=-1) + 1
+            tokens += body
+            pos += range(len(prefix), len(key))
+            unit += [u] * len(body)
+            choice += [0] * len(body)
+            last = len(tokens) - 1  # the position that predicts each continuation's first token
+            for j, p in enumerate(units[key], start=1):
+                cont = encoded[p][1]
+                if shared_rows:
+                    start = len(tokens)
+                    tokens += cont[:-1]
+                    pos += range(len(key), len(key) + len(cont) - 1)
+                    unit += [u] * (len(cont) - 1)
+                    choice += [j] * (len(cont) - 1)
+                    preds = [last] + list(range(start, start + len(cont) - 1))
+                else:
+                    preds = list(range(len(encoded[p][0]) - 1, len(encoded[p][0]) - 1 + len(cont)))
+                scored += [(q, t, p) for q, t in zip(preds, cont)]
+    rows.sort(key=lambda r: -len(r[0]))
+    T = len(rows[0][0])
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r[0] + [pad] * (T - len(r[0])) for r in rows])
+    positions = torch.tensor([r[1] + list(range(len(r[1]), T)) for r in rows])
+    allowed = None
+    if shared_rows:
+        unit = torch.tensor([r[2] + [-2] * (T - len(r[2])) for r in rows])
+        choice = torch.tensor([r[3] + [0] * (T - len(r[3])) for r in rows])
+        uq, uk = unit[:, :, None], unit[:, None, :]
+        cq, ck = choice[:, :, None], choice[:, None, :]
+        same = (uk == -1) | ((uk == uq) & ((ck == 0) | (ck == cq)))
+        allowed = torch.ones(T, T, dtype=torch.bool).tril() & same & (uk != -2)
+        allowed |= torch.eye(T, dtype=torch.bool)  # pads read themselves (no empty softmax rows)
+    scored = [(i, q, t, p) for i, r in enumerate(rows) for q, t, p in r[4]]
+    r, q, t, p = (torch.tensor(c) for c in zip(*scored))
+    return Rows(ids, torch.tensor([len(r[0]) for r in rows]), positions, allowed, r, q, t, p, len(encoded))
+
+
+@dataclass
+class RowBatch:
+    """Rows that run together (longest first, so the first row's length is the batch's width),
+    and the batch's scored tokens: row within the batch, position, target id, pair index."""
+
+    rows: torch.Tensor
+    width: int
+    row: torch.Tensor
+    pos: torch.Tensor
+    target: torch.Tensor
+    pair: torch.Tensor
+
+
+def batches(rows: Rows, batch_tokens: int) -> list[RowBatch]:
+    """Consecutive rows filling `batch_tokens` at each batch's own width (rows come longest
+    first, so a batch of short rows holds more of them)."""
+    out, start = [], 0
+    while start < len(rows.ids):
+        width = int(rows.lengths[start])
+        index = torch.arange(start, min(start + max(1, batch_tokens // width), len(rows.ids)))
+        sel = (rows.row >= index[0]) & (rows.row <= index[-1])
+        out.append(RowBatch(index, width, rows.row[sel] - index[0], rows.pos[sel], rows.target[sel], rows.pair[sel]))
+        start = int(index[-1]) + 1
+    return out

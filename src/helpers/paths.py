@@ -1,0 +1,38 @@
+"""Where things are: the companion's data, the results stores, and the repository checkout.
+
+`data/` ships with the package as `helpers.data` (pyproject maps it), so it is found the same way
+in an editable checkout and in an installed wheel; `GA_DATA` points elsewhere (e.g. a zoo rebuilt
+into another folder). Results go to `GA_RESULTS`, else `./results`. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+
+
+def data() -> Path:
+    """The data folder: fixtures, reference numbers, paper configs, the toy zoo."""
+    override = os.environ.get("GA_DATA")
+    return Path(override) if override else Path(str(files("helpers.data")))
+
+
+def results_dir(chapter: str) -> Path:
+    """Where a chapter keeps its results stores (`$GA_RESULTS/<chapter>`, else ./results)."""
+    path = Path(os.environ.get("GA_RESULTS", "results")) / chapter
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@cache
+def repository() -> Path:
+    """The checkout the book is built from: the folder above the working directory that holds
+    `_toc.yml` (`make` runs from there), else the one above the installed data folder."""
+    for start in (Path.cwd(), data()):
+        for folder in (start, *start.parents):
+            if (folder / "_toc.yml").exists() and (folder / "pyproject.toml").exists():
+                return folder
+    raise FileNotFoundError("no book checkout found (a folder with _toc.yml and pyproject.toml): "
+                            "run from the repository's root")

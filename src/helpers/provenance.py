@@ -1,0 +1,81 @@
+"""What made a number: the code, the model's weights, the machine and the package versions.
+
+Every results store and every executed page carries these, so that numbers from different code
+or different weights never mix, and a reader can see how a page was made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import subprocess
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from . import paths
+
+PACKAGES = ("torch", "transformers", "datasets", "numpy", "lm-eval")
+
+
+@cache
+def file_hash(path: Path) -> str:
+    """The first 12 hex digits of a file's SHA-256 (a checkpoint's identity)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+@cache
+def code_version() -> str:
+    """A hash of everything that can change a number: the package's source and the data folder
+    (fixtures, reference numbers, configs, zoo checkpoints). Two runs with the same code
+    version computed their numbers with the same code."""
+    digest = hashlib.sha256()
+    package = Path(__file__).parent
+    for root, pattern in ((package, "**/*.py"), (paths.data(), "**/*")):
+        for path in sorted(p for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@cache
+def git_commit() -> dict:
+    """The checkout's commit and whether its tree differs from it (empty outside a checkout)."""
+    try:
+        root = paths.repository()
+        run = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+        return {"commit": run("rev-parse", "--short=12", "HEAD").strip(), "dirty": bool(run("status", "--porcelain").strip())}
+    except (FileNotFoundError, subprocess.CalledProcessError):
+        return {}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def record(loaded_models: list, parameters: dict) -> dict:
+    """Everything a page's "how this page was made" block shows, for the models a run used."""
+    first = next(iter(loaded_models), None)
+    device = next(first.model.parameters()).device if first else torch.device("cpu")
+    dtype = str(next(first.model.parameters()).dtype).removeprefix("torch.") if first else ""
+    return {**git_commit(), "code": code_version(), "device": device_name(device), "dtype": dtype,
+            "models": {m.name: m.revision for m in loaded_models}, "versions": versions(),
+            "parameters": parameters}

@@ -1,0 +1,66 @@
+"""The attribution screen: an estimate of what zeroing each head does, for every head at once,
+and the ranking that confirms the screen's best candidates exactly.
+
+Attribution patching estimates the change of the mean gold margin (`SweepEngine.margins`) when a
+head is zeroed as -(gradient x output), summed over the head's slice of its layer's output
+projection input. Taken at the clean model (alpha=1, one pass for all layers) this first-order
+estimate can miss heads whose effect is far from linear, even the most harmful one: on SmolLM2's
+KV retrieval it ranks that head 269th of 270. Taking each layer's gradient with that layer's
+heads at half strength (alpha=0.5, one midpoint of integrated gradients along the layer's path
+to zero) finds it; `benchmarks/sweep.py` measures both. As AtP* advises, the screen only
+proposes: `rank_heads` sweeps the layers it points to exactly.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .engine import SweepEngine
+from .heads import Head, layers_to_sweep, ranking_table
+
+
+def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alpha: float = 0.5,
+                progress: bool = True) -> dict[Head, float]:
+    """For every head of the layers the model runs: the estimated change of the mean gold margin
+    when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
+    each log-likelihood in the margin, then a forward and backward pass from the cached residual
+    stream entering the layer, batch by batch (memory: one batch's graph)."""
+    adapter = engine.adapter
+    model_layers = engine.layer_list(model_layers)
+    layers = [l for l in adapter.head_layers() if l in model_layers]
+    groups = [layers] if alpha == 1 else [[l] for l in layers]
+    out = {}
+    for group in tqdm(groups, desc="attribution", disable=not progress or len(groups) == 1):
+        scales = {l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group}
+        with torch.inference_mode():
+            flat = engine.scaled_loglikelihoods(scales, model_layers)[0]
+        flat = flat.clone().requires_grad_(True)
+        engine.margins(flat).mean().backward()
+        weight = flat.grad  # d(mean margin) / d(each pair's log-likelihood)
+        start = engine.first_recomputed(model_layers, group)
+        effect = {l: 0 for l in group}
+        seen: dict[int, list] = {}
+        with engine.scaling(scales, seen), torch.enable_grad():
+            for i, (b, h) in enumerate(zip(engine.batches, engine.residual(start))):
+                lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:]), i)[0]
+                sites = [seen.pop(l)[0] for l in group]
+                grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
+                for l, (x, _), g in zip(group, sites, grads):
+                    effect[l] = effect[l] - (g * x).sum(dim=tuple(range(x.dim() - 1))).double().cpu()
+        for l in group:
+            for head, value in enumerate(effect[l].view(adapter.n_heads(l), -1).sum(-1).tolist()):
+                out[Head(l, head)] = value
+    return out
+
+
+def rank_heads(engine: SweepEngine, top: int = 10, layers: list[int] | None = None,
+               model_layers: list[int] | None = None, alpha: float = 0.5, progress: bool = True) -> pd.DataFrame:
+    """Heads ranked by ablation: the screen estimates every head, then the layers of its `top`
+    heads (at least two; or `layers`) are swept exactly, every head of them. One row per head,
+    the exactly measured ones first, most harmful first (`heads.ranking_table`)."""
+    estimate = attribution(engine, model_layers, alpha, progress)
+    layers = sorted(layers) if layers else layers_to_sweep(estimate, top)
+    exact = engine.head_sweep(layers=layers, model_layers=model_layers, progress=progress)
+    return ranking_table(estimate, exact)

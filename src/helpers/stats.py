@@ -1,0 +1,128 @@
+"""Accuracies with their uncertainty, and the tests the verdicts are computed from.
+
+Every accuracy is a `Score`: the fraction of items right, a 95% Wilson interval, n, and which
+items were right, so that two conditions scored on the same items can be compared item by item
+(McNemar's exact test, Newcombe's interval for a paired difference) rather than by eye.
+Imports nothing heavy: numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+
+
+def wilson(k: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval of k successes in n trials."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # At k = 0 or k = n one bound is exactly 0 or 1; say so rather than leave rounding error.
+    return (0.0 if k == 0 else float(centre - half)), (1.0 if k == n else float(centre + half))
+
+
+@dataclass(frozen=True, eq=False)
+class Score:
+    """Accuracy over `n` items with a 95% Wilson interval; `correct` says which items were right
+    (in item order), for paired comparisons."""
+
+    acc: float
+    lo: float
+    hi: float
+    n: int
+    correct: np.ndarray = field(repr=False)
+
+    @classmethod
+    def of(cls, correct: Sequence[bool]) -> "Score":
+        correct = np.asarray(correct, dtype=bool)
+        lo, hi = wilson(int(correct.sum()), len(correct))
+        return cls(float(correct.mean()) if len(correct) else float("nan"), lo, hi, len(correct), correct)
+
+    def __format__(self, spec: str) -> str:
+        spec = spec or ".1%"
+        return f"{self.acc:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}], n={self.n}"
+
+    def __str__(self) -> str:
+        return format(self)
+
+    def above(self, chance: float) -> bool:
+        """Whether the whole interval clears `chance`: only then can the model test a claim
+        about the task (a model at chance has nothing an ablation could remove)."""
+        return self.lo > chance
+
+    def to_json(self) -> dict:
+        return {"correct": "".join("1" if c else "0" for c in self.correct)}
+
+    @classmethod
+    def from_json(cls, row: dict) -> "Score":
+        return cls.of([c == "1" for c in row["correct"]])
+
+
+def mcnemar(a: Score, b: Score) -> float:
+    """Exact two-sided McNemar p-value for two conditions scored on the same items: a binomial
+    test of the items right under one condition only."""
+    if a.n != b.n:
+        raise ValueError(f"paired test on different item sets: n={a.n} and n={b.n}")
+    only_a = int((a.correct & ~b.correct).sum())
+    only_b = int((~a.correct & b.correct).sum())
+    n, k = only_a + only_b, min(only_a, only_b)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def _phi(a: Score, b: Score) -> float:
+    both = int((a.correct & b.correct).sum())
+    only_a = int((a.correct & ~b.correct).sum())
+    only_b = int((~a.correct & b.correct).sum())
+    neither = a.n - both - only_a - only_b
+    denominator = math.sqrt((both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither))
+    return 0.0 if denominator == 0 else (both * neither - only_a * only_b) / denominator
+
+
+@dataclass(frozen=True)
+class Difference:
+    """b's accuracy minus a's, with a 95% interval (Newcombe's hybrid score method: paired when
+    both were scored on the same items, with McNemar's p; independent otherwise)."""
+
+    delta: float
+    lo: float
+    hi: float
+    p: float | None  # McNemar's exact p for paired scores; None for independent ones
+
+    def __format__(self, spec: str) -> str:
+        spec = spec or ".1%"
+        pts = lambda x: f"{100 * x:+.1f}"
+        p = "" if self.p is None else f", McNemar p={self.p:.2g}"
+        return f"{pts(self.delta)} points [{pts(self.lo)}, {pts(self.hi)}]{p}"
+
+    def __str__(self) -> str:
+        return format(self)
+
+
+def difference(a: Score, b: Score, paired: bool = True) -> Difference:
+    """b - a with Newcombe's interval (his method 10 for paired proportions, 1998)."""
+    pa, pb = a.acc, b.acc
+    (la, ua), (lb, ub) = (a.lo, a.hi), (b.lo, b.hi)
+    phi = _phi(a, b) if paired else 0.0
+    delta = pb - pa
+    lower = delta - math.sqrt(max(0.0, (pb - lb) ** 2 - 2 * phi * (pb - lb) * (ua - pa) + (ua - pa) ** 2))
+    upper = delta + math.sqrt(max(0.0, (ub - pb) ** 2 - 2 * phi * (ub - pb) * (pa - la) + (pa - la) ** 2))
+    return Difference(delta, max(-1.0, lower), min(1.0, upper), mcnemar(a, b) if paired else None)
+
+
+def mean_of(accs: Sequence[float], ns: Sequence[int]) -> tuple[float, float, float]:
+    """Unweighted mean of accuracies over `ns` items each (the released code's knowledge score)
+    with a normal 95% interval from their binomial variances."""
+    accs, ns = np.asarray(accs, dtype=float), np.asarray(ns, dtype=float)
+    half = Z95 * math.sqrt((accs * (1 - accs) / ns).sum() / len(accs) ** 2)
+    m = float(accs.mean())
+    return m, max(0.0, m - half), min(1.0, m + half)

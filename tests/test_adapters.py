@@ -15,7 +15,7 @@ from helpers.llamba import LlambaConfig, LlambaForCausalLM
     ("llama-3.1-8b", "llama", 32, 17, 32, 128),
     ("llamba-8b", "llamba", 32, 17, 32, 128),
     ("falcon-mamba-7b", "mamba", 64, 36, 8192, 1),
-    ("zamba2-7b", "zamba2", 81, 5, 32, 224),
+    ("zamba2-7b", "zamba2", 81, 6, 32, 224),
 ])
 def test_paper_configs_resolve_every_layer_and_head_on_meta(name, family, n_layers, layer, heads, head_dim):
     cfg = helpers.paper_config(name)

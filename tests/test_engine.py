@@ -11,6 +11,15 @@ from helpers.engine import SweepEngine
 from helpers.packing import pack
 
 
+class CharTokenizer:
+    """A character-level tokenizer for the tiny random models' vocabularies."""
+
+    pad_token_id = 0
+
+    def encode(self, s):
+        return [3 + ord(c) % 40 for c in s]
+
+
 @pytest.fixture(scope="module")
 def kv(smol):
     return helpers.kv_items(5, 6, seed=2, query="paper")  # multi-token continuations (" 42")
@@ -56,21 +65,15 @@ def test_engine_on_a_recurrent_model():
 
     model = tiny_mamba2()
 
-    class Tok:  # a character-level tokenizer for the tiny vocabulary
-        pad_token_id = 0
-
-        def encode(self, s):
-            return [3 + ord(c) % 40 for c in s]
-
     items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
              helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
-    engine = SweepEngine(model, Tok(), items, batch_tokens=64)
+    engine = SweepEngine(model, CharTokenizer(), items, batch_tokens=64)
     assert engine.rows.allowed is None  # recurrent models read rows in order: no shared rows
     with pytest.raises(helpers.InterventionError, match="cannot share rows"):
-        SweepEngine(model, Tok(), items, shared_rows=True)
+        SweepEngine(model, CharTokenizer(), items, shared_rows=True)
     for ablation in ({}, {1: [2]}):
         with helpers.zero_heads(model, ablation):
-            ref = np.concatenate(helpers.choice_loglikelihoods(model, Tok(), items))
+            ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
 
 

@@ -68,3 +68,18 @@ def test_bad_input_names_the_range(smol):
             pass
     with pytest.raises(InterventionError, match="1..30"):
         helpers.prune_top(smol, 0)
+
+
+@torch.inference_mode()
+def test_removing_a_layer_below_zamba2s_hybrid_layer_keeps_its_index():
+    """transformers passes a layer its position in the shortened list; a hybrid layer finds its
+    shared block's adapters and cache slot by index, so removing layer 0 used to crash it."""
+    toy = helpers.load("toy-hybrid")
+    ids = torch.tensor([[1, 8, 9, 10, 2, 3]])
+    full = toy.model(ids).logits
+    with helpers.remove_layers(toy, [0]):
+        removed = toy.model(ids).logits
+        assert not torch.equal(removed, full)
+    with helpers.keep_layers(toy, [1, 2]):
+        assert torch.equal(toy.model(ids, use_cache=False).logits, removed)
+    assert torch.equal(toy.model(ids).logits, full)

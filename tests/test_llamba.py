@@ -101,3 +101,44 @@ def test_llamba_8b_shapes_on_meta():
     assert adapter.check_heads(17, [3, 9]) == [3, 9]
     mixer = adapter.mixer(16)
     assert mixer.in_proj.weight.shape == (2 * 4096 + 2 * 32 * 64 + 32, 4096)
+
+
+def test_sweep_engine_runs_on_llamba_and_equals_the_plain_scorer():
+    """The SSM chapter's paper profile sweeps Llamba's heads with the engine (it used to raise
+    AttributeError: LlambaForCausalLM had no get_input_embeddings)."""
+    import numpy as np
+
+    from helpers.engine import SweepEngine
+    from test_engine import CharTokenizer
+
+    torch.manual_seed(0)
+    model = LlambaForCausalLM(tiny_config()).eval()
+    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2")), 0),
+             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    engine = SweepEngine(model, CharTokenizer(), items)
+    for ablation in ({}, {1: [2]}):
+        with helpers.zero_heads(model, ablation):
+            ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
+        np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
+
+
+def test_tied_checkpoint_loads_without_a_head_and_ties_it(tmp_path):
+    """Llamba-3B stores its embedding once (tie_embeddings): no lm_head.weight in the file."""
+    import json
+
+    from safetensors.torch import save_file
+
+    config = tiny_config()
+    config.tie_embeddings = True
+    torch.manual_seed(0)
+    model = LlambaForCausalLM(config)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    loaded = LlambaForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    assert loaded.lm_head.weight is loaded.backbone.embedding.weight
+    assert torch.equal(loaded.lm_head.weight, model.backbone.embedding.weight)
+    (tmp_path / "model.safetensors").unlink()
+    save_file({k: v for k, v in state.items() if "mixer.D" not in k}, tmp_path / "model.safetensors")
+    with pytest.raises(KeyError, match="missing.*mixer.D"):
+        LlambaForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)

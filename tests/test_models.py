@@ -29,6 +29,7 @@ def _forbid_loading(monkeypatch):
 
 def test_paper_model_without_gpu_fails_before_loading(monkeypatch):
     _forbid_loading(monkeypatch)
+    monkeypatch.delenv("GA_DEVICE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(helpers.ModelUnavailable, match="needs a CUDA GPU.*profile='cpu'"):
         helpers.load("llama-3.1-8b-instruct")
@@ -36,7 +37,9 @@ def test_paper_model_without_gpu_fails_before_loading(monkeypatch):
 
 def test_paper_model_not_cached_offline_names_the_fix(monkeypatch, tmp_path):
     _forbid_loading(monkeypatch)
+    monkeypatch.delenv("GA_DEVICE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 10**9, 80 * 10**9))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     import huggingface_hub.constants as c
@@ -78,6 +81,8 @@ def test_paper_model_with_unreachable_hub_names_the_fix(monkeypatch):
         raise OSError("We couldn't connect to the hub")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 10**9, 80 * 10**9))
+    monkeypatch.delenv("GA_DEVICE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
     with pytest.raises(helpers.ModelUnavailable, match="local Hugging Face cache or the hub must be reachable"):

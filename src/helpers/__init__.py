@@ -4,7 +4,8 @@ The names below are the ones a chapter or a reader at a prompt reaches for; ever
 also importable on its own (`helpers.engine`, `helpers.screen`, `helpers.experiments.<chapter>`).
 """
 
-from .adapters import Adapter, InterventionError, adapter_for
+from .adapters import Adapter, adapter_for
+from .errors import ConfigError, InterventionError
 from .attention import attention_maps, mask_attention, mask_last_row
 from .evaluate import choice_loglikelihoods, mean_over_tasks, score
 from .heads import Head
@@ -15,7 +16,7 @@ from .stats import Score, wilson
 from .tasks import Item, kv_items, load_knowledge, load_mmlu
 
 __all__ = [
-    "Adapter", "InterventionError", "adapter_for",
+    "Adapter", "adapter_for", "ConfigError", "InterventionError",
     "attention_maps", "mask_attention", "mask_last_row",
     "choice_loglikelihoods", "mean_over_tasks", "score",
     "Head",

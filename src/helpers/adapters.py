@@ -9,10 +9,7 @@ import torch
 from torch import nn
 
 from . import ssm
-
-
-class InterventionError(ValueError):
-    """An intervention that this model cannot take; the message says why and what is valid."""
+from .errors import InterventionError
 
 
 class Adapter:
@@ -35,6 +32,10 @@ class Adapter:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def subset(self, indices: list[int]) -> nn.ModuleList:
+        """A block list holding only these layers, in order (layer pruning and removal)."""
+        return nn.ModuleList([self.layers[i] for i in indices])
 
     @property
     def final_norm(self) -> nn.Module:
@@ -214,9 +215,9 @@ class Mamba2Adapter(SSMAdapter):
 
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
         t, alpha = self._terms_and_alpha(layer, mixer_input)
-        x = t["x"][:, :, heads].float()  # alpha is float32 (see helpers.ssm)
-        alpha = alpha[:, heads] * allowed.float()
-        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None].float() * x).flatten(-2)
+        x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
+        alpha = alpha[:, heads] * allowed.to(x.dtype)
+        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None].to(x.dtype) * x).flatten(-2)
 
 
 class MambaAdapter(SSMAdapter):
@@ -257,9 +258,9 @@ class MambaAdapter(SSMAdapter):
         alpha = ssm.mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
         if allowed.dim() == 3:  # one pattern per head: repeat it over the head's channels
             allowed = allowed.repeat_interleave(self.group, dim=0)
-        x = t["x"][..., channels].float()  # alpha is float32 (see helpers.ssm)
-        y = torch.einsum("bcts,bsc->btc", alpha * allowed.float(), x) + mixer.D[channels].float() * x
-        return y * torch.nn.functional.silu(t["z"][..., channels].float())
+        x = t["x"][..., channels].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
+        y = torch.einsum("bcts,bsc->btc", alpha * allowed.to(x.dtype), x) + mixer.D[channels].to(x.dtype) * x
+        return y * torch.nn.functional.silu(t["z"][..., channels].to(x.dtype))
 
 
 class LlambaAdapter(Mamba2Adapter):
@@ -285,12 +286,12 @@ class LlambaAdapter(Mamba2Adapter):
     def masked_heads_output(self, layer, mixer_input, heads, allowed):
         mixer = self.mixer(layer)
         t, alpha = self._terms_and_alpha(layer, mixer_input)
-        x = t["x"][:, :, heads].float()  # alpha is float32 (see helpers.ssm)
-        alpha = alpha[:, heads] * allowed.float()
-        y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].float() * x
+        x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
+        alpha = alpha[:, heads] * allowed.to(x.dtype)
+        y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x
         channels = torch.arange(mixer.d_inner).view(-1, mixer.head_dim)[heads].flatten()
         z = t["z"][..., channels] + (mixer.z_bias[channels] if mixer.z_bias is not None else 0)
-        return y.flatten(-2) * torch.nn.functional.silu(z.float())
+        return y.flatten(-2) * torch.nn.functional.silu(z.to(x.dtype))
 
 
 class Zamba2Adapter(Mamba2Adapter):
@@ -336,8 +337,24 @@ class Zamba2Adapter(Mamba2Adapter):
     def head_layers(self) -> list[int]:
         return self.hybrid_layers
 
+    def subset(self, indices: list[int]) -> nn.ModuleList:
+        # transformers passes each layer its position in the block list, and a hybrid layer looks
+        # its shared block's adapters and cache slot up by it: keep each layer's own index.
+        return nn.ModuleList([OwnIndex(self.layers[i], i) for i in indices])
+
     def mamba_heads(self) -> "Zamba2MambaAdapter":
         return Zamba2MambaAdapter(self.model)
+
+
+class OwnIndex(nn.Module):
+    """A Zamba2 layer that is told its own index, whatever position its block list gives it."""
+
+    def __init__(self, layer: nn.Module, index: int):
+        super().__init__()
+        self.layer, self.index = layer, index
+
+    def forward(self, hidden_states, original_hidden_states, layer_idx, *args, **kwargs):
+        return self.layer(hidden_states, original_hidden_states, self.index, *args, **kwargs)
 
 
 class Zamba2MambaAdapter(Zamba2Adapter):

@@ -23,7 +23,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from .adapters import InterventionError, unwrap
+from .adapters import unwrap
+from .errors import InterventionError
 
 IMPLEMENTATION = "helpers"
 

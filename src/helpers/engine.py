@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .adapters import InterventionError, unwrap
+from .adapters import unwrap
+from .errors import InterventionError
 from .evaluate import from_loglikelihoods
 from .heads import Head
 from .packing import batches, default_batch_tokens, pack

@@ -13,7 +13,8 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from .adapters import InterventionError, unwrap
+from .adapters import unwrap
+from .errors import InterventionError
 
 
 @contextmanager
@@ -25,7 +26,7 @@ def keep_layers(model, layers: Iterable[int]):
     if not keep:
         raise InterventionError("keep_layers needs at least one layer")
     owner, original = adapter.layer_owner, adapter.layers
-    owner.layers = nn.ModuleList([original[i] for i in keep])
+    owner.layers = adapter.subset(keep)
     try:
         yield model
     finally:

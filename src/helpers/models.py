@@ -18,6 +18,7 @@ import torch
 
 from . import paths
 from .adapters import adapter_for
+from .progress import quiet
 from .provenance import file_hash
 from .registry import MODELS, Loaded, ModelSpec, spec
 
@@ -103,10 +104,8 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
 
     A paper model runs on `device`, else `GA_DEVICE`, else the GPU; in bfloat16 on a GPU and in
     float32 on CPU unless `dtype` says otherwise. A CPU-tier model stays on CPU unless `device`
-    is given."""
+    is given. Libraries' loading bars and warnings go to the build's log, not the page."""
     s = spec(name)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if s.toy:
         from .zoo import load as load_toy
 
@@ -114,34 +113,47 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
         if device:
             loaded.model.to(device)
         return loaded
-    if s.profile == "cpu":
-        gguf = smollm2_gguf()
-        kw = dict(gguf_file=gguf.name, dtype=dtype or torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kw).to(device or "cpu")
-    else:
-        target = paper_device(device)
-        dtype = dtype or (torch.float32 if target.type == "cpu" else torch.bfloat16)
-        check_paper_model(s, target, dtype)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
-            if s.ours:
-                from .llamba import LlambaForCausalLM
+    with quiet():
+        loaded = _smollm2(dtype, device) if s.profile == "cpu" else _paper(s, dtype, device)
+    if loaded.tokenizer.pad_token is None:
+        loaded.tokenizer.pad_token = loaded.tokenizer.eos_token
+    loaded.model.eval().requires_grad_(False)
+    return loaded
 
-                model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
-            else:
-                model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
-        except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
-            raise ModelUnavailable(
-                f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
-                f"must be reachable (run `huggingface-cli download {s.hub_id}`; Meta's models are gated: "
-                f"`huggingface-cli login` first). The cause: {e}") from e
-        model = model.to(target)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.eval().requires_grad_(False)
-    revision = f"gguf {file_hash(gguf)}" if s.profile == "cpu" else getattr(model.config, "_commit_hash", None) or "unknown"
-    return Loaded(name, model, tokenizer, adapter_for(model), revision)
+
+def _smollm2(dtype: torch.dtype | None, device: str | None) -> Loaded:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype or torch.float32)
+    model = model.to(device or "cpu")
+    return Loaded("smollm2-135m-instruct", model, tokenizer, adapter_for(model), f"gguf {file_hash(gguf)}")
+
+
+def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loaded:
+    from huggingface_hub import try_to_load_from_cache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = paper_device(device)
+    dtype = dtype or (torch.float32 if target.type == "cpu" else torch.bfloat16)
+    check_paper_model(s, target, dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
+        if s.ours:
+            from .llamba import LlambaForCausalLM
+
+            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+    except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
+        raise ModelUnavailable(
+            f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
+            f"must be reachable (run `huggingface-cli download {s.hub_id}`; Meta's models are gated: "
+            f"`huggingface-cli login` first). The cause: {e}") from e
+    config = try_to_load_from_cache(s.hub_id, "config.json")
+    revision = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot
+    return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)
 
 
 def config_fields(name: str) -> dict:

@@ -1,18 +1,85 @@
-"""The paper's and the released code's reference numbers, kept in `data/reference/paper.csv`
-with the figure or table each comes from."""
+"""The paper's and the released code's numbers and settings, kept in `data/reference/paper.csv`
+with the figure, table or file each comes from. The book compares runs against them and the
+paper profile takes its settings from them (layers kept, heads, dictionary sizes, shots); it
+never writes them as its own results. Imports nothing heavy (pandas).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
 
 import pandas as pd
 
 from . import paths
+from .heads import Head
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One number or setting of the paper, as printed, with where it is printed."""
+
+    value: str
+    approx: bool  # read off a figure, or written with "~" / "about" in the text
+    source: str
+    note: str = ""
+
+    @property
+    def number(self) -> float:
+        return float(self.value)
+
+    @property
+    def integer(self) -> int:
+        return int(self.value)
+
+    @property
+    def heads(self) -> tuple[Head, ...]:
+        """Heads written `L16H22;L17H24`."""
+        return tuple(Head.parse(v) for v in self.value.split(";"))
+
+    @property
+    def integers(self) -> tuple[int, ...]:
+        """A list written `2;4;8` or a range written `1..55`."""
+        if ".." in self.value:
+            lo, hi = self.value.split("..")
+            return tuple(range(int(lo), int(hi) + 1))
+        return tuple(int(v) for v in self.value.split(";"))
+
+    def __str__(self) -> str:
+        """As the comparison tables print it: `~66% (Fig. 2)`, `66.3% (§3.4)`, `L16H22 (§3.4)`."""
+        try:
+            number = float(self.value)
+            text = f"{number:.0%}" if self.approx else f"{number:.1%}" if number <= 1 else self.value
+        except ValueError:
+            text = self.value
+        return f"{'~' if self.approx else ''}{text} ({self.source})"
+
+
+@cache
+def table() -> pd.DataFrame:
+    return pd.read_csv(paths.data() / "reference" / "paper.csv", comment="#", dtype=str, keep_default_na=False)
+
+
+def paper(experiment: str, quantity: str, model: str = "") -> Reference:
+    """The row of `experiment` and `quantity` (for `model`, where rows differ by model)."""
+    rows = table()
+    match = rows[(rows.experiment == experiment) & (rows.quantity == quantity)]
+    if model:
+        match = match[match.model == model]
+    if len(match) != 1:
+        known = rows[rows.experiment == experiment][["model", "quantity"]].drop_duplicates()
+        raise KeyError(f"{len(match)} reference rows for {experiment}/{quantity}{'/' + model if model else ''}; "
+                       f"known: {', '.join(f'{m}/{q}' for m, q in known.itertuples(index=False))}")
+    row = match.iloc[0]
+    return Reference(row.value, row.approx == "1", row.source, row.note)
 
 
 def paper_numbers(experiment: str | None = None) -> pd.DataFrame:
-    table = pd.read_csv(paths.data() / "reference" / "paper.csv", comment="#")
+    """The rows of one experiment (all when None), as a table."""
+    rows = table()
     if experiment is not None:
-        known = sorted(table.experiment.unique())
+        known = sorted(rows.experiment.unique())
         if experiment not in known:
             raise KeyError(f"no reference numbers for {experiment!r}; known: {', '.join(known)}")
-        table = table[table.experiment == experiment]
-    return table.reset_index(drop=True)
+        rows = rows[rows.experiment == experiment]
+    return rows.reset_index(drop=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from .progress import bar
 from .engine import SweepEngine
 from .heads import Head, layers_to_sweep, ranking_table
 
@@ -32,7 +32,7 @@ def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alph
     layers = [l for l in adapter.head_layers() if l in model_layers]
     groups = [layers] if alpha == 1 else [[l] for l in layers]
     out = {}
-    for group in tqdm(groups, desc="attribution", disable=not progress or len(groups) == 1):
+    for group in bar(groups, desc="attribution", disable=not progress or len(groups) == 1):
         scales = {l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group}
         with torch.inference_mode():
             flat = engine.scaled_loglikelihoods(scales, model_layers)[0]

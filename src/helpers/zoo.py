@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import nn
-from tqdm.auto import tqdm
 
 from . import evaluate, paths, synthetic
+from .progress import bar
 from .provenance import file_hash
 from .adapters import MambaAdapter, adapter_for
 from .convllama import ConvLlamaConfig, ConvLlamaForCausalLM
@@ -206,7 +206,7 @@ def train(model: nn.Module, steps: int, seed: int, batch: int = 64, every: int =
     opt, sched = optimiser(model.parameters(), steps)
     curve, losses = [], []
     model.train()
-    for step in tqdm(range(steps), desc="train", disable=not progress):
+    for step in bar(range(steps), desc="train", disable=not progress):
         loss = answer_loss(model, task_batch(step, rng, batch))
         opt.zero_grad()
         loss.backward()
@@ -278,7 +278,7 @@ def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed
     for stage, n_steps in enumerate(steps, start=1):
         opt, sched = optimiser(params, n_steps, lr=1e-3 if stage == 1 else 3e-3)
         losses = []
-        for i in tqdm(range(n_steps), desc=f"MOHAWK stage {stage}", disable=not progress):
+        for i in bar(range(n_steps), desc=f"MOHAWK stage {stage}", disable=not progress):
             b = task_batch(step, rng, batch)
             valid = (torch.arange(b.ids.shape[1])[None] <= b.at[:, None]).float()  # no padding
             ins, outs, maps = teacher_states(teacher, b.ids)

@@ -1,0 +1,284 @@
+"""The shape of a chapter's module, shared by every chapter.
+
+A chapter module holds:
+
+- `Config`, a frozen dataclass built by `Config.for_profile(profile, smoke=False, **overrides)`:
+  the profile's settings (the paper's own on "paper", read from `data/reference`), smoke sizes
+  for what was not set, then the overrides; every field is checked when the config is made, so a
+  bad parameter fails in the chapter's first cell, before any model is loaded;
+- `run(cfg) -> Result`: the experiment, through a results store (an interrupted run computes
+  only what is missing);
+- `comparison(result)`: the "paper / released code / this run" table, a DataFrame;
+- `verdicts(result)`: the paper's claims, decided from the numbers (`helpers.verdicts`).
+
+Fields are declared with the checkers below (`count()`, `model()`, `heads()`, ...), which
+normalise what papermill or a reader passes (lists become tuples, "L16H22" becomes a Head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, ClassVar, Iterable
+
+import pandas as pd
+
+from .. import paths, provenance, registry
+from ..errors import ConfigError, StaleResults
+from ..heads import Head
+from ..sweep import Store
+
+# --- field checkers --------------------------------------------------------------------------
+
+
+def _spec(check: Callable[[str, Any], Any]) -> Any:
+    return dataclasses.field(metadata={"check": check})
+
+
+def _integer(name: str, value) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, not {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+def count(minimum: int = 1, optional: bool = False) -> Any:
+    """An integer >= minimum (None allowed when `optional`: "all of them")."""
+    def check(name, value):
+        if value is None and optional:
+            return None
+        value = _integer(name, value)
+        if value < minimum:
+            raise ConfigError(f"{name} must be at least {minimum}, got {value}"
+                              + (" (None: all of them)" if optional else ""))
+        return value
+    return _spec(check)
+
+
+def counts(minimum: int = 1) -> Any:
+    """A non-empty list of distinct integers >= minimum, kept in order (a tuple)."""
+    def check(name, value):
+        values = tuple(_integer(name, v) for v in _sequence(name, value))
+        if not values:
+            raise ConfigError(f"{name} must list at least one value")
+        if bad := [v for v in values if v < minimum]:
+            raise ConfigError(f"{name} must all be at least {minimum}, got {bad}")
+        if len(set(values)) < len(values):
+            raise ConfigError(f"{name} lists a value twice: {list(values)}")
+        return values
+    return _spec(check)
+
+
+def layers(optional: bool = True) -> Any:
+    """Layer indices (>= 0), distinct, in increasing order; None when `optional`."""
+    def check(name, value):
+        if value is None and optional:
+            return None
+        values = tuple(_integer(name, v) for v in _sequence(name, value))
+        if any(v < 0 for v in values) or list(values) != sorted(set(values)) or not values:
+            raise ConfigError(f"{name} must be distinct layer indices >= 0 in increasing order, got {list(values)}")
+        return values
+    return _spec(check)
+
+
+def one_of(*options: Any) -> Any:
+    def check(name, value):
+        if value not in options:
+            raise ConfigError(f"{name} must be one of {', '.join(map(repr, options))}; got {value!r}")
+        return value
+    return _spec(check)
+
+
+def number(lo: float, hi: float) -> Any:
+    """A real number in [lo, hi]."""
+    def check(name, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            raise ConfigError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+        return float(value)
+    return _spec(check)
+
+
+def model(*mixers: str) -> Any:
+    """A model name of `helpers.registry.MODELS` (of these mixer kinds, when given)."""
+    def check(name, value):
+        return _model_name(name, value, mixers)
+    return _spec(check)
+
+
+def models(*mixers: str) -> Any:
+    def check(name, value):
+        values = tuple(_model_name(name, v, mixers) for v in _sequence(name, value))
+        if not values:
+            raise ConfigError(f"{name} must name at least one model")
+        return values
+    return _spec(check)
+
+
+def head(optional: bool = False) -> Any:
+    """A head, from "L16H22", [16, 22] or a Head (None when `optional`)."""
+    def check(name, value):
+        if value is None and optional:
+            return None
+        return _head(name, value)
+    return _spec(check)
+
+
+def heads(optional: bool = False) -> Any:
+    def check(name, value):
+        if value is None and optional:
+            return None
+        return tuple(_head(name, v) for v in _sequence(name, value))
+    return _spec(check)
+
+
+def flag() -> Any:
+    def check(name, value):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r}")
+        return value
+    return _spec(check)
+
+
+def _sequence(name: str, value) -> tuple:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name} must be a list, got {value!r}")
+    return tuple(value)
+
+
+def _model_name(name: str, value, mixers: tuple[str, ...]) -> str:
+    known = registry.names() if not mixers else [n for m in mixers for n in registry.names(m)]
+    if value not in known:
+        kind = f" ({' or '.join(mixers)})" if mixers else ""
+        raise ConfigError(f"{name} must be a model{kind} of the book: one of {', '.join(sorted(known))}; got {value!r}")
+    return value
+
+
+def _head(name: str, value) -> Head:
+    try:
+        return Head.parse(value)
+    except ValueError as e:
+        raise ConfigError(f"{name}: {e}") from None
+
+
+# --- configs -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    """Base of every chapter's config: the profile, smoke size, and the chapter's own fields."""
+
+    profile: str
+    smoke: bool
+
+    chapter: ClassVar[str] = ""  # the results folder and the page's name
+    smoke_sizes: ClassVar[dict[str, Any]] = {}  # what smoke=True shrinks, unless set explicitly
+
+    @classmethod
+    def defaults(cls, profile: str) -> dict[str, Any]:
+        """The profile's settings for every field (the paper's own on the paper profiles)."""
+        raise NotImplementedError
+
+    @classmethod
+    def for_profile(cls, profile: str = "cpu", smoke: bool = False, **overrides) -> "Config":
+        """The config of `profile`; smoke shrinks sizes that `overrides` does not set; an
+        override of None means "the profile's default" (what papermill passes for an unset
+        parameter)."""
+        if profile not in registry.PROFILES:
+            raise ConfigError(f"unknown profile {profile!r}: use one of {', '.join(registry.PROFILES)}")
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("profile", "smoke")]
+        if unknown := sorted(set(overrides) - set(names)):
+            raise ConfigError(f"{cls.chapter} has no parameter {', '.join(unknown)}; its parameters: {', '.join(names)}")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        values = {**cls.defaults(profile), **(cls.smoke_sizes if smoke else {}), **given}
+        return cls(profile=profile, smoke=flag_value(smoke), **{k: values[k] for k in names})
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            check = f.metadata.get("check")
+            if check is not None:
+                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+
+    def parameters(self) -> dict[str, Any]:
+        """The settings as JSON (heads as "L16H22"): what a results store cell and a page's
+        provenance block record."""
+        return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _json(value):
+    if isinstance(value, Head):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_json(v) for v in value]
+    return value
+
+
+def flag_value(value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"smoke must be True or False, got {value!r}")
+    return value
+
+
+# --- running -----------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _small(name: str):
+    from ..models import load
+
+    return load(name)
+
+
+def load(name: str):
+    """A model for a run: the CPU tier's small models are loaded once per process (every
+    intervention leaves them as it found them); a paper model is loaded afresh, so that a chapter
+    that goes through several 8B models holds one at a time."""
+    from ..models import load as load_model
+
+    return _small(name) if registry.spec(name).profile == "cpu" else load_model(name)
+
+
+def open_store(cfg: Config, part: str, loaded: list) -> Store:
+    """The results store of one part of a chapter's run. Its file name carries the code version
+    (`provenance.code_version`), so results of other code are never mixed in; a sidecar records
+    the models' revisions, and a store written with other weights under the same names stops
+    the run with the fix."""
+    folder = paths.results_dir(cfg.chapter)
+    path = folder / f"{part}-{cfg.profile}-{provenance.code_version()}.jsonl"
+    meta = path.with_suffix(".models.json")
+    revisions = {m.name: m.revision for m in loaded}
+    if meta.exists():
+        recorded = json.loads(meta.read_text())
+        changed = {k: (recorded[k], v) for k, v in revisions.items() if k in recorded and recorded[k] != v}
+        if changed:
+            raise StaleResults(
+                f"{path} holds results of other weights ({', '.join(f'{k}: {a} -> now {b}' for k, (a, b) in changed.items())}): "
+                f"delete {path} and {meta} to compute them again, or set GA_RESULTS to a fresh folder")
+        revisions = {**recorded, **revisions}
+    meta.write_text(json.dumps(revisions, indent=1))
+    return Store(path)
+
+
+class Timer:
+    """Wall time of a run, for the page's provenance block."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.start, 1)
+
+
+def record(cfg: Config, loaded: list, timer: Timer) -> dict:
+    """What a Result carries about how it was made."""
+    return {**provenance.record(loaded, cfg.parameters()), "profile": cfg.profile, "wall_s": timer.seconds}
+
+
+def comparison_table(rows: list[tuple[str, str, str, str]]) -> pd.DataFrame:
+    """The "paper / released code / this run" table from (quantity, paper, released code, this
+    run) rows, all text."""
+    return pd.DataFrame(rows, columns=["", "paper", "released code", "this run"])

@@ -4,6 +4,14 @@ The names below are the ones a chapter or a reader at a prompt reaches for; ever
 also importable on its own (`helpers.engine`, `helpers.screen`, `helpers.experiments.<chapter>`).
 """
 
+import warnings
+
+from tqdm.std import TqdmWarning
+
+# huggingface_hub imports tqdm.auto, which warns in a kernel without ipywidgets; the book's own
+# bars never use it (`helpers.progress`), so the warning would only be noise on every page.
+warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+
 from .adapters import Adapter, adapter_for
 from .errors import ConfigError, InterventionError
 from .attention import attention_maps, mask_attention, mask_last_row

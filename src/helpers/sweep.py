@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable
 
-from tqdm.auto import tqdm
+from .progress import bar
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,6 +61,6 @@ def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict], desc
     Each returned row is the cell's settings merged with its result."""
     cells = list(cells)
     todo = [c for c in cells if c not in store]
-    for cell in tqdm(todo, desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
+    for cell in bar(todo, desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
         store.put(cell, run(cell))
     return [{**c, **store[c]} for c in cells]

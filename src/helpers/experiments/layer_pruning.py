@@ -136,10 +136,14 @@ def verdicts(result: Result) -> list[v.Verdict]:
                              f"{result.chance[result.mmlu]:.0%}): nothing to keep or lose; KV retrieval stands in below"))
     name = probe(result)
     by_depth, chance = result.scores[name], result.chance[name]
-    d = minimal_depth(by_depth)
     label = "MMLU" if name == result.mmlu else "KV retrieval (in place of MMLU)"
+    if not by_depth[top].above(chance):
+        out.append(v.Verdict(f"{label} is kept down to a minimal model while knowledge falls", "Fig. 2", v.NOT_TESTABLE,
+                             f"the full model's {name} {by_depth[top]} does not clear chance {chance:.0%}"))
+        return out
+    d = minimal_depth(by_depth)
     if d == top:  # why the walk down stopped at once: a loss, or too few items to tell
-        outcome, evidence = v.kept(by_depth[top], by_depth[top - 1], 0.0)
+        outcome, evidence = v.kept(by_depth[top], by_depth[top - 1], chance)
         out.append(v.Verdict(f"{label} is kept when the top layer is pruned", "Fig. 2", outcome, evidence))
         return out
     outcome, evidence = v.falls(result.knowledge(top), result.knowledge(d), 0.0)

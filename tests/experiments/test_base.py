@@ -1,0 +1,66 @@
+"""What every chapter's Config and results store do, on a chapter made up for the test."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from helpers import Head
+from helpers.errors import ConfigError, StaleResults
+from helpers.experiments import base
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    model: str = base.model("attention")
+    n: int | None = base.count(optional=True)
+    sizes: tuple = base.counts()
+    gather: Head = base.head()
+    query: str = base.one_of("paper", "repeat")
+    alpha: float = base.number(0, 1)
+
+    chapter = "made_up"
+    smoke_sizes = dict(n=4, sizes=[2])
+
+    @classmethod
+    def defaults(cls, profile):
+        return dict(model="smollm2-135m-instruct", n=100, sizes=[2, 8], gather="L16H22", query="paper", alpha=0.5)
+
+
+def test_a_config_takes_the_profile_then_smoke_then_what_was_set():
+    assert Config.for_profile("cpu").n == 100
+    smoke = Config.for_profile("cpu", True, sizes=[3, 5])
+    assert (smoke.n, smoke.sizes) == (4, (3, 5))  # smoke shrinks only what was not set
+    cfg = Config.for_profile("paper", n=None, gather=[16, np.int64(2)])  # None: the default; numpy integers count
+    assert cfg.n == 100 and cfg.gather == Head(16, 2)
+    assert cfg.parameters()["gather"] == "L16H2" and cfg.parameters()["sizes"] == [2, 8]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(profile="gpu"), "unknown profile 'gpu': use one of cpu, paper, paper-3b"),
+    (dict(n=-5), "n must be at least 1, got -5"),
+    (dict(n=2.5), "n must be an integer"),
+    (dict(n=True), "n must be an integer, not True"),
+    (dict(sizes=[2, 2]), "sizes lists a value twice"),
+    (dict(sizes=[]), "sizes must list at least one value"),
+    (dict(model="llamba-8b"), "model must be a model \\(attention\\) of the book"),
+    (dict(gather="head 3"), "gather: cannot read 'head 3' as a head"),
+    (dict(query="ask"), "query must be one of 'paper', 'repeat'"),
+    (dict(alpha=2), r"alpha must be a number in \[0, 1\]"),
+    (dict(heads=3), "made_up has no parameter heads; its parameters: model, n, sizes, gather, query, alpha"),
+])
+def test_bad_parameters_fail_at_once_with_what_is_valid(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        Config.for_profile(**{"profile": "cpu", **kwargs})
+
+
+def test_store_file_carries_the_code_version_and_refuses_other_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    cfg = Config.for_profile("cpu")
+    model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
+    store = base.open_store(cfg, "part", [model])
+    store.put({"x": 1}, {"y": 2})
+    assert {"x": 1} in base.open_store(cfg, "part", [model])
+    model.revision = "gguf bbb"
+    with pytest.raises(StaleResults, match="other weights.*gguf aaa -> now gguf bbb.*delete"):
+        base.open_store(cfg, "part", [model])

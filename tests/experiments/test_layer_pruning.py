@@ -1,0 +1,56 @@
+"""Layer pruning: the run at smoke size, and every verdict both ways on hand-built results."""
+
+import numpy as np
+import pytest
+
+from helpers import verdicts as v
+from helpers.experiments import layer_pruning as chapter
+from helpers.stats import Score
+
+
+def test_run_at_smoke_size_scores_every_benchmark_at_every_depth():
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True))
+    assert result.n_layers == 30 and set(result.roles.values()) == {"retrieval", "knowledge"}
+    assert all(sorted(by_depth) == list(range(1, 31)) for by_depth in result.scores.values())
+    assert len(result.scores[result.kv][30].correct) == 4
+    assert {v.outcome for v in chapter.verdicts(result)} <= set(v.OUTCOMES)
+    assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
+
+
+def made_up(mmlu, knowledge, kv, n=200):
+    """A Result whose accuracies by depth (1..len) are the given lists (the first items right)."""
+    at = lambda acc: Score.of(np.arange(n) < round(acc * n))
+    scores = {"MMLU (0-shot)": {d + 1: at(a) for d, a in enumerate(mmlu)},
+              "capitals": {d + 1: at(a) for d, a in enumerate(knowledge)},
+              "KV retrieval (8 keys)": {d + 1: at(a) for d, a in enumerate(kv)}}
+    roles = {"MMLU (0-shot)": "retrieval", "capitals": "knowledge", "KV retrieval (8 keys)": "retrieval"}
+    chance = {"MMLU (0-shot)": 0.25, "capitals": 0.25, "KV retrieval (8 keys)": 0.125}
+    return chapter.Result(chapter.Config.for_profile("paper"), len(mmlu), scores, roles, chance, {})
+
+
+def test_the_papers_dissociation_is_reproduced():
+    # MMLU flat down to 4 layers, then chance; knowledge falls from 80% to 40%.
+    result = made_up(mmlu=[0.25, 0.25, 0.25, 0.66, 0.66, 0.66], knowledge=[0.3, 0.3, 0.35, 0.4, 0.6, 0.8],
+                     kv=[0.1] * 6)
+    assert chapter.minimal_depth(result.scores["MMLU (0-shot)"]) == 4
+    outcomes = [x.outcome for x in chapter.verdicts(result)]
+    assert outcomes == [v.REPRODUCED, v.REPRODUCED]
+
+
+def test_knowledge_that_does_not_fall_is_not_the_papers_dissociation():
+    result = made_up(mmlu=[0.25, 0.25, 0.25, 0.66, 0.66, 0.66], knowledge=[0.8] * 6, kv=[0.1] * 6)
+    assert [x.outcome for x in chapter.verdicts(result)] == [v.NOT_REPRODUCED, v.REPRODUCED]
+
+
+def test_a_model_at_chance_on_mmlu_hands_over_to_kv_and_says_so():
+    result = made_up(mmlu=[0.25] * 6, knowledge=[0.3, 0.3, 0.35, 0.4, 0.6, 0.8], kv=[0.1, 0.1, 0.7, 0.7, 0.7, 0.7])
+    first, *rest = chapter.verdicts(result)
+    assert first.outcome == v.NOT_TESTABLE and "at chance" in first.evidence
+    assert chapter.probe(result) == "KV retrieval (8 keys)" and rest[0].claim.startswith("At the minimal model (3 of 6")
+    at_chance = made_up(mmlu=[0.25] * 6, knowledge=[0.5] * 6, kv=[0.12] * 6)
+    assert {x.outcome for x in chapter.verdicts(at_chance)} == {v.NOT_TESTABLE}
+
+
+def test_bad_parameters_fail_before_any_model_loads():
+    with pytest.raises(ValueError, match="n_kv must be at least 1"):
+        chapter.Config.for_profile("cpu", n_kv=-5)

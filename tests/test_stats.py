@@ -1,0 +1,77 @@
+"""Scores, paired differences and the verdict rules, on hand-built numbers with known answers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers import verdicts as v
+from helpers.stats import Score, difference, mcnemar, wilson
+
+
+def score(right: int, n: int, first: bool = True) -> Score:
+    """n items, `right` of them right: the first ones (or the last ones)."""
+    correct = np.arange(n) < right if first else np.arange(n) >= n - right
+    return Score.of(correct)
+
+
+def test_wilson_known_answers():
+    assert wilson(0, 10) == (0.0, pytest.approx(0.2775, abs=1e-4))
+    assert wilson(5, 10) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    assert wilson(10, 10)[1] == 1.0
+
+
+def test_score_formats_with_its_interval_and_survives_json():
+    s = score(68, 100)
+    assert f"{s}" == "68.0% [58.3%, 76.3%], n=100"
+    again = Score.from_json(s.to_json())
+    assert (again.acc, again.n) == (s.acc, s.n) and np.array_equal(again.correct, s.correct)
+
+
+def test_mcnemar_counts_only_the_discordant_items():
+    a = Score.of([1] * 10 + [0] * 10 + [1] * 5)
+    b = Score.of([0] * 10 + [0] * 10 + [1] * 5)  # 10 items right under a only
+    assert mcnemar(a, b) == pytest.approx(2 / 2 ** 10)
+    assert mcnemar(a, a) == 1.0
+    with pytest.raises(ValueError, match="different item sets"):
+        mcnemar(a, score(3, 7))
+
+
+def test_paired_interval_is_narrower_than_the_unpaired_one_when_items_agree():
+    a = score(60, 100)
+    b = Score.of(np.r_[np.ones(50), np.zeros(50)])  # right on a subset of a's right items
+    paired, unpaired = difference(a, b), difference(a, b, paired=False)
+    assert paired.delta == unpaired.delta == pytest.approx(-0.10)
+    assert paired.hi < 0 and (paired.hi - paired.lo) < (unpaired.hi - unpaired.lo)
+    assert unpaired.p is None and paired.p == pytest.approx(2 / 2 ** 10)
+
+
+def test_collapses_reproduced_not_reproduced_and_not_testable():
+    clean = score(70, 100)
+    assert v.collapses(clean, score(26, 100), 0.25)[0] == v.REPRODUCED
+    assert v.collapses(clean, score(68, 100), 0.25)[0] == v.NOT_REPRODUCED
+    assert v.collapses(clean, score(47, 100), 0.25)[0] == v.INCONCLUSIVE  # the interval straddles 47.5%
+    assert v.collapses(score(27, 100), score(20, 100), 0.25)[0] == v.NOT_TESTABLE  # clean at chance
+
+
+def test_kept_and_falls_are_paired():
+    clean = score(80, 200)
+    same = Score.of(clean.correct.copy())
+    assert v.kept(clean, same, 0.1)[0] == v.REPRODUCED
+    assert v.falls(clean, same, 0.1)[0] == v.NOT_REPRODUCED
+    lower = score(50, 200)  # right on a subset of clean's items
+    assert v.kept(clean, lower, 0.1)[0] == v.NOT_REPRODUCED
+    assert v.falls(clean, lower, 0.1)[0] == v.REPRODUCED
+    few = Score.of([1, 1, 0, 1]), Score.of([1, 0, 0, 1])
+    assert v.kept(*few, 0.0)[0] == v.INCONCLUSIVE
+
+
+def test_overall_and_combine():
+    verdict = lambda outcome: v.Verdict("claim", "Fig. 1", outcome, "")
+    assert v.overall([verdict(v.REPRODUCED), verdict(v.NOT_TESTABLE)]) == v.REPRODUCED
+    assert v.overall([verdict(v.REPRODUCED), verdict(v.NOT_REPRODUCED)]) == v.PARTLY
+    assert v.overall([verdict(v.INCONCLUSIVE), verdict(v.NOT_REPRODUCED)]) == v.NOT_REPRODUCED
+    assert v.overall([verdict(v.NOT_TESTABLE)]) == v.NOT_TESTABLE
+    assert v.combine([v.REPRODUCED, v.INCONCLUSIVE]) == v.PARTLY
+    with pytest.raises(ValueError, match="unknown outcome"):
+        verdict("sort of")

@@ -46,13 +46,15 @@ def _rng(*seed: int) -> np.random.Generator:
     return np.random.default_rng(list(seed))
 
 
-def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "paper") -> Benchmark:
+def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "paper",
+       trailing_space: bool = False) -> Benchmark:
     """KV retrieval with `pairs` keys: the release's prompt (`tasks.kv_items`; `query` picks the
-    question's form), or the zoo's token task for a toy model (two-token keys, `query` unused)."""
+    question's form, `trailing_space` the appendix's variant), or the zoo's token task for a toy
+    model (two-token keys; no query forms)."""
     name = f"KV retrieval ({pairs} keys)"
     if _toy(model):
         return Benchmark(name, RETRIEVAL, synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))), synthetic.segments)
-    return Benchmark(name, RETRIEVAL, tasks.kv_items(pairs, n, seed=seed, query=query),
+    return Benchmark(name, RETRIEVAL, tasks.kv_items(pairs, n, seed=seed, query=query, trailing_space=trailing_space),
                      lambda item: kv_segments(tokenizer, item.pairs[0][0]))
 
 

@@ -169,14 +169,41 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> "Score":
 
 def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     """Everything the book reads off one head's [T, T] attention (or hidden attention) over a
-    prompt: where the final position looks (`mass_by_role`), how sharply (`sharpness`), how
-    local every query is (share on itself and the previous token: high for a previous-token
-    head, for which staying inside a segment says little), and how much of each segment end's
-    in-segment mass stays in its own segment (a Gather head's signature)."""
+    prompt: where the final position looks (`mass_by_role`), how sharply (`sharpness`), what
+    share of its in-segment mass lands on the segments' end tokens (an Aggregate head's
+    signature), how local every query is (share on itself and the previous token: high for a
+    previous-token head, for which staying inside a segment says little), and how much of each
+    segment end's in-segment mass stays in its own segment (a Gather head's signature; from the
+    second segment on, where another segment is visible)."""
     a = np.abs(a)
+    inside = seg.segment >= 0
     local = float(np.mean([a[t, t - 1:t + 1].sum() / max(a[t, :t + 1].sum(), 1e-12) for t in range(1, len(seg))]))
-    own = float(np.nanmean([a[e][seg.segment == k].sum() / max(a[e][seg.segment >= 0].sum(), 1e-12)
-                            for k, e in enumerate(seg.ends)]))
+    own = [a[e][seg.segment == k].sum() / max(a[e][inside].sum(), 1e-12) for k, e in enumerate(seg.ends) if k > 0]
+    ends = a[-1][seg.ends].sum() / max(a[-1][inside].sum(), 1e-12) if seg.ends else float("nan")
     return {**mass_by_role(a[-1], seg), **sharpness(a[-1], seg),
+            "final position: share on segment ends": float(ends),
             "every query: share on itself and the previous token": local,
-            "segment end: own-segment share": own}
+            "segment end: own-segment share": float(np.mean(own)) if own else float("nan")}
+
+
+def measure_heads(loaded, items: list, segmenter, heads: list, average: bool = True):
+    """`head_measures` of each head over each item's prompt (attention, or hidden attention for
+    SSM heads), one forward pass per prompt: one row per head (the mean over prompts), indexed
+    by Head; with `average=False`, one row per head and prompt."""
+    import pandas as pd
+
+    from .attention import attention_maps
+
+    layers = sorted({h.layer for h in heads})
+    rows = []
+    for i, item in enumerate(items):
+        context = item.pairs[0][0]
+        seg = segmenter(item)
+        ids = loaded.tokenizer(context, return_tensors="pt").input_ids
+        maps = attention_maps(loaded, ids, layers)
+        for h in heads:
+            rows.append(dict(head=h, prompt=i, **head_measures(maps[h.layer][0, h.head].numpy(), seg)))
+    table = pd.DataFrame(rows)
+    if not average:
+        return table
+    return table.drop(columns="prompt").groupby("head", sort=False).mean()

@@ -58,9 +58,9 @@ def test_store_file_carries_the_code_version_and_refuses_other_weights(tmp_path,
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
     cfg = Config.for_profile("cpu")
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
-    store = base.open_store(cfg, "part", [model])
+    store = base.open_store(cfg.chapter, cfg.profile, "part", [model])
     store.put({"x": 1}, {"y": 2})
-    assert {"x": 1} in base.open_store(cfg, "part", [model])
+    assert {"x": 1} in base.open_store(cfg.chapter, cfg.profile, "part", [model])
     model.revision = "gguf bbb"
     with pytest.raises(StaleResults, match="other weights.*gguf aaa -> now gguf bbb.*delete"):
-        base.open_store(cfg, "part", [model])
+        base.open_store(cfg.chapter, cfg.profile, "part", [model])

@@ -241,13 +241,13 @@ def load(name: str):
     return _small(name) if registry.spec(name).profile == "cpu" else load_model(name)
 
 
-def open_store(cfg: Config, part: str, loaded: list) -> Store:
+def open_store(chapter: str, profile: str, part: str, loaded: list) -> Store:
     """The results store of one part of a chapter's run. Its file name carries the code version
     (`provenance.code_version`), so results of other code are never mixed in; a sidecar records
     the models' revisions, and a store written with other weights under the same names stops
     the run with the fix."""
-    folder = paths.results_dir(cfg.chapter)
-    path = folder / f"{part}-{cfg.profile}-{provenance.code_version()}.jsonl"
+    folder = paths.results_dir(chapter)
+    path = folder / f"{part}-{profile}-{provenance.code_version()}.jsonl"
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     if meta.exists():

@@ -84,7 +84,7 @@ def run(cfg: Config) -> Result:
             *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
             bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     depths = list(range(1, loaded.adapter.n_layers + 1))
-    store = base.open_store(cfg, "depths", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
     by_name = {b.name: b for b in sets}
 
     def compute(cell):

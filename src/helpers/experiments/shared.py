@@ -1,0 +1,77 @@
+"""What several chapters share, computed once per model and setting: the KV-retrieval head
+ranking (head zeroing, KV retrieval, attention maps and masking all start from it) and the
+roles its top heads play.
+
+The ranking's settings live here, once per profile, so that every chapter asks for the same
+ranking and the results store computes it once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .. import benchmarks as bm
+from ..engine import SweepEngine
+from ..heads import Head, assign_roles, candidates
+from ..screen import rank_heads
+from ..segments import measure_heads
+from ..stats import Score
+from ..sweep import sweep
+from . import base
+
+# The screen's setting: a layer's gradient taken with its heads at half strength finds heads
+# that the clean gradient misses (DESIGN.md section 4); on the paper profiles the chapters
+# sweep their layers exactly anyway, and the midpoint costs one pass per layer on every prompt.
+RANKING = {
+    "cpu": dict(pairs=8, n=40, query="repeat", top=10, alpha=0.5, seed=0),
+    "paper": dict(pairs=8, n=200, query="paper", top=10, alpha=1.0, seed=0),
+    "paper-3b": dict(pairs=8, n=200, query="paper", top=10, alpha=0.5, seed=0),
+}
+SMOKE = dict(n=4, top=3)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    model: str
+    settings: dict
+    clean: Score  # KV accuracy with no head zeroed, on the ranking's prompts
+    table: pd.DataFrame  # `heads.ranking_table`: measured heads first, most harmful first
+
+
+def ranking_settings(profile: str, smoke: bool) -> dict:
+    return {**RANKING[profile], **(SMOKE if smoke else {})}
+
+
+def kv_ranking(loaded, profile: str, smoke: bool, trailing_space: bool = False) -> Ranking:
+    """The model's heads ranked by what zeroing each does to KV retrieval (the screen, then the
+    layers it points to swept exactly), through the results store."""
+    settings = {**ranking_settings(profile, smoke), "trailing_space": trailing_space}
+
+    def compute(cell):
+        items = bm.kv(loaded.name, loaded.tokenizer, settings["pairs"], settings["n"], settings["seed"],
+                      settings["query"], trailing_space).items
+        engine = SweepEngine(loaded, loaded.tokenizer, items)
+        table = rank_heads(engine, settings["top"], alpha=settings["alpha"])
+        return {"clean": engine.score().to_json(), "table": table.to_dict("records")}
+
+    store = base.open_store("head_ranking", profile, "kv", [loaded])
+    row = sweep(store, [dict(model=loaded.name, **settings)], compute, desc="KV head ranking")[0]
+    return Ranking(loaded.name, settings, Score.from_json(row["clean"]), pd.DataFrame(row["table"]))
+
+
+def roles(loaded, benchmark: bm.Benchmark, heads: list[Head], n: int) -> tuple[pd.DataFrame, dict]:
+    """What `heads` do on `n` prompts of `benchmark` (`segments.head_measures`, averaged), and
+    which of them act as the Gather and the Aggregate head (`heads.assign_roles`)."""
+    measures = measure_heads(loaded, benchmark.items[:n], benchmark.segments, heads)
+    return measures, assign_roles(measures)
+
+
+def ranked_roles(loaded, profile: str, smoke: bool, n: int) -> tuple[Ranking, pd.DataFrame, dict]:
+    """The ranking, then the roles of its candidate heads on its own KV prompts."""
+    ranking = kv_ranking(loaded, profile, smoke)
+    s = ranking.settings
+    kv = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
+    measures, found = roles(loaded, kv, candidates(ranking.table), n)
+    return ranking, measures, found

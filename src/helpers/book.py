@@ -262,7 +262,7 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path
         target = (stage_dir / page).with_suffix(".md")
         target.parent.mkdir(parents=True, exist_ok=True)
         if md in executed:
-            shutil.copy(executed[md], target.with_suffix(".ipynb"))
+            staged_notebook(executed[md], target.with_suffix(".ipynb"))
         elif page == toc[0]:
             target.write_text(md.read_text().replace("<!-- verdicts -->", summary_table(pages)))
         elif md.name == "runs.md":
@@ -272,10 +272,28 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path
     return stage_dir
 
 
+def staged_notebook(executed: Path, target: Path) -> None:
+    """The executed notebook as the book shows it: papermill's injected-parameters cell removed
+    (the page's provenance block lists the parameters)."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            cell.metadata["tags"] = tags + ["remove-cell"]
+    nbformat.write(nb, target)
+
+
 def render(stage_dir: Path, out: Path) -> Path:
-    """Render the staged book with Jupyter Book 1.x, warnings as errors, into `out/html`."""
+    """Render the staged book with Jupyter Book 1.x, warnings as errors, into `out/html`; its
+    log goes to `out/jupyter-book.log` (printed when the render fails)."""
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(stage_dir), "-W", "-n", "--keep-going"]
-    subprocess.run(cmd, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    (out / "jupyter-book.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"jupyter-book failed (log: {out / 'jupyter-book.log'}):\n{(done.stdout + done.stderr)[-4000:]}")
+    print(f"rendered with Jupyter Book (log: {out / 'jupyter-book.log'})", flush=True)
     html = out / "html"
     if html.exists():
         shutil.rmtree(html)

@@ -57,6 +57,11 @@ def verdict(verdicts: list[Verdict], subject: str, provenance: dict, chapter: st
                        "verdicts": [v.__dict__ for v in verdicts], "provenance": provenance}, f, indent=1)
 
 
+def publish(chapter, result) -> None:
+    """`verdict` for a chapter module's run: its verdicts, subject and provenance."""
+    verdict(chapter.verdicts(result), chapter.subject(result), result.provenance, result.cfg.chapter)
+
+
 def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[str] = ("n",),
           index: bool = False) -> None:
     """A DataFrame as an HTML table that fits a phone (it scrolls inside its own box): columns

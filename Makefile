@@ -1,13 +1,17 @@
 # The two commands of the README:
-#   make book   create .venv, install, execute every chapter on the CPU profile, render _build/html
-#   make test   create .venv if needed, install, run the tests (unit tests + every chapter at smoke size)
-#   make zoo    retrain the toy zoo into data/zoo (deterministic, one thread per model; about an hour)
+#   make book      create .venv, install, execute every chapter on the CPU profile, render _build/html
+#   make test      create .venv if needed, install, run the tests (unit tests, every chapter at smoke
+#                  size on the CPU profile and in the paper profile's rehearsal, the rendered-page check)
+# and the others it mentions:
+#   make rehearse  the paper profile at smoke size on CPU against a mini-hub of random-weight paper models
+#   make sync      write the chapters' Colab cells and book/*.ipynb from book/*.md
+#   make zoo       retrain the toy zoo into data/zoo (deterministic, one thread per model; about an hour)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: book test sync zoo browser clean
+.PHONY: book test rehearse sync zoo browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +32,9 @@ book: $(VENV)/.installed browser
 
 test: $(VENV)/.installed browser
 	$(PY) -m pytest
+
+rehearse: $(VENV)/.installed browser
+	$(PY) -m helpers.book build --profile paper --smoke --rehearsal
 
 zoo: $(VENV)/.installed
 	$(PY) -m helpers.zoo build

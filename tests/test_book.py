@@ -84,8 +84,10 @@ def test_every_chapter_ran_the_paper_profile_on_paper_models_in_the_rehearsal(re
 
 
 COLAB = """
-import sys, types
-sys.modules["google.colab"] = types.ModuleType("google.colab")  # what Colab's runtime has imported
+import importlib.machinery, sys, types
+colab = types.ModuleType("google.colab")  # what Colab's runtime has imported
+colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)
+sys.modules["google.colab"] = colab
 for source in {cells!r}:
     exec(source)
 import helpers

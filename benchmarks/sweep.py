@@ -27,9 +27,10 @@ import pandas as pd
 import torch
 
 import helpers
+from helpers import screen
 from helpers.engine import SweepEngine
-from helpers.evaluate import encode_pair
-from helpers.sweep import results_dir
+from helpers.packing import encode_pair
+from helpers.paths import results_dir
 
 
 @torch.inference_mode()
@@ -68,6 +69,26 @@ def nnsight_naive(loaded, items, layer: int, head: int) -> np.ndarray:
     return naive_loglikelihoods(forward, loaded.tokenizer, items)
 
 
+def gpu_section(tok, keys: int) -> None:
+    """The engine on a random-weight model of Llama-3.1-8B's shape in bf16: one layer's 32 heads
+    over 256 KV prompts, with the peak GPU memory."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = helpers.paper_config("llama-3.1-8b")
+    torch.cuda.reset_peak_memory_stats()
+    with torch.device("cuda"):
+        big = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    big_tok = type("Tok", (), {"pad_token_id": 0, "encode": staticmethod(lambda s: tok.encode(s))})()
+    engine = SweepEngine(big, big_tok, helpers.kv_items(keys, 256, seed=0))
+    t = time.perf_counter()
+    engine.head_sweep(layers=[16], progress=False)
+    torch.cuda.synchronize()
+    s = time.perf_counter() - t
+    print(f"\nGPU ({torch.cuda.get_device_name()}): random-weight Llama-3.1-8B shape, bf16, layer 16 "
+          f"(32 heads x 256 prompts): {32 * 256 / s:.0f} ablation-prompts/s, {s / 32:.2f} s per ablation; "
+          f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=40)
@@ -75,7 +96,11 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=3, help="time the naive loop on one head every N layers")
     parser.add_argument("--top", type=int, default=10, help="heads the screen hands to the exact engine")
     parser.add_argument("--quick", action="store_true", help="8 prompts, naive loop on 3 heads, no full sweep")
+    parser.add_argument("--gpu-only", action="store_true", help="only the GPU section (benchmarks/gpu_check.py)")
     args = parser.parse_args()
+    if args.gpu_only:
+        gpu_section(helpers.load("smollm2-135m-instruct").tokenizer, args.keys)
+        return
     if args.quick:
         args.prompts, args.every = 8, 12
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -119,10 +144,10 @@ def main() -> None:
 
     # 3. The screen and its exact check of the top k; plain attribution patching beside it.
     t = time.perf_counter()
-    plain = engine.attribution(alpha=1.0)
+    plain = screen.attribution(engine, alpha=1.0)
     plain_s = time.perf_counter() - t
     t = time.perf_counter()
-    estimate = engine.attribution(progress=False)
+    estimate = screen.attribution(engine, progress=False)
     screens = {"midpoint (alpha=0.5)": estimate, "plain (alpha=1)": plain}
     for lh in sorted(estimate, key=estimate.get)[: args.top]:  # the exact check, timed with the screen
         engine.score({lh[0]: [lh[1]]})
@@ -137,10 +162,10 @@ def main() -> None:
         full_s = time.perf_counter() - t
         print(f"\nexact engine over all {n_heads} heads: {full_s:.0f} s ({naive_s * n_heads / full_s:.1f}x the naive loop)")
         # Ties in accuracy are broken by the exact change of the mean gold margin.
-        base = engine.margins(engine.loglikelihoods([{}])[0]).mean()
+        base = engine.margins(engine.loglikelihoods([{}])[0]).mean().item()
         worst = sorted(full, key=lambda k: full[k].acc)[:20]
         lls = engine.loglikelihoods([{l: [h]} for l, h in worst])  # side by side, one pass
-        margin = {lh: engine.margins(ll).mean() - base for lh, ll in zip(worst, lls)}
+        margin = {lh: engine.margins(ll).mean().item() - base for lh, ll in zip(worst, lls)}
         exact_order = sorted(full, key=lambda k: (full[k].acc, margin.get(k, 0)))
         exact_top5 = set(exact_order[:5])
         print(f"  exact top 5 by accuracy: {[(k, round(full[k].acc, 3)) for k in exact_order[:5]]}")
@@ -172,19 +197,7 @@ def main() -> None:
               f"max |log-lik difference| to the naive loop {peer_diff:.2e}")
 
     if torch.cuda.is_available():
-        from transformers import AutoModelForCausalLM
-
-        cfg = helpers.paper_config("llama-3.1-8b")
-        with torch.device("cuda"):
-            big = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-        big_tok = type("Tok", (), {"pad_token_id": 0, "encode": staticmethod(lambda s: tok.encode(s))})()
-        engine = SweepEngine(big, big_tok, helpers.kv_items(args.keys, 256, seed=0))
-        t = time.perf_counter()
-        engine.head_sweep(layers=[16], progress=False)
-        torch.cuda.synchronize()
-        s = time.perf_counter() - t
-        print(f"\nGPU: random-weight Llama-3.1-8B shape, bf16, layer 16 (32 heads x 256 prompts): "
-              f"{32 * 256 / s:.0f} ablation-prompts/s")
+        gpu_section(tok, args.keys)
 
 
 if __name__ == "__main__":

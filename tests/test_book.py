@@ -122,3 +122,19 @@ def test_the_colab_notebook_installs_from_the_repository_and_runs_its_first_cell
     package, data = done.stdout.split()[-2:]
     assert package == str(work / "ga-companion" / "src" / "helpers" / "__init__.py")
     assert data == str(work / "ga-companion" / "data")
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"profile": "gpu"}, "unknown profile 'gpu': use one of cpu, paper, paper-3b"),
+    ({"n_kv": -5}, "n_kv must be at least 1, got -5"),
+])
+def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parameters, message):
+    """Before any model loads, and with no figure or table drawn."""
+    import papermill
+
+    with pytest.raises(papermill.PapermillExecutionError, match=message):
+        book.execute(book.ROOT / "book" / "layer_pruning.md", tmp_path / "out.ipynb", parameters)
+    nb = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") != "error"]
+    assert not outputs, outputs
+    assert not (tmp_path / "out.record.json").exists()

@@ -166,3 +166,27 @@ def mask_last_row(model, length: int, layers: list[int] | None = None):
         for l in layers:
             stack.enter_context(mask_attention(adapter, l, list(range(adapter.n_heads(l))), allowed))
         yield model
+
+
+@contextmanager
+def mask_final_rows(model, lengths, layers: list[int] | None = None):
+    """`mask_last_row` for a right-padded batch: row i holds `lengths[i]` tokens, and every
+    attention head of these layers (default: all attention layers) reads nothing at row i's
+    final position, lengths[i] - 1 (the released code's ablation, where each row of an lm-eval
+    batch ends at its own last non-pad token). For `evaluate.choice_loglikelihoods(...,
+    per_batch=...)`, which passes each batch's row lengths."""
+    model, adapter = unwrap(model)
+    layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)] if layers is None else layers
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    T = int(lengths.max())
+    allowed = torch.ones(len(lengths), T, T, dtype=torch.bool)  # [batch, T, T]
+    allowed[torch.arange(len(lengths)), lengths - 1] = False
+    with ExitStack() as stack:
+        for l in layers:
+            full = allowed[:, None].expand(-1, adapter.n_heads(l), -1, -1)  # [batch, heads, T, T], a view
+            earlier = adapter.attention(l).__dict__.get("_helpers_allowed")
+            if earlier is not None:  # masks already in force on this layer: keep them
+                full = full & earlier
+            stack.enter_context(_attached(adapter, l, "_helpers_allowed", full))
+        stack.enter_context(_routed(model))
+        yield model

@@ -1,0 +1,356 @@
+"""Hybrid swap: one Transformer layer back into its distilled SSM (the paper's Fig. 7, §5.4).
+
+Llamba was distilled from Llama layer by layer, so its layer i imitates Llama's layer i and reads
+the residual stream that layer reads. Running the student with the teacher's layer i in place
+of its own (`interventions.swap_layers`) asks how much of the student's gap to its teacher that
+one layer closes. The paper's claim: the swap of the layer that holds the teacher's aggregation
+(Llama-3.1-8B's L17, home of the Aggregate head L17H24) helps most; other layers' swaps help
+little or hurt.
+
+Which teacher layer aggregates is decided before any swap is scored, by one of three rules:
+the released code's Aggregate head (`reference`), the layer whose attention heads the teacher
+cannot do without on the retrieval tasks (`layer ablation`), or the Aggregate head found by
+behaviour among the top heads of the shared KV ranking (`KV ranking`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import benchmarks as bm
+from .. import registry
+from .. import verdicts as v
+from ..engine import SweepEngine
+from ..errors import ConfigError
+from ..evaluate import score
+from ..heads import Head
+from ..interventions import swap_layers
+from ..reference import paper, table
+from ..stats import Score, difference
+from ..sweep import sweep
+from . import base, shared
+
+PAPER_PAIR = {"paper": ("llamba-8b-unaligned", "llama-3.1-8b-instruct"),
+              # No unaligned 3B Llamba is published: the released (aligned) Llamba-3B stands in.
+              "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
+LAYER_RULES = ("reference", "layer ablation", "KV ranking")
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    student: str = base.model("ssm")
+    teacher: str = base.model("attention")
+    layers: tuple | None = base.layers()  # None: every layer
+    teacher_layer_by: str = base.one_of(*LAYER_RULES)
+    n_mmlu: int | None = base.count(optional=True)  # None: every question
+    k_shot: int = base.count(minimum=0)
+    n_knowledge: int | None = base.count(optional=True)  # per task; None: all
+    n_kv: int = base.count()
+    kv_pairs: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    seed: int = base.count(minimum=0)
+
+    chapter = "hybrid_swap"
+    # Smoke: two layers besides the aggregating one (which is always swapped).
+    smoke_sizes = dict(layers=(0, 1), n_mmlu=8, n_knowledge=4, n_kv=8)
+
+    @classmethod
+    def defaults(cls, profile):
+        if profile == "cpu":
+            return dict(student="toy-student", teacher="toy-transformer", layers=None,
+                        teacher_layer_by="layer ablation", n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500,
+                        kv_pairs=8, kv_query="repeat", seed=0)
+        student, teacher = PAPER_PAIR[profile]
+        return dict(student=student, teacher=teacher, layers=None,
+                    teacher_layer_by="reference" if profile == "paper" else "KV ranking", n_mmlu=None,
+                    k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500,
+                    kv_pairs=8, kv_query="paper", seed=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.teacher_layer_by == "reference" and self.teacher not in reference_teachers():
+            raise ConfigError(f"teacher_layer_by='reference' needs a teacher whose Aggregate head the release names "
+                              f"({', '.join(reference_teachers())}), not {self.teacher}; for other teachers use "
+                              f"'layer ablation' or 'KV ranking'")
+
+
+def reference_teachers() -> list[str]:
+    """Attention models whose Aggregate head the released code names (data/reference)."""
+    rows = table()
+    rows = rows[(rows.experiment == "head_zeroing") & (rows.quantity == "aggregate_head")]
+    return [m for m in rows.model if m in registry.names("attention")]
+
+
+# --- which teacher layer aggregates ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TeacherLayer:
+    layer: int
+    how: str  # how it was found, with the numbers that decided it
+    clean: dict[str, Score]  # benchmark -> the teacher as is (layer ablation only)
+    ablated: dict[str, dict[int, Score]]  # benchmark -> layer -> attention heads of that layer zeroed
+
+
+def cell_of(b: bm.Benchmark, seed: int, kv_query: str) -> dict:
+    """What identifies a benchmark's items in a results store cell."""
+    return dict(benchmark=b.name, n=len(b), seed=seed, kv_query=kv_query)
+
+
+def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profile: str, smoke: bool, seed: int,
+                       kv_query: str) -> TeacherLayer:
+    """The teacher layer that holds its aggregation, by `rule` (see the module's docstring);
+    the hybrid-models chapter calls this too, so both chapters swap the same layer."""
+    if rule == "reference":
+        head = paper("head_zeroing", "aggregate_head", teacher.name).heads[0]
+        return TeacherLayer(head.layer, f"the released code's Aggregate head {head}", {}, {})
+    if rule == "KV ranking":
+        ranking, _, roles = shared.ranked_roles(teacher, profile, smoke, n=4 if smoke else 20)
+        if roles["A"] is not None:
+            return TeacherLayer(roles["A"].layer, f"the Aggregate head of the KV ranking, {roles['A']} "
+                                f"(assigned by behaviour among its top heads)", {}, {})
+        top = Head(int(ranking.table.layer[0]), int(ranking.table["head"][0]))
+        return TeacherLayer(top.layer, f"no top head of the KV ranking reads the segments' ends as an Aggregate "
+                            f"head does; the layer of its most harmful head, {top}", {}, {})
+    # Zero every attention head of one teacher layer at a time, on each retrieval task.
+    store = base.open_store("hybrid_swap", profile, "teacher-layers", [teacher])
+    layers = teacher.adapter.head_layers()
+
+    def compute(cell):
+        b = by_name[cell["benchmark"]]
+        engine = SweepEngine(teacher, teacher.tokenizer, b.items)
+        heads = {} if cell["layer"] is None else {cell["layer"]: list(range(teacher.adapter.n_heads(cell["layer"])))}
+        return engine.score(heads).to_json()
+
+    by_name = {b.name: b for b in retrieval}
+    cells = [dict(teacher=teacher.name, layer=l, **cell_of(b, seed, kv_query)) for b in retrieval for l in [None, *layers]]
+    rows = sweep(store, cells, compute, desc="teacher layers zeroed")
+    clean = {r["benchmark"]: Score.from_json(r) for r in rows if r["layer"] is None}
+    ablated = {b.name: {r["layer"]: Score.from_json(r) for r in rows if r["benchmark"] == b.name and r["layer"] is not None}
+               for b in retrieval}
+    # The layer whose loss hurts the retrieval tasks most, their items pooled.
+    pooled = {l: Score.of(np.concatenate([ablated[b.name][l].correct for b in retrieval])) for l in layers}
+    layer = min(layers, key=lambda l: pooled[l].acc)
+    return TeacherLayer(layer, f"the layer whose attention heads, zeroed, leave the teacher's retrieval lowest: "
+                        f"{pooled[layer]} (pooled over {', '.join(b.name for b in retrieval)})", clean, ablated)
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+STUDENT, TEACHER = "student", "teacher"
+
+
+def swapped(layer: int) -> str:
+    return f"L{layer} swapped in"
+
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    n_layers: int
+    layers: list[int]  # the layers swapped one at a time
+    teacher_layer: TeacherLayer
+    scores: dict[str, dict[str, Score]]  # benchmark -> condition (student, teacher, "L3 swapped in") -> score
+    roles: dict[str, str]
+    chance: dict[str, float]
+    provenance: dict
+
+    @property
+    def retrieval(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.RETRIEVAL]
+
+    @property
+    def knowledge_tasks(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
+
+    def knowledge(self, condition: str) -> Score:
+        """Every knowledge item under one condition, pooled (for paired tests)."""
+        return Score.of(np.concatenate([self.scores[t][condition].correct for t in self.knowledge_tasks]))
+
+    @property
+    def knowledge_chance(self) -> float:
+        ns = [self.scores[t][STUDENT].n for t in self.knowledge_tasks]
+        return float(np.average([self.chance[t] for t in self.knowledge_tasks], weights=ns))
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    student, teacher = base.load(cfg.student), base.load(cfg.teacher)
+    retrieval = [bm.letter_mcq(cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+                 bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    knowledge = bm.knowledge(cfg.student, cfg.profile, cfg.n_knowledge, cfg.seed)
+    found = find_teacher_layer(teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke, cfg.seed,
+                               cfg.kv_query)
+    layers = sorted(set(cfg.layers or range(student.adapter.n_layers)) | {found.layer})
+    # Retrieval under every swap; knowledge (the control) for the aggregating layer's swap.
+    plan = [(b, c, None) for b in retrieval + knowledge for c in (STUDENT, TEACHER)]
+    plan += [(b, swapped(l), l) for b in retrieval for l in layers]
+    plan += [(b, swapped(found.layer), found.layer) for b in knowledge]
+    by_name = {b.name: b for b in retrieval + knowledge}
+    store = base.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher])
+
+    def compute(cell):
+        items = by_name[cell["benchmark"]].items
+        if cell["condition"] == TEACHER:
+            return score(teacher.model, teacher.tokenizer, items).to_json()
+        if cell["condition"] == STUDENT:
+            return score(student.model, student.tokenizer, items).to_json()
+        with swap_layers(student, teacher, [cell["layer"]]):
+            return score(student.model, student.tokenizer, items).to_json()
+
+    cells = [dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **cell_of(b, cfg.seed, cfg.kv_query))
+             for b, c, l in plan]
+    scores: dict[str, dict[str, Score]] = {}
+    for r in sweep(store, cells, compute, desc="swaps x benchmarks"):
+        scores.setdefault(r["benchmark"], {})[r["condition"]] = Score.from_json(r)
+    benchmarks = retrieval + knowledge
+    return Result(cfg, student.adapter.n_layers, layers, found, scores, {b.name: b.role for b in benchmarks},
+                  {b.name: b.chance for b in benchmarks}, base.record(cfg, [student, teacher], timer))
+
+
+# --- verdicts ---------------------------------------------------------------------------------------
+
+def gap(result: Result, b: str) -> tuple[bool, str]:
+    """Whether the student trails its teacher on `b` (paired): only then can a swap close a gap.
+    A teacher at chance cannot show which of its layers retrieves."""
+    s, t, chance = result.scores[b][STUDENT], result.scores[b][TEACHER], result.chance[b]
+    if not t.above(chance):
+        return False, f"the teacher cannot do it: {t}, chance {chance:.0%}"
+    outcome, _ = v.lower(t, s)
+    if outcome != v.REPRODUCED:
+        return False, f"no gap to close: student {s} against teacher {t}: {difference(t, s)}"
+    return True, ""
+
+
+def best_swap_verdict(result: Result, b: str) -> v.Verdict:
+    """Does the aggregating layer's swap lift `b` above the student, and above every other swap?"""
+    L = result.teacher_layer.layer
+    claim = f"{b}: swapping in the teacher's aggregating layer (L{L}) helps most"
+    testable, why = gap(result, b)
+    if not testable:
+        return v.Verdict(claim, "Fig. 7", v.NOT_TESTABLE, why)
+    scores, student = result.scores[b], result.scores[b][STUDENT]
+    mine = scores[swapped(L)]
+    over_student, _ = v.lower(mine, student)
+    evidence = f"L{L} swapped in: {mine}; student {student}: {difference(student, mine)}"
+    others = {l: difference(scores[swapped(l)], mine) for l in result.layers if l != L}
+    if not others:
+        return v.Verdict(claim, "Fig. 7", over_student, evidence + "; no other layer was swapped")
+    above_all = (v.REPRODUCED if all(d.lo > 0 for d in others.values())
+                 else v.NOT_REPRODUCED if any(d.hi < 0 for d in others.values()) else v.INCONCLUSIVE)
+    rival = max(others, key=lambda l: scores[swapped(l)].acc)
+    ties = [l for l, d in others.items() if d.lo <= 0 <= d.hi]
+    evidence += (f"; the best other swap, L{rival}: {scores[swapped(rival)]}, L{L} ahead by {others[rival]}"
+                 + (f"; not told apart from L{L}: {', '.join(f'L{l}' for l in ties)}" if ties else ""))
+    return v.Verdict(claim, "Fig. 7", v.combine([over_student, above_all]), evidence)
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    out = [best_swap_verdict(result, b) for b in result.retrieval]
+    L = result.teacher_layer.layer
+    outcome, evidence = v.kept(result.knowledge(STUDENT), result.knowledge(swapped(L)), result.knowledge_chance)
+    if all(x.outcome == v.NOT_TESTABLE for x in out):  # a control of nothing: no swap effect could be tested
+        outcome, evidence = v.NOT_TESTABLE, f"no retrieval claim could be tested, so there is nothing to control; {evidence}"
+    out.append(v.Verdict(f"Knowledge (the control) is kept when L{L} is swapped in", "control (this book)", outcome,
+                         f"{knowledge_name(result)}: {evidence}"))
+    return out
+
+
+def knowledge_name(result) -> str:
+    """Knowledge as the verdicts test it: the tasks' items pooled."""
+    tasks = result.knowledge_tasks
+    return tasks[0] if len(tasks) == 1 else f"knowledge (pooled over {', '.join(tasks)})"
+
+
+# --- tables and figures --------------------------------------------------------------------------
+
+def interval(s: Score) -> str:
+    return f"{s.acc:.1%} [{100 * s.lo:.1f}, {100 * s.hi:.1f}]"
+
+
+def swap_table(result: Result) -> pd.DataFrame:
+    """Every condition's accuracy on each retrieval task and on knowledge, its tasks pooled
+    (scored for the student, the teacher and the aggregating layer's swap)."""
+    rows = []
+    for c in [STUDENT, TEACHER, *map(swapped, result.layers)]:
+        row = {"": c, **{b: interval(result.scores[b][c]) for b in result.retrieval}}
+        scored = all(c in result.scores[t] for t in result.knowledge_tasks)
+        rows.append({**row, knowledge_name(result): interval(result.knowledge(c)) if scored else "-"})
+    return pd.DataFrame(rows)
+
+
+def teacher_layer_table(result: Result) -> pd.DataFrame:
+    """How the aggregating teacher layer was found; with `layer ablation`, the teacher's accuracy
+    with each layer's attention heads zeroed."""
+    found = result.teacher_layer
+    if not found.ablated:
+        return pd.DataFrame([{"teacher layer": f"L{found.layer}", "found by": found.how}])
+    rows = [{"attention heads zeroed": "none", **{b: interval(s) for b, s in found.clean.items()}}]
+    rows += [{"attention heads zeroed": f"all of L{l}" + (" (chosen)" if l == found.layer else ""),
+              **{b: interval(by[l]) for b, by in found.ablated.items()}} for l in sorted(next(iter(found.ablated.values())))]
+    return pd.DataFrame(rows)
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    cfg, L = result.cfg, result.teacher_layer.layer
+    mcq, kv = result.retrieval
+    s = result.scores
+    others = [l for l in result.layers if l != L]
+    best_other = max(others, key=lambda l: s[mcq][swapped(l)].acc) if others else None
+    agg = paper("head_zeroing", "aggregate_head", "llama-3.1-8b-instruct")
+    return base.comparison_table([
+        ("models", "Llamba-8B with layers of Llama-3.1-8B (Fig. 7)", "Llamba-8B-untied-unaligned, Llama-3.1-8B-Instruct",
+         f"{cfg.student} with layers of {cfg.teacher} ({cfg.profile} profile)"),
+        ("teacher layer that aggregates", f"L{agg.heads[0].layer}, the swap that helps (cell 37)",
+         f"Aggregate head {agg.value} (cell 15)",
+         f"L{L}: {result.teacher_layer.how}"),
+        (f"{mcq}, student", str(paper("hybrid_swap", "mmlu_before_swap", "llamba-8b-unaligned")), "0-shot, lm-eval 0.4.7",
+         f"{s[mcq][STUDENT]}"),
+        (f"{mcq}, aggregating layer swapped in", str(paper("hybrid_swap", "mmlu_after_l17_swap", "llamba-8b-unaligned")),
+         "each layer swapped in turn (cell 38)", f"L{L}: {s[mcq][swapped(L)]}"),
+        (f"{mcq}, best other swap", "little or even negative impact (cell 37)", "-",
+         f"L{best_other}: {s[mcq][swapped(best_other)]}" if others else "no other layer swapped"),
+        (f"{mcq}, teacher", "-", "-", f"{s[mcq][TEACHER]}"),
+        (f"{kv}: student, L{L} swapped in, teacher", "not run", "not run",
+         f"{interval(s[kv][STUDENT])}, {interval(s[kv][swapped(L)])}, {interval(s[kv][TEACHER])}; n={s[kv][STUDENT].n}"),
+        (f"{knowledge_name(result)}: student, L{L} swapped in", "not reported", "not run",
+         f"{interval(result.knowledge(STUDENT))}, {interval(result.knowledge(swapped(L)))}; "
+         f"n={result.knowledge(STUDENT).n}"),
+    ])
+
+
+def subject(result: Result) -> str:
+    return f"on the {result.cfg.profile} profile, {result.cfg.student} with layers of {result.cfg.teacher}"
+
+
+def figure(result: Result):
+    """Fig. 7's bars for this run: each retrieval task's accuracy with one teacher layer swapped
+    in, the aggregating layer in red, the student, the teacher and chance as labelled lines."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+
+    plots.style()
+    L = result.teacher_layer.layer
+    fig, axes = plt.subplots(len(result.retrieval), 1, figsize=(plots.WIDTH, 2.6 * len(result.retrieval) + 0.8),
+                             squeeze=False, sharex=True)
+    for ax, b in zip(axes[:, 0], result.retrieval):
+        scores = [result.scores[b][swapped(l)] for l in result.layers]
+        acc = np.array([s.acc for s in scores])
+        err = [100 * (acc - [s.lo for s in scores]), 100 * (np.array([s.hi for s in scores]) - acc)]
+        colours = ["tab:red" if l == L else "tab:blue" for l in result.layers]
+        ax.bar(result.layers, 100 * acc, color=colours, yerr=err, capsize=2)
+        for who, ls in [(STUDENT, "--"), (TEACHER, "-.")]:
+            ax.axhline(100 * result.scores[b][who].acc, ls=ls, lw=1.2, color="0.25", label=who)
+        ax.axhline(100 * result.chance[b], ls=":", lw=1.2, color="0.5", label="chance")
+        ax.set(title=b, ylabel="accuracy (%)", ylim=(0, 105))
+    axes[-1, 0].set(xlabel="teacher layer swapped in",
+                    xticks=result.layers if len(result.layers) <= 16 else result.layers[::2])
+    bars = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:red", "tab:blue")]
+    lines, labels = axes[0, 0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(bars + lines, [f"L{L} swapped in (aggregating)", "another layer swapped in", *labels],
+               loc="lower center", ncols=3, frameon=False)
+    return fig

@@ -1,0 +1,403 @@
+"""Hybrids delegate retrieval to their attention (the paper's §5, Zamba2-7B).
+
+Score retrieval and knowledge with a hybrid as it is and with its attention ablated two ways:
+
+- the released code's ablation: in every attention layer, the final position of each row (its
+  last non-pad token) reads nothing through attention, all heads (`attention.mask_final_rows`);
+  the release reports MMLU 64.3% -> 34.9% for Zamba2-7B;
+- every attention head zeroed where it enters the output projection: what "ablating attention"
+  says in the paper's text.
+
+Controls: as many randomly chosen Mamba heads zeroed as there are attention heads, and (where it
+is affordable) each attention head alone. The claim is a dissociation: retrieval collapses
+towards chance while knowledge is kept.
+
+A hybrid here is a model that runs, the adapter that sees its attention heads and the one that
+sees its Mamba heads. Besides a trained hybrid (Zamba2, the zoo's toy-hybrid) the chapter can
+build the paper's other kind (§5.4): a distilled SSM with one layer of its Transformer teacher
+swapped back in, the layer `hybrid_swap.find_teacher_layer` names.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+import numpy as np
+import pandas as pd
+
+from .. import benchmarks as bm
+from .. import registry
+from .. import verdicts as v
+from ..attention import mask_final_rows
+from ..evaluate import score
+from ..interventions import swap_layers, zero_heads
+from ..reference import paper
+from ..stats import Score, difference, mean_of
+from ..sweep import sweep
+from . import base, hybrid_swap
+from .hybrid_swap import interval, knowledge_name
+
+# Where mamba-ssm's CUDA kernels are missing (on every CPU) transformers warns, at a Mamba-2
+# mixer's first forward pass, that it runs its PyTorch reference path: expected, and not for the page.
+logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
+
+PAPER_HYBRID = {"paper": "zamba2-7b", "paper-3b": "zamba2-2.7b-instruct"}
+AS_IS, MASKED, ZEROED = "as is", "final row masked (released code)", "all attention heads zeroed"
+ABLATIONS = (MASKED, ZEROED)
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    hybrid: str = base.model("hybrid")
+    swapped: bool = base.flag()  # also build the student with one teacher layer swapped in
+    student: str = base.model("ssm")
+    teacher: str = base.model("attention")
+    ssm: str = base.one_of("none", *registry.names("ssm"))  # a pure SSM scored beside, as is
+    n_mmlu: int | None = base.count(optional=True)  # None: every question
+    k_shot: int = base.count(minimum=0)
+    n_knowledge: int | None = base.count(optional=True)  # per task; None: all
+    n_kv: int = base.count()
+    kv_pairs: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    n_controls: int = base.count(minimum=0)
+    single_heads: bool = base.flag()
+    seed: int = base.count(minimum=0)
+
+    chapter = "hybrid_models"
+    smoke_sizes = dict(n_mmlu=8, n_knowledge=4, n_kv=8)
+
+    @classmethod
+    def defaults(cls, profile):
+        pair = {k: hybrid_swap.Config.defaults(profile)[k] for k in ("student", "teacher")}
+        if profile == "cpu":
+            return dict(hybrid="toy-hybrid", swapped=True, **pair, ssm="toy-mamba2", n_mmlu=500, k_shot=0,
+                        n_knowledge=500, n_kv=500, kv_pairs=16, kv_query="repeat", n_controls=5, single_heads=True,
+                        seed=0)
+        # On the paper's models each control or single head costs a full MMLU run: none by default.
+        return dict(hybrid=PAPER_HYBRID[profile], swapped=False, **pair, ssm="none", n_mmlu=None,
+                    k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=16,
+                    kv_query="paper", n_controls=0, single_heads=False, seed=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.swapped:  # the pair must pass the hybrid-swap chapter's checks (its rule for the layer)
+            hybrid_swap.Config.for_profile(self.profile, self.smoke, student=self.student, teacher=self.teacher)
+
+
+# --- hybrids and conditions -----------------------------------------------------------------------
+
+@dataclass
+class Hybrid:
+    name: str
+    host: registry.Loaded  # the model that runs
+    attention: object  # the adapter that sees its attention heads
+    attention_layers: list[int]
+    mamba: object  # the adapter that sees its Mamba heads
+    mamba_layers: list[int]
+    running: Callable[[], ContextManager] = nullcontext  # what makes it a hybrid (a swap), if anything
+
+    @property
+    def attention_heads(self) -> dict[int, list[int]]:
+        return {l: list(range(self.attention.n_heads(l))) for l in self.attention_layers}
+
+
+def trained(loaded) -> Hybrid:
+    """A hybrid trained as one (Zamba2): its shared attention block's call sites, and the Mamba
+    heads of every layer."""
+    mamba = loaded.adapter.mamba_heads()
+    return Hybrid(loaded.name, loaded, loaded.adapter, loaded.adapter.head_layers(), mamba, mamba.head_layers())
+
+
+def swapped(student, teacher, layer: int) -> Hybrid:
+    """The student SSM with the teacher's layer `layer` in place of its own (the paper's §5.4
+    hybrid): its attention heads are the teacher's, its Mamba heads the student's other layers'."""
+    return Hybrid(f"{student.name} + {teacher.name} L{layer}", student, teacher.adapter, [layer], student.adapter,
+                  [l for l in range(student.adapter.n_layers) if l != layer],
+                  lambda: swap_layers(student, teacher, [layer]))
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    attention: dict[int, list[int]] = field(default_factory=dict)  # attention heads zeroed
+    mamba: dict[int, list[int]] = field(default_factory=dict)  # Mamba heads zeroed
+    final_row: bool = False  # the released code's mask
+
+    @property
+    def key(self) -> str:
+        """What the condition does, for the results store."""
+        heads = lambda d: ",".join(f"L{l}H{h}" for l, hs in sorted(d.items()) for h in hs)
+        return f"attention[{heads(self.attention)}] mamba[{heads(self.mamba)}] final_row={self.final_row}"
+
+
+CONTROL = "random Mamba heads zeroed"
+
+
+def conditions(h: Hybrid, cfg: Config) -> list[Condition]:
+    """As is, the two ablations, `n_controls` draws of as many random Mamba heads as the hybrid
+    has attention heads, and each attention head alone (`single_heads`)."""
+    out = [Condition(AS_IS), Condition(MASKED, final_row=True), Condition(ZEROED, attention=h.attention_heads)]
+    count = sum(map(len, h.attention_heads.values()))
+    pool = [(l, k) for l in h.mamba_layers for k in range(h.mamba.n_heads(l))]
+    for i in range(cfg.n_controls):
+        picks = np.random.default_rng([cfg.seed, i]).choice(len(pool), min(count, len(pool)), replace=False)
+        chosen: dict[int, list[int]] = {}
+        for j in sorted(picks):
+            chosen.setdefault(pool[j][0], []).append(pool[j][1])
+        out.append(Condition(f"{CONTROL} #{i + 1}", mamba=chosen))
+    if cfg.single_heads:
+        out += [Condition(f"L{l}H{k} zeroed", attention={l: [k]}) for l, hs in h.attention_heads.items() for k in hs]
+    return out
+
+
+@contextmanager
+def applied(h: Hybrid, c: Condition):
+    """The hybrid running under condition `c` (zeroed heads; the final-row mask is per batch)."""
+    with ExitStack() as stack:
+        stack.enter_context(h.running())
+        stack.enter_context(zero_heads(h.attention, c.attention))
+        stack.enter_context(zero_heads(h.mamba, c.mamba))
+        yield
+
+
+def evaluate(h: Hybrid, c: Condition, items) -> Score:
+    """lm-eval's accuracy of the hybrid under `c`. The released mask needs each row's own last
+    position, so it is entered around each batch with the batch's row lengths."""
+    per_batch = (lambda lengths: mask_final_rows(h.attention, lengths, h.attention_layers)) if c.final_row else None
+    with applied(h, c):
+        return score(h.host.model, h.host.tokenizer, items, per_batch=per_batch)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    conditions: dict[str, list[str]]  # hybrid -> its conditions, in order
+    scores: dict[str, dict[str, dict[str, Score]]]  # hybrid -> condition -> benchmark -> score
+    ssm: dict[str, Score]  # the pure SSM as is, per benchmark (empty without one)
+    swap_layer: hybrid_swap.TeacherLayer | None  # how the swapped hybrid's layer was chosen
+    roles: dict[str, str]
+    chance: dict[str, float]
+    provenance: dict
+
+    @property
+    def retrieval(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.RETRIEVAL]
+
+    @property
+    def knowledge_tasks(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
+
+    def knowledge(self, hybrid: str, condition: str) -> Score:
+        """Every knowledge item under one condition, pooled (for paired tests)."""
+        by = self.scores[hybrid][condition]
+        return Score.of(np.concatenate([by[t].correct for t in self.knowledge_tasks]))
+
+    @property
+    def knowledge_chance(self) -> float:
+        first = next(iter(self.scores.values()))[AS_IS]
+        return float(np.average([self.chance[t] for t in self.knowledge_tasks],
+                                weights=[first[t].n for t in self.knowledge_tasks]))
+
+    def controls(self, hybrid: str) -> list[str]:
+        return [c for c in self.conditions[hybrid] if c.startswith(CONTROL)]
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    main = base.load(cfg.hybrid)
+    tok = main.tokenizer
+    retrieval = [bm.letter_mcq(cfg.hybrid, tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+                 bm.kv(cfg.hybrid, tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    benchmarks = retrieval + bm.knowledge(cfg.hybrid, cfg.profile, cfg.n_knowledge, cfg.seed)
+    hybrids, loaded, found = [trained(main)], [main], None
+    if cfg.swapped:
+        student, teacher = base.load(cfg.student), base.load(cfg.teacher)
+        rule = hybrid_swap.Config.defaults(cfg.profile)["teacher_layer_by"]
+        found = hybrid_swap.find_teacher_layer(teacher, retrieval, rule, cfg.profile, cfg.smoke, cfg.seed, cfg.kv_query)
+        hybrids.append(swapped(student, teacher, found.layer))
+        loaded += [student, teacher]
+    plans = {h.name: conditions(h, cfg) for h in hybrids}
+    by_name = {b.name: b for b in benchmarks}
+    by_hybrid = {h.name: h for h in hybrids}
+    store = base.open_store(cfg.chapter, cfg.profile, "ablations", loaded)
+
+    def compute(cell):
+        c = next(c for c in plans[cell["hybrid"]] if c.name == cell["condition"])
+        return evaluate(by_hybrid[cell["hybrid"]], c, by_name[cell["benchmark"]].items).to_json()
+
+    cells = [dict(hybrid=h, condition=c.name, does=c.key, **hybrid_swap.cell_of(b, cfg.seed, cfg.kv_query))
+             for h, cs in plans.items() for c in cs for b in benchmarks]
+    scores: dict = {}
+    for r in sweep(store, cells, compute, desc="hybrids x conditions x benchmarks"):
+        scores.setdefault(r["hybrid"], {}).setdefault(r["condition"], {})[r["benchmark"]] = Score.from_json(r)
+    ssm = {}
+    if cfg.ssm != "none":
+        pure = base.load(cfg.ssm)
+        loaded.append(pure)
+        rows = sweep(base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure]),
+                     [dict(model=cfg.ssm, **hybrid_swap.cell_of(b, cfg.seed, cfg.kv_query)) for b in benchmarks],
+                     lambda cell: score(pure.model, pure.tokenizer, by_name[cell["benchmark"]].items).to_json(),
+                     desc="pure SSM")
+        ssm = {r["benchmark"]: Score.from_json(r) for r in rows}
+    return Result(cfg, {h: [c.name for c in cs] for h, cs in plans.items()}, scores, ssm, found,
+                  {b.name: b.role for b in benchmarks}, {b.name: b.chance for b in benchmarks},
+                  base.record(cfg, loaded, timer))
+
+
+# --- verdicts ---------------------------------------------------------------------------------------
+
+def retrieval_part(clean: Score, ablated: Score, chance: float) -> tuple[str, str]:
+    """Collapses most of the way to chance: reproduced; falls, but not that far: partly; no
+    loss: not reproduced (`verdicts.collapses` and `verdicts.falls`, paired)."""
+    outcome, evidence = v.collapses(clean, ablated, chance)
+    if outcome in (v.REPRODUCED, v.NOT_TESTABLE):
+        return outcome, evidence
+    fell, _ = v.falls(clean, ablated, chance)
+    change = f"; change {difference(clean, ablated)}"
+    if outcome == v.NOT_REPRODUCED and fell == v.REPRODUCED:
+        return v.PARTLY, evidence + change + " (it falls, but not most of the way to chance)"
+    return outcome, evidence + change
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    out = []
+    for h in result.scores:
+        by = result.scores[h]
+        for ablation in ABLATIONS:
+            parts = {b: retrieval_part(by[AS_IS][b], by[ablation][b], result.chance[b]) for b in result.retrieval}
+            out.append(v.Verdict(f"{h}, {ablation}: retrieval collapses towards chance",
+                                 "§5; released notebook cell 35", v.combine(o for o, _ in parts.values()),
+                                 "; ".join(f"{b}: {e}" for b, (_, e) in parts.items())))
+            outcome, evidence = v.kept(result.knowledge(h, AS_IS), result.knowledge(h, ablation),
+                                       result.knowledge_chance)
+            out.append(v.Verdict(f"{h}, {ablation}: knowledge is kept", "§5", outcome,
+                                 f"{knowledge_name(result)}: {evidence}"))
+        if result.controls(h):
+            out.append(control_verdict(result, h))
+    return out
+
+
+def control_verdict(result: Result, h: str) -> v.Verdict:
+    """Zeroing the attention heads takes retrieval lower than zeroing as many random Mamba heads
+    (paired, per draw and retrieval task) - only where zeroing the attention lowers it at all."""
+    by, controls = result.scores[h], result.controls(h)
+    claim = f"{h}: the loss is specific to attention (random Mamba heads zeroed lose less)"
+    parts, evidence = [], []
+    for b in result.retrieval:
+        fell, why = v.falls(by[AS_IS][b], by[ZEROED][b], result.chance[b])
+        if fell == v.NOT_TESTABLE:
+            evidence.append(f"{b}: {why}")
+            parts.append(v.NOT_TESTABLE)
+            continue
+        if fell != v.REPRODUCED:
+            evidence.append(f"{b}: zeroing the attention heads takes nothing measurable away "
+                            f"({by[ZEROED][b]} against {by[AS_IS][b]}), so there is no loss to attribute")
+            parts.append(v.NOT_TESTABLE)
+            continue
+        draws = [v.lower(by[c][b], by[ZEROED][b]) for c in controls]
+        parts.append(v.combine(o for o, _ in draws))
+        worst = min(controls, key=lambda c: by[c][b].acc)
+        evidence.append(f"{b}: attention zeroed {by[ZEROED][b]}; {len(controls)} Mamba draws from "
+                        f"{min(by[c][b].acc for c in controls):.1%} to {max(by[c][b].acc for c in controls):.1%}; "
+                        f"against the lowest draw: {difference(by[worst][b], by[ZEROED][b])}")
+    return v.Verdict(claim, "control (this book)", v.combine(parts), "; ".join(evidence))
+
+
+# --- tables and figures ----------------------------------------------------------------------------
+
+def summary(result: Result) -> pd.DataFrame:
+    """One row per hybrid, condition and benchmark group: the retrieval tasks, and knowledge as
+    the released code scores it (the unweighted mean of the tasks); the control draws pooled."""
+    rows = []
+    for h, by in result.scores.items():
+        controls = result.controls(h)
+        shown = {c: [c] for c in (AS_IS, *ABLATIONS)}
+        if controls:
+            shown[f"{CONTROL} ({len(controls)} draws, pooled)"] = controls
+        for c, draws in shown.items():
+            pooled = {b: Score.of(np.concatenate([by[d][b].correct for d in draws])) for b in by[AS_IS]}
+            for b in result.retrieval:
+                s = pooled[b]
+                rows.append(dict(hybrid=h, condition=c, benchmark=b, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))
+            tasks = [pooled[t] for t in result.knowledge_tasks]
+            acc, lo, hi = mean_of([s.acc for s in tasks], [s.n for s in tasks])
+            rows.append(dict(hybrid=h, condition=c, benchmark=knowledge_label(result), acc=acc, lo=lo, hi=hi,
+                             n=sum(s.n for s in tasks)))
+    return pd.DataFrame(rows)
+
+
+def knowledge_label(result: Result) -> str:
+    """Knowledge as the figure shows it: the released code's unweighted mean of the tasks."""
+    tasks = result.knowledge_tasks
+    return tasks[0] if len(tasks) == 1 else f"knowledge (mean of {len(tasks)})"
+
+
+def figure(result: Result):
+    """Per hybrid: each task's accuracy as is, under the two ablations and the Mamba controls,
+    with 95% intervals and chance."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+
+    table = summary(result)
+    hybrids = list(result.scores)
+    fig, axes = plt.subplots(len(hybrids), 1, figsize=(plots.WIDTH, 3.9 * len(hybrids)), squeeze=False)
+    chance = {**{b: result.chance[b] for b in result.retrieval}, knowledge_label(result): float(np.mean(
+        [result.chance[t] for t in result.knowledge_tasks]))}
+    for ax, h in zip(axes[:, 0], hybrids):
+        plots.grouped_bars(table[table.hybrid == h], "benchmark", "condition", title=h, chance=chance, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def single_heads(result: Result) -> pd.DataFrame:
+    """Each attention head zeroed alone, against the hybrid as is (a note where none was run)."""
+    rows = []
+    for h, by in result.scores.items():
+        heads = [c for c in result.conditions[h] if c.startswith("L") and c.endswith(" zeroed")]
+        if not heads:
+            rows.append({"hybrid": h, "attention heads zeroed": "none run (single_heads=False)"})
+            continue
+        for c in [AS_IS, *heads]:
+            rows.append({"hybrid": h, "attention heads zeroed": "none" if c == AS_IS else c.removesuffix(" zeroed"),
+                         **{b: interval(s) for b, s in by[c].items()}})
+    return pd.DataFrame(rows)
+
+
+def side_by_side(result: Result) -> pd.DataFrame:
+    """Every model as is, on every benchmark: the hybrids and the pure SSM."""
+    models = {h: by[AS_IS] for h, by in result.scores.items()}
+    if result.ssm:
+        models[f"{result.cfg.ssm} (pure SSM)"] = result.ssm
+    return pd.DataFrame([{"model": m, **{b: interval(s) for b, s in by.items()}} for m, by in models.items()])
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    mcq = result.retrieval[0]
+    ref = {q: paper("hybrid_models", q, "zamba2-7b") for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")}
+    rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores))]
+    for i, (h, by) in enumerate(result.scores.items()):
+        n = by[AS_IS][mcq].n
+        reference = [("not verified", str(ref["mmlu"])), ("not verified", str(ref["mmlu_attention_ablated"])),
+                     ("'ablating attention' (§5; not verified)", "not run"),
+                     (str(ref["knowledge_kept"]), "'remains stable' (cell 35)")]
+        if i:  # the same reference numbers as for the first hybrid
+            reference = [("as above", "as above")] * len(reference)
+        quantities = [(f"{mcq} as is", f"{interval(by[AS_IS][mcq])}, n={n}"),
+                      (f"{mcq}, final row masked", f"{interval(by[MASKED][mcq])}, n={n}"),
+                      (f"{mcq}, all attention heads zeroed", f"{interval(by[ZEROED][mcq])}, n={n}"),
+                      (f"{knowledge_name(result)}: as is → masked → zeroed",
+                       " → ".join(interval(result.knowledge(h, c)) for c in (AS_IS, *ABLATIONS))
+                       + f", n={result.knowledge(h, AS_IS).n}")]
+        rows += [(f"{h}: {q}", p, r, mine) for (q, mine), (p, r) in zip(quantities, reference)]
+    return base.comparison_table(rows)
+
+
+def subject(result: Result) -> str:
+    beside = f" (beside {result.cfg.ssm}, a pure SSM)" if result.ssm else ""
+    return f"on the {result.cfg.profile} profile, {' and '.join(result.scores)}{beside}"

@@ -32,6 +32,7 @@ from .. import benchmarks as bm
 from .. import registry
 from .. import verdicts as v
 from ..attention import mask_final_rows
+from ..errors import ConfigError
 from ..evaluate import score
 from ..interventions import swap_layers, zero_heads
 from ..reference import paper
@@ -83,8 +84,13 @@ class Config(base.Config):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.swapped:  # the pair must pass the hybrid-swap chapter's checks (its rule for the layer)
-            hybrid_swap.Config.for_profile(self.profile, self.smoke, student=self.student, teacher=self.teacher)
+        if not self.swapped:
+            return
+        if registry.spec(self.student).toy != registry.spec(self.hybrid).toy:
+            raise ConfigError(f"the swapped hybrid runs {self.hybrid}'s tasks: its student must be a toy model if "
+                              f"and only if the hybrid is one ({self.student} with {self.hybrid})")
+        # The pair must pass the hybrid-swap chapter's checks (its rule for the layer).
+        hybrid_swap.Config.for_profile(self.profile, self.smoke, student=self.student, teacher=self.teacher)
 
 
 # --- hybrids and conditions -----------------------------------------------------------------------

@@ -34,9 +34,10 @@ from ..sweep import sweep
 from . import base, shared
 
 PAPER_PAIR = {"paper": ("llamba-8b-unaligned", "llama-3.1-8b-instruct"),
-              # No unaligned 3B Llamba is published: the released (aligned) Llamba-3B stands in.
+              # No unaligned 3B Llamba is published: the released Llamba-3B stands in.
               "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
 LAYER_RULES = ("reference", "layer ablation", "KV ranking")
+ROLE_PROMPTS = 20  # KV prompts whose attention assigns the ranking's roles (smoke: the ranking's own)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profil
         head = paper("head_zeroing", "aggregate_head", teacher.name).heads[0]
         return TeacherLayer(head.layer, f"the released code's Aggregate head {head}", {}, {})
     if rule == "KV ranking":
-        ranking, _, roles = shared.ranked_roles(teacher, profile, smoke, n=4 if smoke else 20)
+        n = shared.SMOKE["n"] if smoke else ROLE_PROMPTS
+        ranking, _, roles = shared.ranked_roles(teacher, profile, smoke, n)
         if roles["A"] is not None:
             return TeacherLayer(roles["A"].layer, f"the Aggregate head of the KV ranking, {roles['A']} "
                                 f"(assigned by behaviour among its top heads)", {}, {})

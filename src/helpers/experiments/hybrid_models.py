@@ -15,7 +15,8 @@ towards chance while knowledge is kept.
 A hybrid here is a model that runs, the adapter that sees its attention heads and the one that
 sees its Mamba heads. Besides a trained hybrid (Zamba2, the zoo's toy-hybrid) the chapter can
 build the paper's other kind (§5.4): a distilled SSM with one layer of its Transformer teacher
-swapped back in, the layer `hybrid_swap.find_teacher_layer` names.
+swapped back in: the hybrid-swap chapter's pair for the profile, and the layer its rule names
+(`hybrid_swap.find_teacher_layer`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,7 @@ ABLATIONS = (MASKED, ZEROED)
 @dataclass(frozen=True)
 class Config(base.Config):
     hybrid: str = base.model("hybrid")
-    swapped: bool = base.flag()  # also build the student with one teacher layer swapped in
-    student: str = base.model("ssm")
-    teacher: str = base.model("attention")
+    swapped: bool = base.flag()  # also hybrid_swap's student with one teacher layer swapped in
     ssm: str = base.one_of("none", *registry.names("ssm"))  # a pure SSM scored beside, as is
     n_mmlu: int | None = base.count(optional=True)  # None: every question
     k_shot: int = base.count(minimum=0)
@@ -72,25 +71,26 @@ class Config(base.Config):
 
     @classmethod
     def defaults(cls, profile):
-        pair = {k: hybrid_swap.Config.defaults(profile)[k] for k in ("student", "teacher")}
         if profile == "cpu":
-            return dict(hybrid="toy-hybrid", swapped=True, **pair, ssm="toy-mamba2", n_mmlu=500, k_shot=0,
+            return dict(hybrid="toy-hybrid", swapped=True, ssm="toy-mamba2", n_mmlu=500, k_shot=0,
                         n_knowledge=500, n_kv=500, kv_pairs=16, kv_query="repeat", n_controls=5, single_heads=True,
                         seed=0)
         # On the paper's models each control or single head costs a full MMLU run: none by default.
-        return dict(hybrid=PAPER_HYBRID[profile], swapped=False, **pair, ssm="none", n_mmlu=None,
+        return dict(hybrid=PAPER_HYBRID[profile], swapped=False, ssm="none", n_mmlu=None,
                     k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=16,
                     kv_query="paper", n_controls=0, single_heads=False, seed=0)
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.swapped:
-            return
-        if registry.spec(self.student).toy != registry.spec(self.hybrid).toy:
-            raise ConfigError(f"the swapped hybrid runs {self.hybrid}'s tasks: its student must be a toy model if "
-                              f"and only if the hybrid is one ({self.student} with {self.hybrid})")
-        # The pair must pass the hybrid-swap chapter's checks (its rule for the layer).
-        hybrid_swap.Config.for_profile(self.profile, self.smoke, student=self.student, teacher=self.teacher)
+        student = self.swap().student if self.swapped else None
+        if student and registry.spec(student).toy != registry.spec(self.hybrid).toy:
+            raise ConfigError(f"the swapped hybrid ({student}) runs {self.hybrid}'s tasks, so both must be toy models "
+                              f"or neither: use a {'toy' if registry.spec(student).toy else 'paper'} hybrid on the "
+                              f"{self.profile} profile, or swapped=False")
+
+    def swap(self) -> hybrid_swap.Config:
+        """The hybrid-swap chapter's settings on this profile: its student, teacher and layer rule."""
+        return hybrid_swap.Config.for_profile(self.profile, self.smoke)
 
 
 # --- hybrids and conditions -----------------------------------------------------------------------
@@ -222,9 +222,10 @@ def run(cfg: Config) -> Result:
     benchmarks = retrieval + bm.knowledge(cfg.hybrid, cfg.profile, cfg.n_knowledge, cfg.seed)
     hybrids, loaded, found = [trained(main)], [main], None
     if cfg.swapped:
-        student, teacher = base.load(cfg.student), base.load(cfg.teacher)
-        rule = hybrid_swap.Config.defaults(cfg.profile)["teacher_layer_by"]
-        found = hybrid_swap.find_teacher_layer(teacher, retrieval, rule, cfg.profile, cfg.smoke, cfg.seed, cfg.kv_query)
+        pair = cfg.swap()
+        student, teacher = base.load(pair.student), base.load(pair.teacher)
+        found = hybrid_swap.find_teacher_layer(teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke,
+                                               cfg.seed, cfg.kv_query)
         hybrids.append(swapped(student, teacher, found.layer))
         loaded += [student, teacher]
     plans = {h.name: conditions(h, cfg) for h in hybrids}

@@ -150,3 +150,10 @@ def test_full_shapes_are_the_published_model(name):
         model = models.model_from_config(models.config_from_fields(minihub.hub_fields(name, tokenizer, full_shapes=True)))
     assert sum(p.numel() for p in model.parameters()) == models.n_parameters(name)
     assert minihub.shape_summary(model) == published_summary(name)
+
+
+@pytest.mark.parametrize("student, teacher", [("llamba-8b-unaligned", "llama-3.1-8b-instruct"),
+                                              ("llamba-3b", "llama-3.2-3b-instruct")])
+def test_a_distilled_ssm_and_its_teacher_keep_one_width_so_their_layers_swap(student, teacher):
+    tokenizer = minihub.smollm2_tokenizer()
+    assert minihub.hub_fields(student, tokenizer)["d_model"] == minihub.hub_fields(teacher, tokenizer)["hidden_size"]

@@ -56,9 +56,11 @@ def narrow_widths(fields: dict) -> dict:
         hidden = 4 * fields["num_attention_heads"]
         return {"hidden_size": hidden, "head_dim": 4, "intermediate_size": 2 * hidden}
     if kind == "llamba":
-        # d_inner = expand * d_model splits into n_v_heads heads of 2 channels.
-        return {"d_model": 2 * fields["ssm_cfg"]["n_v_heads"], "mlp_cfg": {"intermediate_size": 128},
-                "ssm_cfg": {"d_state": 4, "expand": 1}}
+        # As wide as the narrowed Llama it was distilled from (the published width / 32, which is
+        # Llama's 4 channels per head), so that the hybrid swap can put Llama's layers into it;
+        # short scan chunks: the CPU scan's cost grows with their square.
+        return {"d_model": fields["d_model"] // 32, "mlp_cfg": {"intermediate_size": 128},
+                "ssm_cfg": {"d_state": 4, "expand": 1, "chunk_size": 16}}
     if kind == "falcon_mamba":
         # Its "heads" are single inner channels (the paper's L35 ch 7305, L36 ch 4925): the inner
         # width expand * hidden_size stays as published; the rest is as small as it goes.

@@ -12,6 +12,11 @@ class ConfigError(ValueError):
     ...); the message lists the valid values. Raised before any model is loaded."""
 
 
+class StoreError(ValueError):
+    """A sweep cell or result that a results store cannot keep (not a dict of JSON values); the
+    message names the cell. Raised before anything is written."""
+
+
 class StaleResults(RuntimeError):
     """A results store written by other code or other weights than this run's; the message
     says how to start afresh."""

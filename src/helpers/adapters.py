@@ -5,11 +5,13 @@ adapters, so adding an architecture means adding one class here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
 from . import ssm
-from .errors import InterventionError
+from .errors import InterventionError, as_index
 
 
 class Adapter:
@@ -67,9 +69,29 @@ class Adapter:
         return self.layer_output(block(hidden))
 
     def check_layer(self, layer: int) -> int:
-        if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
-            raise InterventionError(f"layer {layer!r} is out of range: this {self.family} model has layers 0..{self.n_layers - 1}")
-        return layer
+        """The layer as a Python int, if this view of the model has it."""
+        index = as_index(layer)
+        if index is None or not 0 <= index < self.n_layers:
+            problem = "is out of range" if index is not None else "is not a layer index (an integer)"
+            raise InterventionError(f"layer {layer!r} {problem}: this {self.family} model has layers 0..{self.n_layers - 1}")
+        return index
+
+    def check_layers(self, layers, what: str, increasing: bool = True) -> list[int]:
+        """A list of layers as Python ints, each in range and none twice. With `increasing`, also
+        in increasing order: an intervention on several layers runs them in the model's own
+        order, so a list in another order would not mean what it says."""
+        given = _as_list(layers)
+        if given is None:  # a bare 5 too: keep_layers(model, 5) could mean layer 5 or 5 layers
+            hint = f" (for one layer write [{layers}])" if as_index(layers) is not None else ""
+            raise InterventionError(f"{what} takes a list of layer indices, got {layers!r}{hint}")
+        checked = [self.check_layer(l) for l in given]
+        twice = sorted({l for l in checked if checked.count(l) > 1})
+        if twice:
+            raise InterventionError(f"{what}: layer(s) {twice} listed more than once in {given}")
+        if increasing and checked != sorted(checked):
+            raise InterventionError(f"{what} takes layers in increasing order (they run in the model's order): "
+                                    f"got {given}, write {sorted(checked)}")
+        return checked
 
     # --- heads ------------------------------------------------------------------------------------
     def n_heads(self, layer: int) -> int:
@@ -113,15 +135,28 @@ class Adapter:
         return list(range(self.n_layers))
 
     def check_heads(self, layer: int, heads) -> list[int]:
-        self.check_layer(layer)
+        """The heads of one layer as Python ints, in the order given: one head index or a list of
+        them, each in range and none twice. An empty list is valid (nothing to do) and asks
+        nothing of the layer beyond its index."""
+        layer = self.check_layer(layer)
+        listed = [heads] if as_index(heads) is not None else _as_list(heads)
+        if listed is None:
+            raise InterventionError(f"the {self.head_kind}s of layer {layer} are a {self.head_kind} index or a list "
+                                    f"of them, got {heads!r}")
+        if not listed:
+            return []
         n = self.n_heads(layer)
-        heads = [heads] if isinstance(heads, int) else list(heads)
-        bad = [h for h in heads if not isinstance(h, int) or not 0 <= h < n]
+        indices = [as_index(h) for h in listed]
+        bad = [h for h, i in zip(listed, indices) if i is None or not 0 <= i < n]
         if bad:
+            problem = "out of range" if all(as_index(h) is not None for h in bad) else "not valid (indices are integers)"
             raise InterventionError(
-                f"{self.head_kind} {bad} out of range: layer {layer} of this {self.family} model has "
+                f"{self.head_kind} {bad} {problem}: layer {layer} of this {self.family} model has "
                 f"{self.head_kind}s 0..{n - 1}")
-        return heads
+        twice = sorted({i for i in indices if indices.count(i) > 1})
+        if twice:
+            raise InterventionError(f"{self.head_kind}(s) {twice} of layer {layer} listed more than once")
+        return indices
 
 
 class LlamaAdapter(Adapter):
@@ -230,8 +265,14 @@ class MambaAdapter(SSMAdapter):
 
     def __init__(self, model: nn.Module, group: int = 1):
         super().__init__(model)
-        self.group = group
-        if group > 1:
+        channels = model.config.intermediate_size
+        size = as_index(group)
+        if size is None or size < 1 or channels % size:
+            divisors = [d for d in range(1, channels + 1) if channels % d == 0]
+            raise InterventionError(f"group={group!r}: a channel group must divide this {self.family} model's "
+                                    f"{channels} channels per layer; valid groups: {divisors}")
+        self.group = size
+        if size > 1:
             self.head_kind = "channel group"
 
     def n_heads(self, layer: int) -> int:
@@ -385,7 +426,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    kind = getattr(model.config, "model_type", None)
+    kind = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in ADAPTERS:
         raise InterventionError(f"no adapter for model_type {kind!r}; known: {', '.join(sorted(ADAPTERS))}")
     return ADAPTERS[kind](model)
@@ -396,7 +437,21 @@ def unwrap(model_or_loaded) -> tuple[nn.Module, Adapter]:
     if isinstance(model_or_loaded, Adapter):
         return model_or_loaded.model, model_or_loaded
     adapter = getattr(model_or_loaded, "adapter", None)
-    if adapter is not None:
+    if isinstance(adapter, Adapter):
         return adapter.model, adapter
+    if not isinstance(model_or_loaded, nn.Module):
+        raise InterventionError(f"expected a model, a Loaded bundle (helpers.load) or an Adapter, "
+                                f"got {type(model_or_loaded).__name__}")
     return model_or_loaded, adapter_for(model_or_loaded)
+
+
+def _as_list(values) -> list | None:
+    """`values` as a list, or None for what is not a list of indices: a single value, None, text,
+    a mapping."""
+    if values is None or isinstance(values, (str, bytes, Mapping)) or getattr(values, "ndim", None) == 0:
+        return None
+    try:
+        return list(values)
+    except TypeError:
+        return None
 

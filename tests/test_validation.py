@@ -10,8 +10,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
 
 import helpers
-from helpers import InterventionError
+from helpers import ConfigError, InterventionError, tasks
 from helpers.attention import attention_maps, mask_attention, mask_last_row
+from helpers.llamba import LlambaConfig
 from test_adapters import tiny_pair, tiny_zamba2
 from test_attention import tiny_mamba2
 
@@ -207,3 +208,41 @@ def test_mask_last_row_checks_length_and_layers():
         mask_last_row(model, 7, layers=[2])
     with pytest.raises(InterventionError, match="no attention layers"):
         mask_last_row(tiny_mamba2(), 7)
+
+
+# --- tasks and configurations ---------------------------------------------------------------------------
+
+def test_kv_items_rejects_counts_below_one_instead_of_returning_nothing():
+    for n in (0, -5, 2.0, True):
+        with pytest.raises(ConfigError, match=r"n \(prompts\) must be an integer >= 1"):
+            tasks.kv_items(8, n)
+    with pytest.raises(ConfigError, match="1..100"):
+        tasks.kv_items(True, 1)
+    with pytest.raises(ConfigError, match="'paper' or 'repeat'"):
+        tasks.kv_items(3, 1, query="nope")
+    assert tasks.kv_items(np.int64(3), np.int64(2), seed=np.int64(1)) == tasks.kv_items(3, 2, seed=1)
+
+
+@pytest.mark.parametrize("load", [tasks.load_mmlu, tasks.load_knowledge])
+def test_task_loaders_reject_an_unknown_profile_before_reaching_for_the_hub(load, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("reached for the hub"))
+    with pytest.raises(ConfigError, match="unknown profile 'gpu'; profiles: cpu, paper, paper-3b"):
+        load("gpu")
+    with pytest.raises(ConfigError, match=r"n \(items drawn\) must be an integer >= 1"):
+        load("cpu", n=0)
+
+
+def test_an_item_with_its_gold_outside_its_choices_is_rejected():
+    pairs = (("a", " b"), ("a", " c"))
+    with pytest.raises(ConfigError, match=r"0..1, got 2"):
+        tasks.Item(pairs, 2)
+    assert tasks.Item(pairs, np.int64(1)) == tasks.Item(pairs, 1)
+
+
+def test_llamba_config_states_its_head_constraint_at_config_time():
+    with pytest.raises(ConfigError, match=r"n_v_heads=32 must divide d_inner = expand \* d_model = 45"):
+        LlambaConfig(d_model=45)
+    with pytest.raises(ConfigError, match="n_v_heads=6 must be a multiple of n_qk_heads=4"):
+        LlambaConfig(d_model=48, ssm_cfg={"n_v_heads": 6, "n_qk_heads": 4})

@@ -93,6 +93,25 @@ class Adapter:
                                     f"got {given}, write {sorted(checked)}")
         return checked
 
+    def _slot(self, layer: int) -> nn.Module:
+        """What sits at this position of the block list (past Zamba2's index keeper)."""
+        block = self.layers[self.check_layer(layer)]
+        return block.layer if isinstance(block, OwnIndex) else block
+
+    def donor_of(self, layer: int) -> "Adapter | None":
+        """The adapter of the model this layer is swapped in from (`swap_layers`), else None."""
+        donor = getattr(self._slot(layer), "donor", None)
+        return donor if isinstance(donor, Adapter) else None
+
+    def block(self, layer: int) -> nn.Module:
+        """The layer's block, as this family builds it. A layer swapped in from another model is
+        that model's block: its heads are reached through the donor's adapter."""
+        donor = self.donor_of(layer)
+        if donor is not None:
+            raise InterventionError(f"layer {layer} of this {self.family} model is swapped in from a {donor.family} "
+                                    f"model (swap_layers): reach its heads through that model's adapter")
+        return self._slot(layer)
+
     # --- heads ------------------------------------------------------------------------------------
     def n_heads(self, layer: int) -> int:
         raise NotImplementedError
@@ -128,11 +147,17 @@ class Adapter:
                             allowed: torch.Tensor) -> torch.Tensor:
         """What `ssm_site` receives for these heads [batch, T, heads * head_dim] when their
         hidden attention is multiplied by `allowed` ([T, T] or [heads, T, T])."""
-        raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
+        return self.masked_mixer_output(self.mixer(layer), mixer_input, heads, allowed)
+
+    def masked_mixer_output(self, mixer: nn.Module, mixer_input: torch.Tensor, heads: list[int],
+                            allowed: torch.Tensor) -> torch.Tensor:
+        """`masked_heads_output` of the layer this mixer belongs to. `mask_attention` finds the
+        mixer once, on entry, so that layers removed inside its block do not move it."""
+        raise InterventionError(f"this {self.family} model has no hidden attention")
 
     def head_layers(self) -> list[int]:
-        """The layers that have heads in this view of the model."""
-        return list(range(self.n_layers))
+        """The layers that have heads in this view of the model (not those swapped in)."""
+        return [l for l in range(self.n_layers) if self.donor_of(l) is None]
 
     def check_heads(self, layer: int, heads) -> list[int]:
         """The heads of one layer as Python ints, in the order given: one head index or a list of
@@ -170,10 +195,10 @@ class LlamaAdapter(Adapter):
         return self.model.base_model.norm
 
     def is_attention(self, layer: int) -> bool:
-        return True
+        return self.donor_of(layer) is None
 
     def attention(self, layer: int) -> nn.Module:
-        return self.layers[self.check_layer(layer)].self_attn
+        return self.block(layer).self_attn
 
     mixer = attention
 
@@ -194,6 +219,7 @@ class LlamaAdapter(Adapter):
                                        position_embeddings=rotary))
 
     def n_heads(self, layer: int) -> int:
+        self.attention(layer)  # a layer swapped in from another model says so
         return self.model.config.num_attention_heads
 
     def head_dim(self, layer: int) -> int:
@@ -220,7 +246,7 @@ class SSMAdapter(Adapter):
         return self.model.base_model.norm_f
 
     def mixer(self, layer: int) -> nn.Module:
-        return self.layers[self.check_layer(layer)].mixer
+        return self.block(layer).mixer
 
     def head_site(self, layer: int) -> nn.Linear:
         return self.mixer(layer).out_proj
@@ -238,21 +264,21 @@ class Mamba2Adapter(SSMAdapter):
     def head_dim(self, layer: int) -> int:
         return self.mixer(layer).head_dim
 
-    def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
-        t = ssm.mamba2_terms(self.mixer(layer), mixer_input)
+    def _terms_and_alpha(self, mixer: nn.Module, mixer_input: torch.Tensor):
+        t = ssm.mamba2_terms(mixer, mixer_input)
         return t, ssm.ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
 
     def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
-        return self._terms_and_alpha(layer, mixer_input)[1]
+        return self._terms_and_alpha(self.mixer(layer), mixer_input)[1]
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).norm  # the gated norm's input: the scan output plus D x
 
-    def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        t, alpha = self._terms_and_alpha(layer, mixer_input)
+    def masked_mixer_output(self, mixer, mixer_input, heads, allowed):
+        t, alpha = self._terms_and_alpha(mixer, mixer_input)
         x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
         alpha = alpha[:, heads] * allowed.to(x.dtype)
-        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None].to(x.dtype) * x).flatten(-2)
+        return (torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x).flatten(-2)
 
 
 class MambaAdapter(SSMAdapter):
@@ -292,8 +318,7 @@ class MambaAdapter(SSMAdapter):
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).out_proj  # the gated scan output
 
-    def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        mixer = self.mixer(layer)
+    def masked_mixer_output(self, mixer, mixer_input, heads, allowed):
         t = ssm.mamba1_terms(mixer, mixer_input)
         channels = [h * self.group + i for h in heads for i in range(self.group)]
         alpha = ssm.mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
@@ -317,16 +342,15 @@ class LlambaAdapter(Mamba2Adapter):
     def n_heads(self, layer: int) -> int:
         return self.mixer(layer).n_v_heads
 
-    def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
-        t = self.mixer(layer).terms(mixer_input)
+    def _terms_and_alpha(self, mixer: nn.Module, mixer_input: torch.Tensor):
+        t = mixer.terms(mixer_input)
         return t, ssm.discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).out_proj  # the gated output, y * silu(z + z_bias)
 
-    def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        mixer = self.mixer(layer)
-        t, alpha = self._terms_and_alpha(layer, mixer_input)
+    def masked_mixer_output(self, mixer, mixer_input, heads, allowed):
+        t, alpha = self._terms_and_alpha(mixer, mixer_input)
         x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
         alpha = alpha[:, heads] * allowed.to(x.dtype)
         y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x
@@ -349,24 +373,27 @@ class Zamba2Adapter(Mamba2Adapter):
 
     @property
     def hybrid_layers(self) -> list[int]:
-        return list(self.model.config.hybrid_layer_ids)
+        """The hybrid layers' positions in the block list as it stands (with layers removed, a
+        hybrid layer's position, not its index in the full model)."""
+        return [l for l in range(self.n_layers) if self.donor_of(l) is None and hasattr(self.block(l), "shared_transformer")]
 
     def is_attention(self, layer: int) -> bool:
         return self.check_layer(layer) in self.hybrid_layers
 
     def attention(self, layer: int) -> nn.Module:
         if not self.is_attention(layer):
+            self.block(layer)  # a swapped-in layer says so
             raise InterventionError(
                 f"layer {layer} of this zamba2 model is a Mamba layer without attention; its attention "
                 f"layers are {self.hybrid_layers}; for its Mamba heads use adapter.mamba_heads()")
-        return self.layers[layer].shared_transformer.self_attn
+        return self.block(layer).shared_transformer.self_attn
 
     def mixer(self, layer: int) -> nn.Module:
-        block = self.layers[self.check_layer(layer)]
-        return block.mamba_decoder.mamba if self.is_attention(layer) else block.mamba
+        block = self.block(layer)  # a hybrid layer runs its Mamba block after the shared attention
+        return block.mamba_decoder.mamba if hasattr(block, "mamba_decoder") else block.mamba
 
     def n_heads(self, layer: int) -> int:
-        self.attention(layer)
+        self.attention(layer)  # a layer swapped in from another model says so
         return self.model.config.num_attention_heads
 
     def head_dim(self, layer: int) -> int:
@@ -380,8 +407,10 @@ class Zamba2Adapter(Mamba2Adapter):
 
     def subset(self, indices: list[int]) -> nn.ModuleList:
         # transformers passes each layer its position in the block list, and a hybrid layer looks
-        # its shared block's adapters and cache slot up by it: keep each layer's own index.
-        return nn.ModuleList([OwnIndex(self.layers[i], i) for i in indices])
+        # its shared block's adapters and cache slot up by it: keep each layer's own index (the
+        # full model's, when the list is already a subset).
+        return nn.ModuleList([self.layers[i] if isinstance(self.layers[i], OwnIndex) else OwnIndex(self.layers[i], i)
+                              for i in indices])
 
     def mamba_heads(self) -> "Zamba2MambaAdapter":
         return Zamba2MambaAdapter(self.model)
@@ -403,10 +432,6 @@ class Zamba2MambaAdapter(Zamba2Adapter):
 
     def is_attention(self, layer: int) -> bool:
         return False
-
-    def mixer(self, layer: int) -> nn.Module:
-        block = self.layers[self.check_layer(layer)]
-        return block.mamba_decoder.mamba if hasattr(block, "mamba_decoder") else block.mamba
 
     head_layers = Adapter.head_layers
     n_heads = Mamba2Adapter.n_heads

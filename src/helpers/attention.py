@@ -176,6 +176,7 @@ def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
 
 @contextmanager
 def _masked_attention(model, adapter: Adapter, layer: int, heads: list[int], allowed: torch.Tensor):
+    heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
     full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
     full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
     earlier = adapter.attention(layer).__dict__.get("_helpers_allowed")
@@ -190,8 +191,9 @@ def _masked_attention(model, adapter: Adapter, layer: int, heads: list[int], all
 
 @contextmanager
 def _masked_ssm(model, adapter: Adapter, layer: int, heads: list[int], allowed: torch.Tensor):
-    site = adapter.ssm_site(layer)
-    dim = adapter.head_dim(layer)
+    heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
+    # The modules are found once, here: layers removed inside the block must not move them.
+    mixer, site, dim = adapter.mixer(layer), adapter.ssm_site(layer), adapter.head_dim(layer)
     index = torch.arange(adapter.n_heads(layer) * dim).view(-1, dim)[heads].flatten()
     seen = {}
 
@@ -202,12 +204,12 @@ def _masked_ssm(model, adapter: Adapter, layer: int, heads: list[int], allowed: 
 
     def rewrite(module, args):
         out = args[0].clone()
-        new = adapter.masked_heads_output(layer, seen["u"], heads, allowed.to(out.device))
+        new = adapter.masked_mixer_output(mixer, seen["u"], heads, allowed.to(out.device))
         out[..., index.to(out.device)] = new.to(out.dtype)
         return (out,) + tuple(args[1:])
 
     with ExitStack() as stack:
-        stack.callback(adapter.mixer(layer).register_forward_pre_hook(take_input, with_kwargs=True).remove)
+        stack.callback(mixer.register_forward_pre_hook(take_input, with_kwargs=True).remove)
         stack.callback(site.register_forward_pre_hook(rewrite).remove)
         yield model
 

@@ -4,8 +4,9 @@ Each intervention is a context manager: inside the block the model is changed, a
 (normally or by an exception) puts the model back exactly as it was. Nothing edits weights:
 layers are taken out of the block list and put back, heads are silenced by hooks.
 
-Arguments are checked when the intervention is called, before anything is touched, and a
-mistake raises `InterventionError` naming what is valid. Layer lists are increasing and name
+Arguments are checked when the intervention is called, before anything is touched (and again
+on entry, against the model as it then stands), and a mistake raises `InterventionError` naming
+what is valid. Layer lists are increasing and name
 each layer once; an empty list of heads or layers is an exact no-op.
 """
 
@@ -22,37 +23,52 @@ from .errors import InterventionError, as_index
 
 
 @contextmanager
-def _layers_replaced(adapter: Adapter, build: Callable[[nn.ModuleList], nn.ModuleList]):
-    """Run the model with the block list `build` makes from its own (when the block is entered,
-    so that it sees interventions entered since the call), then put its own back, also after
-    an exception."""
+def _layers_replaced(adapter: Adapter, build: Callable[[], nn.ModuleList]):
+    """Run the model with the block list `build` makes, then put its own back (also after an
+    exception). `build` runs on entry and checks its indices again against the model as it then
+    stands: an intervention made before another one was entered still gets a clear error."""
     owner, original = adapter.layer_owner, adapter.layers
-    owner.layers = build(original)
+    owner.layers = build()
     try:
         yield adapter.model
     finally:
         owner.layers = original
 
 
+def _kept(adapter: Adapter, layers) -> list[int]:
+    keep = adapter.check_layers(layers, "keep_layers")
+    if not keep:
+        raise InterventionError("keep_layers needs at least one layer")
+    return keep
+
+
+def _removed(adapter: Adapter, layers) -> list[int]:
+    drop = adapter.check_layers(layers, "remove_layers")
+    if len(drop) == adapter.n_layers:
+        raise InterventionError(f"remove_layers would remove all {adapter.n_layers} layers: keep at least one")
+    return drop
+
+
 def keep_layers(model, layers: Iterable[int]):
     """Run the model with only these layers (an increasing list; the rest are skipped, as in the
     paper's layer pruning and its "minimal model")."""
     _, adapter = unwrap(model)
-    keep = adapter.check_layers(layers, "keep_layers")
-    if not keep:
-        raise InterventionError("keep_layers needs at least one layer")
-    return _layers_replaced(adapter, lambda own: adapter.subset(keep))
+    keep = _kept(adapter, layers)
+    return _layers_replaced(adapter, lambda: adapter.subset(_kept(adapter, keep)))
 
 
 def remove_layers(model, layers: Iterable[int]):
     """Skip these layers (an increasing list; the paper's one-layer-at-a-time removal)."""
     model, adapter = unwrap(model)
-    drop = adapter.check_layers(layers, "remove_layers")
-    if len(drop) == adapter.n_layers:
-        raise InterventionError(f"remove_layers would remove all {adapter.n_layers} layers: keep at least one")
+    drop = _removed(adapter, layers)
     if not drop:
         return nullcontext(model)
-    return keep_layers(adapter, [i for i in range(adapter.n_layers) if i not in drop])
+
+    def rest() -> nn.ModuleList:
+        gone = _removed(adapter, drop)
+        return adapter.subset([i for i in range(adapter.n_layers) if i not in gone])
+
+    return _layers_replaced(adapter, rest)
 
 
 def prune_top(model, n_kept: int):
@@ -88,6 +104,7 @@ def zero_heads(model, heads: Mapping[int, Iterable[int] | int]):
 
 @contextmanager
 def _zeroed(model, adapter: Adapter, plan: dict[int, list[int]]):
+    plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
     with ExitStack() as stack:
         for layer, hs in plan.items():
             keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
@@ -135,13 +152,19 @@ def swap_layers(host, donor, layers: Iterable[int]):
     left as they were; an empty list changes nothing."""
     host_model, host_adapter = unwrap(host)
     _, donor_adapter = unwrap(donor)
-    layers = host_adapter.check_layers(layers, "swap_layers")
-    _check_swappable(host_adapter, donor_adapter, layers)
+
+    def checked(layers) -> list[int]:
+        layers = host_adapter.check_layers(layers, "swap_layers")
+        _check_swappable(host_adapter, donor_adapter, layers)
+        return layers
+
+    layers = checked(layers)
     if not layers:
         return nullcontext(host_model)
 
-    def swapped(own: nn.ModuleList) -> nn.ModuleList:
-        return nn.ModuleList([Transplant(donor_adapter.layers[i], donor_adapter) if i in layers else block
-                              for i, block in enumerate(own)])
+    def swapped() -> nn.ModuleList:
+        swap = checked(layers)
+        return nn.ModuleList([Transplant(donor_adapter.layers[i], donor_adapter) if i in swap else block
+                              for i, block in enumerate(host_adapter.layers)])
 
     return _layers_replaced(host_adapter, swapped)

@@ -49,15 +49,14 @@ def _integer(value, name: str, low: int | None = None, high: int | None = None) 
     integer would give other draws or fail."""
     index = as_index(value)
     if index is None or (low is not None and index < low) or (high is not None and index > high):
-        bounds = (f" in {low}..{high}" if high is not None else f" >= {low}") if low is not None else ""
+        bounds = "" if low is None else f" >= {low}" if high is None else f" in {low}..{high}"
         raise ConfigError(f"{name} must be an integer{bounds}, got {value!r}")
     return index
 
 
-def _check_profile(profile: str) -> str:
+def _check_profile(profile: str) -> None:
     if not isinstance(profile, str) or profile not in PROFILES:
         raise ConfigError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}")
-    return profile
 
 
 def _check_subset(n: int | None, seed: int) -> tuple[int | None, int]:

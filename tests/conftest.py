@@ -7,6 +7,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="property tests (tests/test_properties.py) draw many more examples")
+
+
+def pytest_configure(config):
+    # Hypothesis fixes a test's settings when the test is decorated, at import: test_properties
+    # reads the choice from the environment, which is set here, before collection.
+    if config.getoption("--slow"):
+        os.environ["GA_SLOW_TESTS"] = "1"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fresh_results(tmp_path_factory):
     """Chapters and sweeps write to a fresh results folder, so no test passes from a cache."""

@@ -83,3 +83,59 @@ def test_removing_a_layer_below_zamba2s_hybrid_layer_keeps_its_index():
     with helpers.keep_layers(toy, [1, 2]):
         assert torch.equal(toy.model(ids, use_cache=False).logits, removed)
     assert torch.equal(toy.model(ids).logits, full)
+
+
+# --- interventions inside one another (found by tests/test_properties.py) ------------------------
+
+@torch.inference_mode()
+def test_an_ssm_mask_keeps_its_layer_when_layers_are_removed_inside_its_block():
+    """The mask used to look its layer's mixer up by index at every forward pass: inside a
+    keep_layers block that index named another layer, or none."""
+    from test_attention import tiny_mamba2
+
+    model = tiny_mamba2()
+    ids = torch.randint(0, 50, (1, 6))
+    with helpers.keep_layers(model, [1]), helpers.mask_attention(model, 0, [0], torch.eye(6)):
+        want = model(ids).logits
+    with helpers.mask_attention(model, 1, [0], torch.eye(6)), helpers.keep_layers(model, [1]):
+        assert torch.equal(model(ids).logits, want)
+
+
+@torch.inference_mode()
+def test_zamba2_heads_are_reached_by_position_after_layers_are_removed():
+    """Its attention layers were looked up by their index in the full model, and a removed
+    layer's neighbours were wrapped where the adapter could not see their attention."""
+    from test_adapters import tiny_zamba2
+
+    model = tiny_zamba2()  # attention in layers 1 and 3
+    adapter = helpers.adapter_for(model)
+    ids = torch.randint(0, 50, (1, 6))
+    with helpers.zero_heads(adapter, {3: [1]}), helpers.remove_layers(adapter, [0]):
+        want = model(ids, use_cache=False).logits
+    with helpers.remove_layers(adapter, [0]):
+        assert adapter.hybrid_layers == [0, 2]
+        with helpers.zero_heads(adapter, {2: [1]}):
+            assert torch.equal(model(ids, use_cache=False).logits, want)
+
+
+def test_a_swapped_in_layer_is_reached_through_its_own_model():
+    from test_adapters import tiny_pair
+
+    teacher, student = tiny_pair()
+    with helpers.swap_layers(teacher, student, [1]):
+        adapter = helpers.adapter_for(teacher)
+        assert adapter.head_layers() == [0, 2] and not adapter.is_attention(1)
+        with pytest.raises(InterventionError, match="swapped in from a llamba model"):
+            helpers.zero_heads(teacher, {1: [0]})
+        with helpers.mask_last_row(teacher, 5):  # every attention layer: the teacher's own
+            pass
+
+
+def test_an_intervention_made_before_another_is_checked_again_on_entry():
+    from test_validation import tiny_llama
+
+    model = tiny_llama()  # 4 layers
+    late = helpers.zero_heads(model, {3: [0]})
+    with helpers.prune_top(model, 2):
+        with pytest.raises(InterventionError, match="layers 0..1"), late:
+            pass

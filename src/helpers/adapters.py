@@ -5,11 +5,13 @@ adapters, so adding an architecture means adding one class here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
 from . import ssm
-from .errors import InterventionError
+from .errors import InterventionError, as_index
 
 
 class Adapter:
@@ -67,9 +69,48 @@ class Adapter:
         return self.layer_output(block(hidden))
 
     def check_layer(self, layer: int) -> int:
-        if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
-            raise InterventionError(f"layer {layer!r} is out of range: this {self.family} model has layers 0..{self.n_layers - 1}")
-        return layer
+        """The layer as a Python int, if this view of the model has it."""
+        index = as_index(layer)
+        if index is None or not 0 <= index < self.n_layers:
+            problem = "is out of range" if index is not None else "is not a layer index (an integer)"
+            raise InterventionError(f"layer {layer!r} {problem}: this {self.family} model has layers 0..{self.n_layers - 1}")
+        return index
+
+    def check_layers(self, layers, what: str, increasing: bool = True) -> list[int]:
+        """A list of layers as Python ints, each in range and none twice. With `increasing`, also
+        in increasing order: an intervention on several layers runs them in the model's own
+        order, so a list in another order would not mean what it says."""
+        given = _as_list(layers)
+        if given is None:  # a bare 5 too: keep_layers(model, 5) could mean layer 5 or 5 layers
+            hint = f" (for one layer write [{layers}])" if as_index(layers) is not None else ""
+            raise InterventionError(f"{what} takes a list of layer indices, got {layers!r}{hint}")
+        checked = [self.check_layer(l) for l in given]
+        twice = sorted({l for l in checked if checked.count(l) > 1})
+        if twice:
+            raise InterventionError(f"{what}: layer(s) {twice} listed more than once in {given}")
+        if increasing and checked != sorted(checked):
+            raise InterventionError(f"{what} takes layers in increasing order (they run in the model's order): "
+                                    f"got {given}, write {sorted(checked)}")
+        return checked
+
+    def _slot(self, layer: int) -> nn.Module:
+        """What sits at this position of the block list (past Zamba2's index keeper)."""
+        block = self.layers[self.check_layer(layer)]
+        return block.layer if isinstance(block, OwnIndex) else block
+
+    def donor_of(self, layer: int) -> "Adapter | None":
+        """The adapter of the model this layer is swapped in from (`swap_layers`), else None."""
+        donor = getattr(self._slot(layer), "donor", None)
+        return donor if isinstance(donor, Adapter) else None
+
+    def block(self, layer: int) -> nn.Module:
+        """The layer's block, as this family builds it. A layer swapped in from another model is
+        that model's block: its heads are reached through the donor's adapter."""
+        donor = self.donor_of(layer)
+        if donor is not None:
+            raise InterventionError(f"layer {layer} of this {self.family} model is swapped in from a {donor.family} "
+                                    f"model (swap_layers): reach its heads through that model's adapter")
+        return self._slot(layer)
 
     # --- heads ------------------------------------------------------------------------------------
     def n_heads(self, layer: int) -> int:
@@ -106,22 +147,41 @@ class Adapter:
                             allowed: torch.Tensor) -> torch.Tensor:
         """What `ssm_site` receives for these heads [batch, T, heads * head_dim] when their
         hidden attention is multiplied by `allowed` ([T, T] or [heads, T, T])."""
-        raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
+        return self.masked_mixer_output(self.mixer(layer), mixer_input, heads, allowed)
+
+    def masked_mixer_output(self, mixer: nn.Module, mixer_input: torch.Tensor, heads: list[int],
+                            allowed: torch.Tensor) -> torch.Tensor:
+        """`masked_heads_output` of the layer this mixer belongs to. `mask_attention` finds the
+        mixer once, on entry, so that layers removed inside its block do not move it."""
+        raise InterventionError(f"this {self.family} model has no hidden attention")
 
     def head_layers(self) -> list[int]:
-        """The layers that have heads in this view of the model."""
-        return list(range(self.n_layers))
+        """The layers that have heads in this view of the model (not those swapped in)."""
+        return [l for l in range(self.n_layers) if self.donor_of(l) is None]
 
     def check_heads(self, layer: int, heads) -> list[int]:
-        self.check_layer(layer)
+        """The heads of one layer as Python ints, in the order given: one head index or a list of
+        them, each in range and none twice. An empty list is valid (nothing to do) and asks
+        nothing of the layer beyond its index."""
+        layer = self.check_layer(layer)
+        listed = [heads] if as_index(heads) is not None else _as_list(heads)
+        if listed is None:
+            raise InterventionError(f"the {self.head_kind}s of layer {layer} are a {self.head_kind} index or a list "
+                                    f"of them, got {heads!r}")
+        if not listed:
+            return []
         n = self.n_heads(layer)
-        heads = [heads] if isinstance(heads, int) else list(heads)
-        bad = [h for h in heads if not isinstance(h, int) or not 0 <= h < n]
+        indices = [as_index(h) for h in listed]
+        bad = [h for h, i in zip(listed, indices) if i is None or not 0 <= i < n]
         if bad:
+            problem = "out of range" if all(as_index(h) is not None for h in bad) else "not valid (indices are integers)"
             raise InterventionError(
-                f"{self.head_kind} {bad} out of range: layer {layer} of this {self.family} model has "
+                f"{self.head_kind} {bad} {problem}: layer {layer} of this {self.family} model has "
                 f"{self.head_kind}s 0..{n - 1}")
-        return heads
+        twice = sorted({i for i in indices if indices.count(i) > 1})
+        if twice:
+            raise InterventionError(f"{self.head_kind}(s) {twice} of layer {layer} listed more than once")
+        return indices
 
 
 class LlamaAdapter(Adapter):
@@ -135,10 +195,10 @@ class LlamaAdapter(Adapter):
         return self.model.base_model.norm
 
     def is_attention(self, layer: int) -> bool:
-        return True
+        return self.donor_of(layer) is None
 
     def attention(self, layer: int) -> nn.Module:
-        return self.layers[self.check_layer(layer)].self_attn
+        return self.block(layer).self_attn
 
     mixer = attention
 
@@ -159,6 +219,7 @@ class LlamaAdapter(Adapter):
                                        position_embeddings=rotary))
 
     def n_heads(self, layer: int) -> int:
+        self.attention(layer)  # a layer swapped in from another model says so
         return self.model.config.num_attention_heads
 
     def head_dim(self, layer: int) -> int:
@@ -185,7 +246,7 @@ class SSMAdapter(Adapter):
         return self.model.base_model.norm_f
 
     def mixer(self, layer: int) -> nn.Module:
-        return self.layers[self.check_layer(layer)].mixer
+        return self.block(layer).mixer
 
     def head_site(self, layer: int) -> nn.Linear:
         return self.mixer(layer).out_proj
@@ -203,21 +264,21 @@ class Mamba2Adapter(SSMAdapter):
     def head_dim(self, layer: int) -> int:
         return self.mixer(layer).head_dim
 
-    def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
-        t = ssm.mamba2_terms(self.mixer(layer), mixer_input)
+    def _terms_and_alpha(self, mixer: nn.Module, mixer_input: torch.Tensor):
+        t = ssm.mamba2_terms(mixer, mixer_input)
         return t, ssm.ssd_hidden_attention(t["C"], t["B"], t["dt"], t["A"])
 
     def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
-        return self._terms_and_alpha(layer, mixer_input)[1]
+        return self._terms_and_alpha(self.mixer(layer), mixer_input)[1]
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).norm  # the gated norm's input: the scan output plus D x
 
-    def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        t, alpha = self._terms_and_alpha(layer, mixer_input)
+    def masked_mixer_output(self, mixer, mixer_input, heads, allowed):
+        t, alpha = self._terms_and_alpha(mixer, mixer_input)
         x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
         alpha = alpha[:, heads] * allowed.to(x.dtype)
-        return (torch.einsum("bhts,bshp->bthp", alpha, x) + self.mixer(layer).D[heads, None].to(x.dtype) * x).flatten(-2)
+        return (torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x).flatten(-2)
 
 
 class MambaAdapter(SSMAdapter):
@@ -230,8 +291,14 @@ class MambaAdapter(SSMAdapter):
 
     def __init__(self, model: nn.Module, group: int = 1):
         super().__init__(model)
-        self.group = group
-        if group > 1:
+        channels = model.config.intermediate_size
+        size = as_index(group)
+        if size is None or size < 1 or channels % size:
+            divisors = [d for d in range(1, channels + 1) if channels % d == 0]
+            raise InterventionError(f"group={group!r}: a channel group must divide this {self.family} model's "
+                                    f"{channels} channels per layer; valid groups: {divisors}")
+        self.group = size
+        if size > 1:
             self.head_kind = "channel group"
 
     def n_heads(self, layer: int) -> int:
@@ -251,8 +318,7 @@ class MambaAdapter(SSMAdapter):
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).out_proj  # the gated scan output
 
-    def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        mixer = self.mixer(layer)
+    def masked_mixer_output(self, mixer, mixer_input, heads, allowed):
         t = ssm.mamba1_terms(mixer, mixer_input)
         channels = [h * self.group + i for h in heads for i in range(self.group)]
         alpha = ssm.mamba1_hidden_attention(t["C"], t["B"], t["dt"], t["A"], channels)
@@ -276,16 +342,15 @@ class LlambaAdapter(Mamba2Adapter):
     def n_heads(self, layer: int) -> int:
         return self.mixer(layer).n_v_heads
 
-    def _terms_and_alpha(self, layer: int, mixer_input: torch.Tensor):
-        t = self.mixer(layer).terms(mixer_input)
+    def _terms_and_alpha(self, mixer: nn.Module, mixer_input: torch.Tensor):
+        t = mixer.terms(mixer_input)
         return t, ssm.discrete_hidden_attention(t["log_decay"], t["B"], t["C"])
 
     def ssm_site(self, layer: int) -> nn.Module:
         return self.mixer(layer).out_proj  # the gated output, y * silu(z + z_bias)
 
-    def masked_heads_output(self, layer, mixer_input, heads, allowed):
-        mixer = self.mixer(layer)
-        t, alpha = self._terms_and_alpha(layer, mixer_input)
+    def masked_mixer_output(self, mixer, mixer_input, heads, allowed):
+        t, alpha = self._terms_and_alpha(mixer, mixer_input)
         x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
         alpha = alpha[:, heads] * allowed.to(x.dtype)
         y = torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x
@@ -308,24 +373,27 @@ class Zamba2Adapter(Mamba2Adapter):
 
     @property
     def hybrid_layers(self) -> list[int]:
-        return list(self.model.config.hybrid_layer_ids)
+        """The hybrid layers' positions in the block list as it stands (with layers removed, a
+        hybrid layer's position, not its index in the full model)."""
+        return [l for l in range(self.n_layers) if self.donor_of(l) is None and hasattr(self.block(l), "shared_transformer")]
 
     def is_attention(self, layer: int) -> bool:
         return self.check_layer(layer) in self.hybrid_layers
 
     def attention(self, layer: int) -> nn.Module:
         if not self.is_attention(layer):
+            self.block(layer)  # a swapped-in layer says so
             raise InterventionError(
                 f"layer {layer} of this zamba2 model is a Mamba layer without attention; its attention "
                 f"layers are {self.hybrid_layers}; for its Mamba heads use adapter.mamba_heads()")
-        return self.layers[layer].shared_transformer.self_attn
+        return self.block(layer).shared_transformer.self_attn
 
     def mixer(self, layer: int) -> nn.Module:
-        block = self.layers[self.check_layer(layer)]
-        return block.mamba_decoder.mamba if self.is_attention(layer) else block.mamba
+        block = self.block(layer)  # a hybrid layer runs its Mamba block after the shared attention
+        return block.mamba_decoder.mamba if hasattr(block, "mamba_decoder") else block.mamba
 
     def n_heads(self, layer: int) -> int:
-        self.attention(layer)
+        self.attention(layer)  # a layer swapped in from another model says so
         return self.model.config.num_attention_heads
 
     def head_dim(self, layer: int) -> int:
@@ -339,8 +407,10 @@ class Zamba2Adapter(Mamba2Adapter):
 
     def subset(self, indices: list[int]) -> nn.ModuleList:
         # transformers passes each layer its position in the block list, and a hybrid layer looks
-        # its shared block's adapters and cache slot up by it: keep each layer's own index.
-        return nn.ModuleList([OwnIndex(self.layers[i], i) for i in indices])
+        # its shared block's adapters and cache slot up by it: keep each layer's own index (the
+        # full model's, when the list is already a subset).
+        return nn.ModuleList([self.layers[i] if isinstance(self.layers[i], OwnIndex) else OwnIndex(self.layers[i], i)
+                              for i in indices])
 
     def mamba_heads(self) -> "Zamba2MambaAdapter":
         return Zamba2MambaAdapter(self.model)
@@ -363,10 +433,6 @@ class Zamba2MambaAdapter(Zamba2Adapter):
     def is_attention(self, layer: int) -> bool:
         return False
 
-    def mixer(self, layer: int) -> nn.Module:
-        block = self.layers[self.check_layer(layer)]
-        return block.mamba_decoder.mamba if hasattr(block, "mamba_decoder") else block.mamba
-
     head_layers = Adapter.head_layers
     n_heads = Mamba2Adapter.n_heads
     head_dim = Mamba2Adapter.head_dim
@@ -385,7 +451,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    kind = getattr(model.config, "model_type", None)
+    kind = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in ADAPTERS:
         raise InterventionError(f"no adapter for model_type {kind!r}; known: {', '.join(sorted(ADAPTERS))}")
     return ADAPTERS[kind](model)
@@ -396,7 +462,21 @@ def unwrap(model_or_loaded) -> tuple[nn.Module, Adapter]:
     if isinstance(model_or_loaded, Adapter):
         return model_or_loaded.model, model_or_loaded
     adapter = getattr(model_or_loaded, "adapter", None)
-    if adapter is not None:
+    if isinstance(adapter, Adapter):
         return adapter.model, adapter
+    if not isinstance(model_or_loaded, nn.Module):
+        raise InterventionError(f"expected a model, a Loaded bundle (helpers.load) or an Adapter, "
+                                f"got {type(model_or_loaded).__name__}")
     return model_or_loaded, adapter_for(model_or_loaded)
+
+
+def _as_list(values) -> list | None:
+    """`values` as a list, or None for what is not a list of indices: a single value, None, text,
+    a mapping."""
+    if values is None or isinstance(values, (str, bytes, Mapping)) or getattr(values, "ndim", None) == 0:
+        return None
+    try:
+        return list(values)
+    except TypeError:
+        return None
 

@@ -15,7 +15,7 @@ computed here from segment sums, with no loop over time.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from .adapters import unwrap
-from .errors import InterventionError
+from .adapters import Adapter, unwrap
+from .errors import InterventionError, as_index
 
 IMPLEMENTATION = "helpers"
 
@@ -43,6 +43,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if attention_mask is not None:
         visible = visible & (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)
     if allowed is not None:
+        _check_length(allowed, t, s)
         visible = visible & allowed.to(scores.device)
     probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1)
     # A query row with nothing left to attend to reads nothing (softmax of all -inf is NaN).
@@ -50,6 +51,15 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if record is not None:
         record(probs)
     return (probs @ value).transpose(1, 2).contiguous(), probs
+
+
+def _check_length(allowed: torch.Tensor, queries: int, keys: int) -> None:
+    """A mask is built for one input length T; only the forward pass knows the input's."""
+    T = allowed.shape[-1]
+    if (queries, keys) != (T, T):
+        input_T = f"T={keys}" if queries == keys else f"{queries} queries over {keys} keys"
+        raise InterventionError(f"mask_attention's mask is for T={T} tokens, but the input has {input_T}: "
+                                f"build the mask for the input's length")
 
 
 AttentionInterface.register(IMPLEMENTATION, _attention)
@@ -88,16 +98,34 @@ def _attached(adapter, layer: int, name: str, value):
             setattr(module, name, before)
 
 
+def _check_ids(model, input_ids) -> torch.Tensor:
+    """Token ids [batch, T] inside the model's vocabulary."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point() \
+            or input_ids.dtype == torch.bool or 0 in input_ids.shape:
+        shape = list(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise InterventionError(f"input_ids must be an integer tensor [batch, T] with T >= 1, got {shape} "
+                                "(for one sequence of ids use ids[None])")
+    vocab = model.get_input_embeddings().num_embeddings
+    if input_ids.min() < 0 or input_ids.max() >= vocab:
+        raise InterventionError(f"token ids must be in 0..{vocab - 1} (this model's vocabulary), "
+                                f"got {input_ids.min().item()}..{input_ids.max().item()}")
+    return input_ids
+
+
 @torch.inference_mode()
 def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
     """Attention probabilities [batch, heads, T, T] of each requested layer, one forward pass.
     SSM layers give their hidden attention instead (see the adapters' `hidden_attention`)."""
     model, adapter = unwrap(model)
+    input_ids = _check_ids(model, input_ids)
+    layers = adapter.check_layers(layers, "attention_maps", increasing=False)
+    if not layers:
+        return {}
     maps: dict[int, torch.Tensor] = {}
     taps: dict[int, torch.Tensor] = {}
     with ExitStack() as stack:
         for l in layers:
-            if adapter.is_attention(adapter.check_layer(l)):
+            if adapter.is_attention(l):
                 stack.enter_context(_attached(adapter, l, "_helpers_record",
                                               lambda p, l=l: maps.__setitem__(l, p.float())))
             else:
@@ -111,7 +139,20 @@ def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[in
     return {l: maps[l] for l in layers}
 
 
-@contextmanager
+def _check_mask(allowed, n_heads: int) -> torch.Tensor:
+    """A [T, T] pattern for every head or one [T, T] pattern per head, of booleans (or 0/1)."""
+    if not isinstance(allowed, torch.Tensor):
+        raise InterventionError(f"the mask must be a torch tensor [T, T] or [heads, T, T], got {type(allowed).__name__}")
+    if allowed.dim() not in (2, 3) or allowed.shape[-1] != allowed.shape[-2] or allowed.shape[-1] == 0:
+        raise InterventionError(f"the mask must be [T, T] or [heads, T, T] with T >= 1 (row t: what query t may "
+                                f"read), got shape {list(allowed.shape)}")
+    if allowed.dim() == 3 and allowed.shape[0] != n_heads:
+        raise InterventionError(f"a [heads, T, T] mask needs one pattern per head: {n_heads}, not {allowed.shape[0]}")
+    if allowed.dtype != torch.bool and not ((allowed == 0) | (allowed == 1)).all():
+        raise InterventionError("the mask must hold booleans (or 0 and 1): True where a head may attend")
+    return allowed
+
+
 def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
     """Let these heads attend only where `allowed` [T, T] (or [heads, T, T]) is True.
 
@@ -119,52 +160,88 @@ def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
     allowed reads nothing); an all-True mask changes only the arithmetic path (eager instead of
     SDPA). SSM heads: their output is recomputed as (alpha * allowed) @ x + D x from the
     materialised hidden attention (no renormalisation: alpha is not a distribution). Other heads
-    are untouched."""
+    are untouched, and with no heads nothing changes at all. The input must have the mask's T
+    tokens (checked at the forward pass)."""
     model, adapter = unwrap(model)
+    layer = adapter.check_layer(layer)
     heads = adapter.check_heads(layer, heads)
-    if allowed.dim() == 3 and allowed.shape[0] != len(heads):
-        raise InterventionError(f"a [heads, T, T] mask needs one pattern per head: {len(heads)}, not {allowed.shape[0]}")
+    allowed = _check_mask(allowed, len(heads))
+    if not heads:
+        return nullcontext(model)
     if adapter.is_attention(layer):
-        full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
-        full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
-        earlier = adapter.attention(layer).__dict__.get("_helpers_allowed")
-        if earlier is not None:  # masks on other heads of this layer already in force: keep them
-            full = full & earlier
-        with _attached(adapter, layer, "_helpers_allowed", full), _routed(model):
-            yield model
-        return
-    site = adapter.ssm_site(layer)  # raises for families without hidden attention
-    dim = adapter.head_dim(layer)
-    index = torch.arange(adapter.n_heads(layer) * dim).view(-1, dim)[heads].flatten()
-    seen = {}
+        return _masked_attention(model, adapter, layer, heads, allowed)
+    adapter.ssm_site(layer)  # raises for families without hidden attention
+    return _masked_ssm(model, adapter, layer, heads, allowed)
 
-    def take_input(module, args, kwargs):
-        seen["u"] = mixer_input(args, kwargs)
 
-    def rewrite(module, args):
-        out = args[0].clone()
-        new = adapter.masked_heads_output(layer, seen["u"], heads, allowed.to(out.device))
-        out[..., index.to(out.device)] = new.to(out.dtype)
-        return (out,) + tuple(args[1:])
-
-    with ExitStack() as stack:
-        stack.callback(adapter.mixer(layer).register_forward_pre_hook(take_input, with_kwargs=True).remove)
-        stack.callback(site.register_forward_pre_hook(rewrite).remove)
+@contextmanager
+def _masked_attention(model, adapter: Adapter, layer: int, heads: list[int], allowed: torch.Tensor):
+    heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
+    full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
+    full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
+    earlier = adapter.attention(layer).__dict__.get("_helpers_allowed")
+    if earlier is not None:  # masks on other heads of this layer already in force: keep them
+        if earlier.shape != full.shape:
+            raise InterventionError(f"layer {layer} already has a mask for T={earlier.shape[-1]} tokens; "
+                                    f"this one is for T={full.shape[-1]}")
+        full = full & earlier
+    with _attached(adapter, layer, "_helpers_allowed", full), _routed(model):
         yield model
 
 
 @contextmanager
+def _masked_ssm(model, adapter: Adapter, layer: int, heads: list[int], allowed: torch.Tensor):
+    heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
+    # The modules are found once, here: layers removed inside the block must not move them.
+    mixer, site, dim = adapter.mixer(layer), adapter.ssm_site(layer), adapter.head_dim(layer)
+    index = torch.arange(adapter.n_heads(layer) * dim).view(-1, dim)[heads].flatten()
+    seen = {}
+
+    def take_input(module, args, kwargs):
+        u = mixer_input(args, kwargs)
+        _check_length(allowed, u.shape[1], u.shape[1])
+        seen["u"] = u
+
+    def rewrite(module, args):
+        out = args[0].clone()
+        new = adapter.masked_mixer_output(mixer, seen["u"], heads, allowed.to(out.device))
+        out[..., index.to(out.device)] = new.to(out.dtype)
+        return (out,) + tuple(args[1:])
+
+    with ExitStack() as stack:
+        stack.callback(mixer.register_forward_pre_hook(take_input, with_kwargs=True).remove)
+        stack.callback(site.register_forward_pre_hook(rewrite).remove)
+        yield model
+
+
 def mask_last_row(model, length: int, layers: list[int] | None = None):
     """The released code's attention ablation for hybrids: every attention head of these layers
     (default: all attention layers) reads nothing at the final position of inputs of `length`
-    tokens (unpadded inputs: the final position is the last column)."""
+    tokens (unpadded inputs: the final position is the last column). An empty list of layers
+    changes nothing."""
     model, adapter = unwrap(model)
-    layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)] if layers is None else layers
-    allowed = torch.ones(length, length, dtype=torch.bool)
+    T = as_index(length)
+    if T is None or T < 1:
+        raise InterventionError(f"length must be a positive integer (the inputs' token count), got {length!r}")
+    if layers is None:
+        layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)]
+        if not layers:
+            raise InterventionError(f"this {adapter.family} model has no attention layers for mask_last_row to mask")
+    layers = adapter.check_layers(layers, "mask_last_row", increasing=False)
+    for l in layers:
+        adapter.attention(l)  # raises, naming the attention layers, for a layer without attention
+    allowed = torch.ones(T, T, dtype=torch.bool)
     allowed[-1] = False
+    masks = [mask_attention(adapter, l, list(range(adapter.n_heads(l))), allowed) for l in layers]
+    return _all_of(model, masks)
+
+
+@contextmanager
+def _all_of(model, contexts: list):
+    """Enter every context, leave them in reverse order."""
     with ExitStack() as stack:
-        for l in layers:
-            stack.enter_context(mask_attention(adapter, l, list(range(adapter.n_heads(l))), allowed))
+        for context in contexts:
+            stack.enter_context(context)
         yield model
 
 

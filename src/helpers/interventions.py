@@ -3,59 +3,108 @@
 Each intervention is a context manager: inside the block the model is changed, and leaving it
 (normally or by an exception) puts the model back exactly as it was. Nothing edits weights:
 layers are taken out of the block list and put back, heads are silenced by hooks.
+
+Arguments are checked when the intervention is called, before anything is touched (and again
+on entry, against the model as it then stands), and a mistake raises `InterventionError` naming
+what is valid. Layer lists are increasing and name
+each layer once; an empty list of heads or layers is an exact no-op.
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-from typing import Iterable, Mapping
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
-from .adapters import unwrap
-from .errors import InterventionError
+from .adapters import Adapter, unwrap
+from .errors import InterventionError, as_index
 
 
 @contextmanager
-def keep_layers(model, layers: Iterable[int]):
-    """Run the model with only these layers, in their original order (the rest are skipped,
-    as in the paper's layer pruning and its "minimal model")."""
-    model, adapter = unwrap(model)
-    keep = sorted({adapter.check_layer(i) for i in layers})
-    if not keep:
-        raise InterventionError("keep_layers needs at least one layer")
+def _layers_replaced(adapter: Adapter, build: Callable[[], nn.ModuleList]):
+    """Run the model with the block list `build` makes, then put its own back (also after an
+    exception). `build` runs on entry and checks its indices again against the model as it then
+    stands: an intervention made before another one was entered still gets a clear error."""
     owner, original = adapter.layer_owner, adapter.layers
-    owner.layers = adapter.subset(keep)
+    owner.layers = build()
     try:
-        yield model
+        yield adapter.model
     finally:
         owner.layers = original
 
 
-@contextmanager
+def _kept(adapter: Adapter, layers) -> list[int]:
+    keep = adapter.check_layers(layers, "keep_layers")
+    if not keep:
+        raise InterventionError("keep_layers needs at least one layer")
+    return keep
+
+
+def _removed(adapter: Adapter, layers) -> list[int]:
+    drop = adapter.check_layers(layers, "remove_layers")
+    if len(drop) == adapter.n_layers:
+        raise InterventionError(f"remove_layers would remove all {adapter.n_layers} layers: keep at least one")
+    return drop
+
+
+def keep_layers(model, layers: Iterable[int]):
+    """Run the model with only these layers (an increasing list; the rest are skipped, as in the
+    paper's layer pruning and its "minimal model")."""
+    _, adapter = unwrap(model)
+    keep = _kept(adapter, layers)
+    return _layers_replaced(adapter, lambda: adapter.subset(_kept(adapter, keep)))
+
+
 def remove_layers(model, layers: Iterable[int]):
-    """Skip these layers (the paper's one-layer-at-a-time removal)."""
+    """Skip these layers (an increasing list; the paper's one-layer-at-a-time removal)."""
     model, adapter = unwrap(model)
-    drop = {adapter.check_layer(i) for i in layers}
-    with keep_layers(adapter, [i for i in range(adapter.n_layers) if i not in drop]):
-        yield model
+    drop = _removed(adapter, layers)
+    if not drop:
+        return nullcontext(model)
+
+    def rest() -> nn.ModuleList:
+        gone = _removed(adapter, drop)
+        return adapter.subset([i for i in range(adapter.n_layers) if i not in gone])
+
+    return _layers_replaced(adapter, rest)
 
 
 def prune_top(model, n_kept: int):
     """Keep the bottom `n_kept` layers (progressive pruning from the top, Fig. 2)."""
     _, adapter = unwrap(model)
-    if not 1 <= n_kept <= adapter.n_layers:
-        raise InterventionError(f"n_kept must be in 1..{adapter.n_layers}, got {n_kept}")
-    return keep_layers(adapter, range(n_kept))
+    n = as_index(n_kept)
+    if n is None or not 1 <= n <= adapter.n_layers:
+        raise InterventionError(f"n_kept must be an integer in 1..{adapter.n_layers} (layers kept from the bottom), "
+                                f"got {n_kept!r}")
+    return keep_layers(adapter, range(n))
+
+
+def _head_plan(adapter: Adapter, heads) -> dict[int, list[int]]:
+    """{layer: heads} with every index checked, layers with no heads left out."""
+    if not isinstance(heads, Mapping):
+        raise InterventionError(f"zero_heads takes {{layer: [{adapter.head_kind}, ...]}}, got {heads!r}")
+    plan: dict[int, list[int]] = {}
+    for layer, listed in heads.items():
+        index = adapter.check_layer(layer)
+        if index in plan:  # 16 and numpy's 16 are one key, but a tensor(16) key is another
+            raise InterventionError(f"zero_heads: layer {index} is given twice")
+        plan[index] = adapter.check_heads(index, listed)
+    return {layer: hs for layer, hs in plan.items() if hs}
+
+
+def zero_heads(model, heads: Mapping[int, Iterable[int] | int]):
+    """Zero the output of these heads, `{layer: [head, ...]}`, where they enter the layer's
+    output projection. An empty mapping, or a layer with no heads, changes nothing."""
+    model, adapter = unwrap(model)
+    plan = _head_plan(adapter, heads)
+    return _zeroed(model, adapter, plan) if plan else nullcontext(model)
 
 
 @contextmanager
-def zero_heads(model, heads: Mapping[int, Iterable[int] | int]):
-    """Zero the output of these heads, `{layer: [head, ...]}`, where they enter the layer's
-    output projection. An empty mapping changes nothing."""
-    model, adapter = unwrap(model)
-    plan = {layer: adapter.check_heads(layer, hs) for layer, hs in heads.items() if hs != []}
+def _zeroed(model, adapter: Adapter, plan: dict[int, list[int]]):
+    plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
     with ExitStack() as stack:
         for layer, hs in plan.items():
             keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
@@ -81,25 +130,41 @@ class Transplant(nn.Module):
         return self.donor.run_layer(self.block, hidden)
 
 
-@contextmanager
+def _check_swappable(host: Adapter, donor: Adapter, layers: list[int]) -> None:
+    """The donor's layers must read and write the host's residual stream as it is."""
+    if host.width != donor.width:
+        raise InterventionError(
+            f"cannot swap layers between models of width {host.width} ({host.family}) "
+            f"and {donor.width} ({donor.family}): residual streams must match")
+    (host_weight, *_), (donor_weight, *_) = host.model.parameters(), donor.model.parameters()
+    if (host_weight.dtype, host_weight.device) != (donor_weight.dtype, donor_weight.device):
+        raise InterventionError(
+            f"cannot swap layers from a {donor.family} model in {donor_weight.dtype} on {donor_weight.device} into a "
+            f"{host.family} model in {host_weight.dtype} on {host_weight.device}: load both alike")
+    missing = [i for i in layers if i >= donor.n_layers]
+    if missing:
+        raise InterventionError(f"the donor ({donor.family}) has layers 0..{donor.n_layers - 1}: it has no layer {missing}")
+
+
 def swap_layers(host, donor, layers: Iterable[int]):
-    """Run `host` with the donor's layer i in place of its own layer i, for each i (the paper's
-    hybrid swap: a Llama-3.1 layer into Llamba). Both models are left as they were."""
+    """Run `host` with the donor's layer i in place of its own layer i, for each i of an
+    increasing list (the paper's hybrid swap: a Llama-3.1 layer into Llamba). Both models are
+    left as they were; an empty list changes nothing."""
     host_model, host_adapter = unwrap(host)
     _, donor_adapter = unwrap(donor)
-    if host_adapter.width != donor_adapter.width:
-        raise InterventionError(
-            f"cannot swap layers between models of width {host_adapter.width} ({host_adapter.family}) "
-            f"and {donor_adapter.width} ({donor_adapter.family}): residual streams must match")
-    layers = [host_adapter.check_layer(i) for i in layers]
-    for i in layers:
-        donor_adapter.check_layer(i)
-    owner, original = host_adapter.layer_owner, host_adapter.layers
-    swapped = list(original)
-    for i in layers:
-        swapped[i] = Transplant(donor_adapter.layers[i], donor_adapter)
-    owner.layers = nn.ModuleList(swapped)
-    try:
-        yield host_model
-    finally:
-        owner.layers = original
+
+    def checked(layers) -> list[int]:
+        layers = host_adapter.check_layers(layers, "swap_layers")
+        _check_swappable(host_adapter, donor_adapter, layers)
+        return layers
+
+    layers = checked(layers)
+    if not layers:
+        return nullcontext(host_model)
+
+    def swapped() -> nn.ModuleList:
+        swap = checked(layers)
+        return nn.ModuleList([Transplant(donor_adapter.layers[i], donor_adapter) if i in swap else block
+                              for i, block in enumerate(host_adapter.layers)])
+
+    return _layers_replaced(host_adapter, swapped)

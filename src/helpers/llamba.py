@@ -24,6 +24,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from .errors import ConfigError, as_index
 from .ssm import segment_sum, wide
 
 
@@ -41,6 +42,26 @@ class LlambaConfig(PretrainedConfig):
         self.ssm_cfg = {"d_state": 64, "n_v_heads": 32, "n_qk_heads": 32, "expand": 1, "d_conv": 4,
                         "chunk_size": 128, "activation": "identity", "bias": False, "conv_bias": True,
                         **(ssm_cfg or {})}
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        """Llamba's own constraints, checked here rather than as a tensor-size error while the
+        model is built: each value head is d_inner / n_v_heads channels wide, and the value
+        heads share B and C in n_qk_heads groups."""
+        ssm = self.ssm_cfg
+        for name, value in [("d_model", self.d_model), ("n_layer", self.n_layer),
+                            *((f"ssm_cfg['{k}']", ssm[k]) for k in ("expand", "n_v_heads", "n_qk_heads", "d_state",
+                                                                     "chunk_size"))]:
+            if as_index(value) is None or value < 1:
+                raise ConfigError(f"Llamba's {name} must be a positive integer, got {value!r}")
+        d_inner, v, qk = ssm["expand"] * self.d_model, ssm["n_v_heads"], ssm["n_qk_heads"]
+        if d_inner % v:
+            valid = [h for h in range(1, d_inner + 1) if d_inner % h == 0]
+            raise ConfigError(f"Llamba's n_v_heads={v} must divide d_inner = expand * d_model = {d_inner} (each value "
+                              f"head is d_inner / n_v_heads channels); n_v_heads dividing {d_inner}: {valid}")
+        if v % qk:
+            raise ConfigError(f"Llamba's n_v_heads={v} must be a multiple of n_qk_heads={qk} (value heads share B and "
+                              f"C in n_qk_heads groups)")
 
     @property
     def padded_vocab_size(self) -> int:

@@ -1,45 +1,142 @@
-"""Resumable sweeps: every finished cell of a sweep is appended to a JSON-lines file at once,
-so an interrupted sweep, run again, computes only what is missing."""
+"""Resumable sweeps: every finished cell of a sweep is appended to a JSON-lines file at once
+(flushed and fsynced), so an interrupted sweep, run again, computes only what is missing.
+
+A process killed in the middle of a write leaves an incomplete last line. Opening the store
+finds it, moves it to `<file>.torn` (kept, never deleted), cuts the file back to its last
+complete line and says so in a warning; that cell is computed again, and records go on being
+appended one per line. Lines that are not records (left by older code) are moved aside the
+same way. One process writes a store at a time (a sweep spread over workers writes from the
+driver).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .errors import StoreError
 from .progress import bar
 
 
-ROOT = Path(__file__).resolve().parents[2]
+def _plain(value):
+    """JSON for the numpy and torch scalars a cell or result often holds (np.int64(16), a 0-d
+    tensor): their Python value, so that they key and read back as the plain numbers do."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
-def results_dir(chapter: str) -> Path:
-    """Where a chapter keeps its results store and figures (`$GA_RESULTS` or ./results)."""
-    path = Path(os.environ.get("GA_RESULTS", ROOT / "results")) / chapter
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def _key(cell: Mapping) -> str:
+    if not isinstance(cell, Mapping):
+        raise StoreError(f"a sweep cell is a dict of its settings, got {cell!r}")
+    try:
+        return json.dumps(dict(cell), sort_keys=True, default=_plain)
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"cell {cell!r}: its settings must be JSON values with text keys ({e})") from None
 
 
-def _key(cell: dict) -> str:
-    return json.dumps(cell, sort_keys=True)
+def _line(cell: Mapping, result: Mapping) -> bytes:
+    """One record, serialised whole before anything is written."""
+    _key(cell)
+    if not isinstance(result, Mapping):
+        raise StoreError(f"cell {dict(cell)!r}: a result is a dict (its row merges it into the cell's settings), "
+                         f"got {type(result).__name__}")
+    try:
+        return (json.dumps({"cell": dict(cell), "result": dict(result)}, default=_plain) + "\n").encode()
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"cell {dict(cell)!r}: its result must hold JSON values ({e})") from None
+
+
+def _record(line: bytes) -> dict | None:
+    """The record on a line, or None if the line is not one."""
+    try:
+        row = json.loads(line)
+    except ValueError:  # includes a cut multi-byte character (UnicodeDecodeError)
+        return None
+    if isinstance(row, dict) and row.keys() == {"cell", "result"} and all(isinstance(v, dict) for v in row.values()):
+        return row
+    return None
+
+
+def _fsync_append(path: Path, data: bytes) -> None:
+    """Append `data` and wait until it is on disk. A write that fails or is interrupted part-way
+    (Ctrl-C, a full disk) is cut back off, so this process never leaves a fragment behind."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            rest = memoryview(data)
+            while rest:
+                rest = rest[os.write(fd, rest):]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 class Store:
-    """A dict from a sweep cell (a JSON-able dict of its settings) to its result, backed by an
-    append-only JSON-lines file."""
+    """A dict from a sweep cell (a JSON-able dict of its settings) to its result (a JSON-able
+    dict), backed by an append-only JSON-lines file. A result reads back as it was written to
+    the file, so a fresh run and a resumed one return equal rows."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        self.torn = self.path.with_name(self.path.name + ".torn")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._done: dict[str, dict] = {}
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by an interruption
-                    continue
+            self._load()
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        cut = data.rfind(b"\n") + 1
+        lines, tail = data[:cut].split(b"\n")[:-1], data[cut:]  # tail: after the last newline
+        if tail and _record(tail) is not None:  # a whole record that lost only its newline
+            _fsync_append(self.path, b"\n")
+            lines, tail = lines + [tail], b""
+        rows = [_record(line) for line in lines]
+        for row in rows:
+            if row is not None:
                 self._done[_key(row["cell"])] = row["result"]
+        bad = [line for line, row in zip(lines, rows) if row is None]
+        if bad:
+            kept = [line for line, row in zip(lines, rows) if row is not None]
+            self._set_aside(bad + [tail] if tail else bad, lambda: self._rewrite(kept))
+        elif tail:
+            self._set_aside([tail], lambda: self._truncate(cut))
+
+    def _set_aside(self, lines: list[bytes], repair: Callable[[], None]) -> None:
+        """Copy lines that are not records to the `.torn` file, then `repair` the store. In this
+        order a crash in between loses nothing (the next open copies them a second time)."""
+        _fsync_append(self.torn, b"".join(line + b"\n" for line in lines))
+        repair()
+        warnings.warn(f"{self.path}: {len(lines)} incomplete or unreadable line(s), left by an interrupted write, "
+                      f"moved to {self.torn}; their cells will be computed again", RuntimeWarning, stacklevel=4)
+
+    def _truncate(self, size: int) -> None:
+        with self.path.open("r+b") as f:
+            f.truncate(size)
+            os.fsync(f.fileno())
+
+    def _rewrite(self, lines: list[bytes]) -> None:
+        """The file with only these lines, swapped in whole (a crash leaves the old or the new)."""
+        fresh = self.path.with_name(self.path.name + ".rewrite")
+        with fresh.open("wb") as f:
+            f.write(b"".join(line + b"\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(fresh, self.path)
+        folder = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself on disk
+        finally:
+            os.close(folder)
 
     def __contains__(self, cell: dict) -> bool:
         return _key(cell) in self._done
@@ -51,16 +148,22 @@ class Store:
         return len(self._done)
 
     def put(self, cell: dict, result: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"cell": cell, "result": result}) + "\n")
-        self._done[_key(cell)] = result
+        """Record a cell's result: on disk (flushed and fsynced) before it counts as done."""
+        line = _line(cell, result)
+        _fsync_append(self.path, line)
+        row = json.loads(line)
+        self._done[_key(row["cell"])] = row["result"]
 
 
 def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict], desc: str = "sweep") -> list[dict]:
-    """Results for every cell, in order, computing (with a progress bar) only the missing ones.
-    Each returned row is the cell's settings merged with its result."""
+    """Results for every cell, in order, computing (with a progress bar) only the missing ones,
+    each once. Each returned row is the cell's settings merged with its result."""
+    if not isinstance(store, Store):
+        raise StoreError(f"sweep's first argument is a Store, got {type(store).__name__}")
+    if not callable(run):
+        raise StoreError(f"sweep's run is a function of a cell, got {run!r}")
     cells = list(cells)
-    todo = [c for c in cells if c not in store]
-    for cell in bar(todo, desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
+    todo = {key: c for key, c in ((_key(c), c) for c in cells) if key not in store._done}  # every cell checked
+    for cell in bar(list(todo.values()), desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
         store.put(cell, run(cell))
     return [{**c, **store[c]} for c in cells]

@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 
 from . import paths
+from .errors import ConfigError, as_index
+from .registry import PROFILES
 
 LETTERS = "ABCD"
 TARGET_DELIMITER = " "  # lm-eval's default between context and continuation
@@ -29,6 +31,36 @@ class Item:
     gold: int
     group: str = ""  # MMLU subject or knowledge task: what accuracy is grouped by
     verbatim: bool = False  # score after the context exactly as written (no lm-eval whitespace move)
+
+    def __post_init__(self):
+        # A gold index outside the choices would be scored as wrong on every item, silently.
+        if not self.pairs or not all(len(p) == 2 and all(isinstance(t, str) for t in p) for p in self.pairs):
+            raise ConfigError(f"an Item's pairs are one or more (context, continuation) strings, got {self.pairs!r}")
+        gold = as_index(self.gold)
+        if gold is None or not 0 <= gold < len(self.pairs):
+            raise ConfigError(f"an Item's gold is the index of the right choice, 0..{len(self.pairs) - 1}, got {self.gold!r}")
+        object.__setattr__(self, "pairs", tuple(tuple(p) for p in self.pairs))  # hashable, equal to tuples
+        object.__setattr__(self, "gold", gold)
+
+
+def _integer(value, name: str, low: int | None = None, high: int | None = None) -> int:
+    """`value` as a Python int in low..high (None: unbounded), else a ConfigError naming the range.
+    The int matters beyond the check: seeds enter strings and `random.Random`, where a numpy
+    integer would give other draws or fail."""
+    index = as_index(value)
+    if index is None or (low is not None and index < low) or (high is not None and index > high):
+        bounds = "" if low is None else f" >= {low}" if high is None else f" in {low}..{high}"
+        raise ConfigError(f"{name} must be an integer{bounds}, got {value!r}")
+    return index
+
+
+def _check_profile(profile: str) -> None:
+    if not isinstance(profile, str) or profile not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}")
+
+
+def _check_subset(n: int | None, seed: int) -> tuple[int | None, int]:
+    return (None if n is None else _integer(n, "n (items drawn)", low=1)), _integer(seed, "seed")
 
 
 # --- MMLU -----------------------------------------------------------------------------------------
@@ -51,6 +83,7 @@ def mmlu_context(row: dict, shots: list[dict] = ()) -> str:
 def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]:
     """k-shot items; shots are the first k dev rows of the same subject (lm-eval's `first_n`
     sampler, run one task per subject as lm-eval's `mmlu` group does)."""
+    k = _integer(k, "k (shots)", low=0)
     by_subject: dict[str, list[dict]] = {}
     for row in dev:
         by_subject.setdefault(row["subject"], []).append(row)
@@ -67,6 +100,9 @@ def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]
 def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> list[Item]:
     """MMLU test items: `cais/mmlu` on the paper profile, the fixture set on the CPU profile.
     `n` draws a seeded random subset (all when None)."""
+    _check_profile(profile)
+    k = _integer(k, "k (shots)", low=0)
+    n, seed = _check_subset(n, seed)
     if profile == "cpu":
         rows = _jsonl(paths.data() / "fixtures" / "mmlu.jsonl")
         test = [r for r in rows if r["split"] == "test"]
@@ -132,6 +168,8 @@ FIXTURE_KNOWLEDGE = ("capitals", "symbols", "everyday")
 
 def load_knowledge(profile: str, n: int | None = None, seed: int = 0) -> dict[str, list[Item]]:
     """Items per knowledge task; `n` draws a seeded subset of each task."""
+    _check_profile(profile)
+    n, seed = _check_subset(n, seed)
     if profile == "cpu":
         rows = _jsonl(paths.data() / "fixtures" / "knowledge.jsonl")
         return {t: _subset([knowledge_item(t, r) for r in rows if r["task"] == t], n, seed)
@@ -174,16 +212,15 @@ def kv_item(rng: random.Random, n_pairs: int, query: str = "paper", trailing_spa
     candidates' leading space; the item is scored verbatim, since lm-eval's convention would
     move that space back into the candidates and undo the variant.
     """
+    n_pairs, trailing_space = _check_kv(n_pairs, query, trailing_space)  # before any draw from rng
     keys = rng.sample(kv_words(), n_pairs)
     values = rng.sample(range(100), n_pairs)
     target = rng.randrange(n_pairs)
     lines = "\n".join(f"{k}:{v}" for k, v in zip(keys, values))
-    if query == "paper":
+    if query == "paper":  # else "repeat" (checked above)
         ctx, sep = f"{KV_HEADER}{lines}\nThe value of the key '{keys[target]}' is", TARGET_DELIMITER
-    elif query == "repeat":
-        ctx, sep = f"{KV_HEADER}{lines}\n{keys[target]}:", ""
     else:
-        raise ValueError(f"unknown KV query style {query!r}; use 'paper' or 'repeat'")
+        ctx, sep = f"{KV_HEADER}{lines}\n{keys[target]}:", ""
     if trailing_space:
         ctx, sep = ctx + " ", ""
     return Item(tuple((ctx, f"{sep}{v}") for v in values), target, f"kv{n_pairs}", verbatim=trailing_space)
@@ -192,10 +229,19 @@ def kv_item(rng: random.Random, n_pairs: int, query: str = "paper", trailing_spa
 def kv_items(n_pairs: int, n: int, seed: int = 0, query: str = "paper", trailing_space: bool = False) -> list[Item]:
     """`n` KV prompts of one dictionary size; the same (n_pairs, seed) always gives the same
     prompts, and a larger n extends a smaller one."""
-    if not 1 <= n_pairs <= 100:
-        raise ValueError(f"n_pairs must be in 1..100 (values are the numbers 0-99), got {n_pairs}")
+    n_pairs, trailing_space = _check_kv(n_pairs, query, trailing_space)
+    n, seed = _integer(n, "n (prompts)", low=1), _integer(seed, "seed")
     rng = random.Random(f"kv-{seed}-{n_pairs}")
     return [kv_item(rng, n_pairs, query, trailing_space) for _ in range(n)]
+
+
+def _check_kv(n_pairs: int, query: str, trailing_space: bool) -> tuple[int, bool]:
+    n_pairs = _integer(n_pairs, "n_pairs (values are the numbers 0-99)", low=1, high=100)
+    if query not in ("paper", "repeat"):
+        raise ConfigError(f"unknown KV query style {query!r}; use 'paper' or 'repeat'")
+    if not isinstance(trailing_space, bool) and "bool" not in str(getattr(trailing_space, "dtype", "")):
+        raise ConfigError(f"trailing_space is True or False, got {trailing_space!r}")
+    return n_pairs, bool(trailing_space)
 
 
 # --- utilities ------------------------------------------------------------------------------------

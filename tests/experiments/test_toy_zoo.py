@@ -46,6 +46,8 @@ def test_the_verdict_allows_two_examples_and_no_more():
     assert ok.outcome == v.REPRODUCED and "2 example(s) of 500: toy-b kv@8" in ok.evidence
     (off,) = chapter.verdicts(made_up(3))
     assert off.outcome == v.NOT_REPRODUCED and "make zoo" in off.evidence
+    (exact,) = chapter.verdicts(made_up(0))
+    assert exact.outcome == v.REPRODUCED and "all 4 cells (2 models) equal their records exactly" in exact.evidence
     (other_n,) = chapter.verdicts(made_up(0, n=100))
     assert other_n.outcome == v.NOT_TESTABLE
 

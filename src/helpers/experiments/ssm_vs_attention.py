@@ -387,7 +387,8 @@ def combine(parts: list[tuple[str, str]]) -> str:
 
 
 def join(parts: list[tuple[str, str]]) -> str:
-    return " | ".join(f"{o}: {e}" for o, e in parts) or "no pair of a Transformer and an SSM in this run"
+    """The parts' evidence, each once (a Transformer at chance is the reason for every pair)."""
+    return " | ".join(dict.fromkeys(f"{o}: {e}" for o, e in parts)) or "no pair of a Transformer and an SSM in this run"
 
 
 # --- tables and figures -------------------------------------------------------------------------
@@ -538,7 +539,8 @@ def figure_maps(result: Result, max_tokens: int = 48):
 def figure_sharpness(result: Result):
     """Fig. 5's comparison as numbers: for each model's Aggregate head, the share of the final
     position's in-segment (hidden) attention on its heaviest line, one dot per held-out prompt,
-    with the mean and its 95% interval; 1 is one line, one over the keys is uniform."""
+    with the mean and its 95% interval; 1 is one line, one over the keys is uniform. Models at
+    chance are grey: they have a head that reads line ends, but no retrieval to compare."""
     import matplotlib.pyplot as plt
 
     from .. import plots
@@ -553,14 +555,15 @@ def figure_sharpness(result: Result):
             ax.text(x, 0.5, "no A head", ha="center", va="center", fontsize=plots.MIN_FONT, color="0.3")
             continue
         values = r.role_values("A")
-        ax.scatter(x + rng.uniform(-0.18, 0.18, len(values)), values, s=9, alpha=0.45,
-                   color="tab:blue" if r.mixer == "attention" else "tab:orange")
+        colour = "0.6" if not r.clean.above(result.kv_chance) else "tab:blue" if r.mixer == "attention" else "tab:orange"
+        ax.scatter(x + rng.uniform(-0.18, 0.18, len(values)), values, s=9, alpha=0.45, color=colour)
         m, lo, hi = mean_interval(values)
         ax.errorbar(x, m, yerr=[[m - lo], [hi - m]], fmt="D", color="black", ms=5, capsize=4, label=label)
         label = None
     ax.axhline(result.kv_chance, ls=":", lw=1.2, color="0.35", label=f"uniform over the {result.keys} lines")
     ax.set_xlim(-0.5, len(runs) - 0.5)
-    ax.set_xticks(range(len(runs)), [f"{r.name}\nA {r.roles['A'] or '-'}" for r in runs])
+    ax.set_xticks(range(len(runs)), [f"{r.name}\nA {r.roles['A'] or '-'}" + ("" if r.clean.above(result.kv_chance) else
+                                     "\n(at chance)") for r in runs])
     ax.set(ylim=(0, 1.05), ylabel="share on the heaviest line", title="Aggregate heads: how sharply the final position reads")
     plots.legend_below(ax, ncols=2)
     return fig

@@ -79,7 +79,7 @@ def describe(loaded, name: str) -> dict:
                 f"MOHAWK stages 1, 2: {' + '.join(map(str, rec['distill_steps']))} steps from {rec['teacher']}")
     return {"model": name, "class": type(loaded.model).__name__, "layers": a.n_layers, "heads per layer": heads,
             "parameters": f"{sum(p.numel() for p in loaded.model.parameters()):,}", "training": training,
-            "wall time (s, 1 thread)": rec["wall_s"]}
+            "wall time (s, 1 thread)": f"{rec['wall_s']:.0f}"}
 
 
 def run(cfg: Config) -> Result:
@@ -147,6 +147,9 @@ def verdicts(result: Result) -> list[v.Verdict]:
     g = gaps(result)
     worst = g.loc[g.examples.idxmax()]
     outcome = v.REPRODUCED if worst.examples <= TOLERANCE else v.NOT_REPRODUCED
+    if worst.examples == 0:
+        return [v.Verdict(claim, source, outcome, f"all {len(g)} cells ({len(result.records)} models) equal their "
+                                                  f"records exactly, n={recorded_n()} each")]
     return [v.Verdict(claim, source, outcome,
                       f"{(g.examples == 0).sum()} of {len(g)} cells equal exactly; the largest gap is "
                       f"{worst.examples} example(s) of {recorded_n()}: {worst.model} {worst.cell}, "

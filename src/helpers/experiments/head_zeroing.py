@@ -1,0 +1,482 @@
+"""Zeroing single heads of the minimal model (the paper's §3.4 and Table 1).
+
+A head is zeroed where its output enters its layer's output projection (a hook; no weight is
+edited). The chapter first finds the heads that matter on one set of prompts (the screen: the
+attribution estimate for every head, then the layers it points to swept exactly, or the layers
+of the paper's heads), names the Gather and the Aggregate head (the paper's where it names them
+for the model, else by behaviour among the ranking's candidates: `heads.assign_roles`), and then
+measures them on other prompts, disjoint from the screen's, beside random heads of the same
+layers and Table 1's "keep only" configurations.
+
+On the CPU profile the task is KV retrieval, screened by the book's shared KV ranking (SmolLM2
+picks MMLU letters at chance); on the paper profiles it is MMLU, split by a seeded shuffle into
+the screen's part and the check's part.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .. import benchmarks as bm
+from .. import heads as hd
+from .. import verdicts as v
+from ..engine import SweepEngine
+from ..errors import ConfigError
+from ..heads import Head, ablation
+from ..reference import paper
+from ..screen import attribution
+from ..stats import Score
+from ..sweep import sweep
+from . import base, layer_removal, shared
+
+PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
+ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
+CONTROL_SIZE = 4  # heads per random control: more than any one role holds, so a null result means something
+MAX_SWEPT = 1024  # an exact sweep covers at most this many heads (Falcon-Mamba has 8192 one-channel heads a layer)
+
+
+# --- the roles ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Roles:
+    """The heads of each role ("G", "A"; empty where no candidate behaves as the role), and how
+    they were named: "paper" (data/reference), "set" (the reader's parameters) or "behaviour"."""
+
+    heads: dict[str, tuple[Head, ...]]
+    source: str
+    measures: pd.DataFrame | None = field(default=None, repr=False)  # the candidates' measures, where measured
+    found: dict[str, Head | None] | None = None  # by behaviour among the candidates, where measured
+
+    def label(self, role: str) -> str:
+        return ", ".join(map(str, self.heads[role])) or "none"
+
+    def describe(self) -> str:
+        return {"paper": "the paper's", "set": "as set",
+                "behaviour": "by behaviour among the ranking's top heads"}[self.source]
+
+    def role_of(self, head: Head) -> str:
+        return next((r for r in ROLE_NAMES if head in self.heads[r]), "")
+
+    def missing(self, role: str) -> str:
+        """Why a role has no head: the best candidate's measure against the line."""
+        column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
+        if self.measures is None or self.measures.empty:
+            return f"no {ROLE_NAMES[role]} head: no candidate could be measured"
+        best = self.measures[column].astype(float)
+        return (f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: the highest "
+                f"'{column}' among {', '.join(str(Head(*h)) for h in best.index)} is "
+                f"{best.max():.2f} ({Head(*best.idxmax())}), at most 0.5 is not the behaviour")
+
+
+def check_pair(gather, aggregate) -> None:
+    """Both roles set, or neither (a half-named pair would mix the paper's heads with ours)."""
+    if (gather is None) != (aggregate is None):
+        raise ConfigError("set gather and aggregate together (lists of heads like ['L16H22']), or neither")
+
+
+def published(model: str) -> dict[str, tuple[Head, ...]] | None:
+    """The paper's heads of each role for `model` (data/reference), None where unpublished."""
+    heads = {r: tuple(Head(*u) for u in layer_removal.published_units(model, r)) for r in ROLE_NAMES}
+    return heads if all(heads.values()) else None
+
+
+def measurable(loaded, heads) -> list[Head]:
+    """The heads whose attention the book reads: every head, but not single SSM channels (their
+    maps would be built for all 8192 channels of a layer)."""
+    return [] if loaded.adapter.head_kind != "head" else list(dict.fromkeys(heads))
+
+
+def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, benchmark: bm.Benchmark | None = None,
+               candidates: list[Head] | None = None) -> Roles:
+    """The heads of each role: as set; else the paper's for this model; else by behaviour
+    (`heads.assign_roles`) among `candidates` measured on `benchmark` (default: the shared KV
+    ranking's candidates, on its own prompts, as every chapter measures them). The paper's heads
+    are measured beside the candidates too, so that a verdict can ask whether they behave."""
+    n = shared.ranking_settings(profile, smoke)["n"]
+    if gather is not None:
+        return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set")
+    named = published(loaded.name)
+    if benchmark is None:
+        ranking = shared.kv_ranking(loaded, profile, smoke)
+        s = ranking.settings
+        benchmark = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
+        candidates = hd.candidates(ranking.table)
+    heads = measurable(loaded, list(candidates or []) + [h for hs in (named or {}).values() for h in hs])
+    measures, found = shared.roles(loaded, benchmark, heads, n) if heads else (None, None)
+    if named:
+        return Roles(named, "paper", measures, found)
+    found = found or {r: None for r in ROLE_NAMES}
+    return Roles({r: (found[r],) if found[r] else () for r in ROLE_NAMES}, "behaviour", measures, found)
+
+
+# --- the config --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    model: str = base.model("attention", "ssm")
+    task: str = base.one_of("kv", "mmlu")
+    layers_kept: int | None = base.count(optional=True)  # None: the published minimal model, else every layer
+    n_screen: int | None = base.count(optional=True)  # MMLU: None = half the test set
+    n_check: int | None = base.count(optional=True)  # MMLU: None = the other half
+    kv_pairs: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    top: int = base.count()
+    screen_alpha: float = base.number(0, 1)
+    sweep_layers: tuple[int, ...] | None = base.layers(optional=True)  # None: the paper's heads' layers, else the screen's
+    gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
+    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
+    n_controls: int = base.count()
+    seed: int = base.count(minimum=0)
+
+    chapter = "head_zeroing"
+    smoke_sizes = dict(n_screen=shared.SMOKE["n"], top=shared.SMOKE["top"], n_check=4, n_controls=1)
+
+    @classmethod
+    def defaults(cls, profile):
+        # The screen's settings are the shared KV ranking's, so that on KV the ranking is computed once for the book.
+        s = shared.RANKING[profile]
+        common = dict(kv_pairs=s["pairs"], kv_query=s["query"], top=s["top"], screen_alpha=s["alpha"], sweep_layers=None,
+                      gather=None, aggregate=None, n_controls=5, seed=s["seed"], layers_kept=None)
+        if profile == "cpu":
+            return dict(model="smollm2-135m-instruct", task="kv", n_screen=s["n"], n_check=200, **common)
+        # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
+        return dict(model=PAPER_MODEL[profile], task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,
+                    **common)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_pair(self.gather, self.aggregate)
+        if self.task == "kv" and (self.n_screen is None or self.n_check is None):
+            raise ConfigError("task='kv' needs n_screen and n_check as numbers of KV prompts, e.g. 200 and 1000 "
+                              "(None means half of MMLU)")
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    layers_kept: int
+    n_layers: int
+    screen_clean: Score  # no head zeroed, on the screen's prompts
+    ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
+    roles: Roles
+    scores: dict[str, Score]  # condition -> score on the check's prompts
+    controls: list[tuple[Head, ...]]
+    chance: float
+    provenance: dict
+
+    @property
+    def clean(self) -> Score:
+        return self.scores[NONE]
+
+    def control_scores(self) -> list[Score]:
+        return [self.scores[control(i)] for i in range(len(self.controls))]
+
+
+NONE, BOTH = "no head zeroed", "G and A zeroed"
+
+
+def zeroed(role: str) -> str:
+    return f"{role} zeroed"
+
+
+def kept_only(*roles: str) -> str:
+    return f"only {' and '.join(roles)} kept in {'its' if len(roles) == 1 else 'their'} layers"
+
+
+def control(i: int) -> str:
+    return f"random {CONTROL_SIZE} heads #{i + 1}"
+
+
+def prompts(cfg: Config, loaded) -> tuple[bm.Benchmark, bm.Benchmark]:
+    """The screen's prompts and the check's, disjoint: KV dictionaries of two seeds, or MMLU's
+    test set shuffled with `seed` and cut in two (the screen's part first)."""
+    if cfg.task == "kv":
+        make = lambda n, seed: bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, n, seed, cfg.kv_query)
+        return make(cfg.n_screen, cfg.seed), make(cfg.n_check, cfg.seed + 1)
+    every = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, None, cfg.seed)
+    order = list(range(len(every)))
+    random.Random(f"mmlu-split-{cfg.seed}").shuffle(order)
+    n_screen = cfg.n_screen or len(order) // 2
+    n_check = cfg.n_check or len(order) - n_screen
+    if n_screen + n_check > len(order):
+        raise ConfigError(f"n_screen + n_check must be at most the {len(order)} MMLU questions, got {n_screen + n_check}")
+    part = lambda idx: bm.Benchmark(every.name, every.role, [every.items[i] for i in sorted(idx)], every.segments)
+    return part(order[:n_screen]), part(order[n_screen:n_screen + n_check])
+
+
+def rank(cfg: Config, loaded, screen: bm.Benchmark, layers: list[int], sweep_layers: list[int] | None) -> tuple[Score, pd.DataFrame]:
+    """The screen's ranking on its prompts: the shared KV ranking where this is the same
+    computation, else the screen here, through this chapter's store."""
+    settings = shared.ranking_settings(cfg.profile, cfg.smoke)
+    mine = dict(pairs=cfg.kv_pairs, n=cfg.n_screen, query=cfg.kv_query, top=cfg.top, alpha=cfg.screen_alpha, seed=cfg.seed)
+    if cfg.task == "kv" and len(layers) == loaded.adapter.n_layers and not sweep_layers and mine == settings:
+        ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
+        return ranking.clean, ranking.table
+
+    def compute(cell):
+        engine = SweepEngine(loaded, loaded.tokenizer, screen.items)
+        estimate = attribution(engine, layers, cfg.screen_alpha)
+        chosen = sweep_layers or hd.layers_to_sweep(estimate, cfg.top)
+        if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
+            chosen = []  # one-channel heads: the screen's estimate stands alone
+        exact = engine.head_sweep(layers=chosen, model_layers=layers) if chosen else {}
+        return {"clean": engine.score(layers=layers).to_json(), "table": hd.ranking_table(estimate, exact).to_dict("records")}
+
+    store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded])
+    cell = dict(model=cfg.model, task=cfg.task, n=len(screen), layers=len(layers), sweep_layers=sweep_layers,
+                **{k: v for k, v in mine.items() if k != "n"})
+    row = sweep(store, [cell], compute, desc="screen")[0]
+    return Score.from_json(row["clean"]), pd.DataFrame(row["table"])
+
+
+def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_controls: int,
+               seed: int) -> tuple[dict[str, dict[int, list[int]]], list[tuple[Head, ...]]]:
+    """What is zeroed on the check's prompts: each role's heads, both, Table 1's "keep only"
+    configurations in the roles' layers, and random heads of the same layers (other than the
+    roles' and the screen's top heads)."""
+    g, a = roles.heads["G"], roles.heads["A"]
+    out = {NONE: {}, **{zeroed(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
+    if g and a:
+        out[BOTH] = ablation(g + a)
+    layers = sorted({h.layer for h in g + a}) or sorted({h.layer for h in hd.measured(ranking)[:2]})
+    for kept in (("G", "A"), ("G",), ("A",)):
+        if g and a:
+            keep = {h for r in kept for h in roles.heads[r]}
+            out[kept_only(*kept)] = {l: [h for h in range(n_heads[l]) if Head(l, h) not in keep] for l in layers}
+    taken = set(g + a) | set(hd.measured(ranking)[:5])
+    pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
+    rng = np.random.default_rng(seed)
+    controls = [tuple(sorted(pool[i] for i in rng.choice(len(pool), CONTROL_SIZE, replace=False)))
+                for _ in range(n_controls)] if len(pool) >= CONTROL_SIZE else []
+    out |= {control(i): ablation(c) for i, c in enumerate(controls)}
+    return out, controls
+
+
+def side_by_side(engine: SweepEngine, ablations: dict[str, dict[int, list[int]]],
+                 layers: list[int] | None = None) -> dict[str, Score]:
+    """The score under each ablation, as many run side by side as the engine's token budget
+    holds beside its largest batch (as `SweepEngine.head_sweep` does)."""
+    first = engine.batches[0]
+    k = max(1, engine.batch_tokens // (first.width * len(first.rows)))
+    names = list(ablations)
+    out = {}
+    for i in range(0, len(names), k):
+        chunk = names[i:i + k]
+        for name, ll in zip(chunk, engine.loglikelihoods([ablations[n] for n in chunk], layers)):
+            out[name] = engine.score_loglikelihoods(ll)
+    return out
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    loaded = base.load(cfg.model)
+    n_layers = loaded.adapter.n_layers
+    kept = cfg.layers_kept or layer_removal.published_minimal(cfg.model) or n_layers
+    if kept > n_layers:
+        raise ConfigError(f"layers_kept must be at most {n_layers} for {cfg.model}, got {kept}")
+    layers = list(range(kept))
+    named = published(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
+    sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}))
+    if bad := [l for l in sweep_layers if l >= kept]:
+        raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
+    screen, check = prompts(cfg, loaded)
+    screen_clean, ranking = rank(cfg, loaded, screen, layers, sweep_layers)
+    candidates = hd.candidates(ranking) if len({h.layer for h in hd.measured(ranking)}) >= 2 else hd.measured(ranking)
+    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, screen, candidates)
+    n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
+    ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
+
+    def compute(cell):
+        engine = SweepEngine(loaded, loaded.tokenizer, check.items)
+        return {name: s.to_json() for name, s in side_by_side(engine, ablations, layers).items()}
+
+    store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
+    cell = dict(model=cfg.model, task=cfg.task, n=len(check), seed=cfg.seed, layers=kept, kv_pairs=cfg.kv_pairs,
+                kv_query=cfg.kv_query, ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()})
+    row = sweep(store, [cell], compute, desc="heads zeroed on fresh prompts")[0]
+    scores = {name: Score.from_json(row[name]) for name in ablations}
+    return Result(cfg, kept, n_layers, screen_clean, ranking, roles, scores, controls, check.chance,
+                  base.record(cfg, [loaded], timer))
+
+
+# --- verdicts ----------------------------------------------------------------------------------
+
+def _task(result: Result) -> str:
+    return "MMLU" if result.cfg.task == "mmlu" else "KV retrieval"
+
+
+def bottleneck(result: Result, role: str) -> tuple[str, str]:
+    """Does zeroing the role's heads take retrieval most of the way to chance (paired)? And, where
+    it does, is that specific to them: lower than every random control (paired)?"""
+    if not result.roles.heads[role]:
+        return v.NOT_TESTABLE, result.roles.missing(role)
+    ablated = result.scores[zeroed(role)]
+    outcome, evidence = v.collapses(result.clean, ablated, result.chance)
+    if outcome == v.NOT_TESTABLE or not result.controls:
+        return outcome, evidence
+    below = [v.lower(c, ablated) for c in result.control_scores()]
+    lowest = min(range(len(below)), key=lambda i: result.control_scores()[i].acc)
+    controls = v.combine(o for o, _ in below)
+    evidence += f"; below every random control: {controls} (against the lowest control: {below[lowest][1]})"
+    return (v.combine([outcome, controls]) if outcome == v.REPRODUCED else outcome), evidence
+
+
+def controls_do_little(result: Result) -> tuple[str, str]:
+    if not result.controls:
+        return v.NOT_TESTABLE, "no random controls were drawn"
+    parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
+    lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
+    return v.combine(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of the roles' layers; "
+                                            f"the lowest, {', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
+
+
+def only_roles_kept(result: Result) -> tuple[str, str]:
+    name = kept_only("G", "A")
+    if name not in result.scores:
+        missing = [r for r in ROLE_NAMES if not result.roles.heads[r]]
+        return v.NOT_TESTABLE, "; ".join(result.roles.missing(r) for r in missing)
+    return v.kept(result.clean, result.scores[name], result.chance)
+
+
+def behave(result: Result) -> tuple[str, str]:
+    """Do the paper's heads act as its roles here (`heads.assign_roles` on their measures and the
+    screen's candidates)?"""
+    found = result.roles.found
+    if found is None:
+        return v.NOT_TESTABLE, "their attention was not measured (single SSM channels)"
+    parts, notes = [], []
+    for r in ROLE_NAMES:
+        parts.append(v.REPRODUCED if found[r] in result.roles.heads[r] else v.NOT_REPRODUCED)
+        notes.append(f"{ROLE_NAMES[r]}: the paper's {result.roles.label(r)}, by behaviour "
+                     f"{found[r] or 'none of the candidates'}")
+    return v.combine(parts), "; ".join(notes)
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    task = _task(result)
+    out = [v.Verdict(f"Zeroing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) alone takes {task} most of the way "
+                     "to chance", "§3.4, abstract", *bottleneck(result, r)) for r in ROLE_NAMES]
+    out.append(v.Verdict(f"Zeroing {CONTROL_SIZE} random heads of the same layers does little", "§3.4",
+                         *controls_do_little(result)))
+    out.append(v.Verdict("Keeping only G and A in their layers keeps accuracy", "Table 1", *only_roles_kept(result)))
+    if result.roles.source == "paper":
+        out.append(v.Verdict("The paper's heads behave as Gather and Aggregate here", "§3.4", *behave(result)))
+    return out
+
+
+# --- tables and figures ------------------------------------------------------------------------
+
+def _describe(result: Result, name: str, short: bool = False) -> str:
+    """A condition as a table prints it, or as a figure's axis does (`short`)."""
+    if name in (zeroed("G"), zeroed("A")):
+        role = name[0]
+        return f"{role} {result.roles.label(role)}" if short else f"{ROLE_NAMES[role]} {result.roles.label(role)} zeroed"
+    if name.startswith("random"):
+        i = int(name.split("#")[1]) - 1
+        return f"random #{i + 1}" if short else f"{name}: {', '.join(map(str, result.controls[i]))}"
+    return name.replace(" kept in its layers", " kept").replace(" kept in their layers", " kept") if short else name
+
+
+def conditions_table(result: Result, short: bool = False) -> pd.DataFrame:
+    """One row per condition of the check: what was zeroed, acc, lo, hi, n."""
+    return pd.DataFrame([dict(zeroed=_describe(result, k, short), acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
+                         for k, s in result.scores.items()])
+
+
+def roles_table(result: Result) -> pd.DataFrame:
+    """What each measured candidate does (`segments.head_measures`, averaged over the screen's
+    prompts) and the role it was given."""
+    m = result.roles.measures
+    if m is None or m.empty:
+        return pd.DataFrame(columns=["head", "role"])
+    found = result.roles.found or {}
+    rows = [{"head": str(Head(*h)), "role by behaviour": next((ROLE_NAMES[r] for r in found if found[r] == Head(*h)), "-"),
+             "segment ends: own-segment share": row[hd.GATHER_MEASURE],
+             "final position: share on segment ends": row[hd.AGGREGATE_MEASURE],
+             "final position: mass on the answer's value": row["answer value"],
+             "share on itself and the previous token": row[hd.LOCAL_MEASURE]} for h, row in m.iterrows()]
+    return pd.DataFrame(rows)
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    s = result.scores
+    fmt = lambda name: f"{s[name]}" if name in s else "-"
+    g, a = paper("head_zeroing", "gather_head", PAPER_MODEL["paper"]), paper("head_zeroing", "aggregate_head", PAPER_MODEL["paper"])
+    controls = result.control_scores()
+    return base.comparison_table([
+        ("model", f"Llama-3.1-8B-Instruct, layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value}",
+         "same (cells 23-31)", f"{result.cfg.model}, layers 0-{result.layers_kept - 1} of {result.n_layers} "
+                               f"({result.cfg.profile} profile)"),
+        ("task", f"MMLU, {paper('released_settings', 'num_fewshot').value}-shot",
+         f"lm-eval {paper('released_settings', 'lm_eval_version').value}",
+         f"{_task(result)}, fresh prompts disjoint from the screen's"),
+        ("Gather head", str(g), "GATHER_HEADS (cell 13)", f"{result.roles.label('G')} ({result.roles.describe()})"),
+        ("Aggregate head", str(a), "AGGREGATE_HEADS (cell 15)", f"{result.roles.label('A')} ({result.roles.describe()})"),
+        ("no head zeroed", str(paper("head_zeroing", "mmlu_minimal")), "-", fmt(NONE)),
+        ("one head zeroed (G or A)", str(paper("head_zeroing", "mmlu_one_head_zeroed")), "-",
+         f"G: {fmt(zeroed('G'))}; A: {fmt(zeroed('A'))} (chance {result.chance:.0%})"),
+        (f"{CONTROL_SIZE} random heads zeroed", "little change (§3.4)", "-",
+         f"{min(c.acc for c in controls):.1%} to {max(c.acc for c in controls):.1%} over {len(controls)} draws"
+         if controls else "-"),
+        ("only G and A kept in their layers", "accuracy kept (Table 1)", "cells 23-24", fmt(kept_only("G", "A"))),
+        ("only G kept / only A kept", "Table 1 (not read)", "cells 27 / 25 (labels swapped)",
+         f"{fmt(kept_only('G'))} / {fmt(kept_only('A'))}"),
+    ])
+
+
+def subject(result: Result) -> str:
+    return f"on the {result.cfg.profile} profile, {result.cfg.model}, layers 0-{result.layers_kept - 1}, {_task(result)}"
+
+
+def sweep_figure(result: Result):
+    """Accuracy on the screen's prompts with each head of the swept layers zeroed alone (the
+    layers x heads grid), the roles' heads outlined and lettered G and A."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+
+    exact = result.ranking.dropna(subset=["acc"])
+    if exact.empty:
+        plots.style()
+        fig, ax = plt.subplots(figsize=(plots.WIDTH, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"no exact sweep: more than {MAX_SWEPT} heads in the layers to sweep", ha="center", va="center")
+        return fig
+    grid = exact.pivot(index="layer", columns="head", values="acc") * 100
+    ax = plots.head_heatmap(grid, f"{result.cfg.model}: one head zeroed (none: {result.screen_clean.acc:.0%})",
+                            "accuracy (%)")
+    for r in ROLE_NAMES:
+        for h in result.roles.heads[r]:
+            if h.layer in grid.index and h.head in grid.columns:
+                y, x = list(grid.index).index(h.layer), list(grid.columns).index(h.head)
+                ax.add_patch(plt.Rectangle((x, y), 1, 1, fill=False, edgecolor="tab:cyan", lw=2.5))
+                ax.text(x + 0.5, y + 0.5, r, ha="center", va="center", color="tab:cyan", fontweight="bold")
+    return ax.figure
+
+
+def conditions_figure(result: Result):
+    """Accuracy on the check's prompts under each condition, with 95% intervals, the clean
+    model's accuracy and chance as lines."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+
+    plots.style()
+    table = conditions_table(result, short=True)
+    fig, ax = plt.subplots(figsize=(0.75 * plots.WIDTH, 1.2 + 0.32 * len(table)))
+    y = np.arange(len(table))[::-1]
+    colours = ["0.45" if z.startswith("random") else "tab:blue" for z in table.zeroed]
+    ax.barh(y, 100 * table.acc, xerr=[100 * (table.acc - table.lo), 100 * (table.hi - table.acc)], color=colours,
+            capsize=2, height=0.6)
+    ax.set_yticks(y, table.zeroed)
+    ax.axvline(100 * result.chance, ls=":", color="0.2", lw=1.5, label=f"chance ({result.chance:.0%})")
+    ax.axvline(100 * result.clean.acc, ls="--", color="0.4", lw=1, label=f"no head zeroed ({result.clean.acc:.0%})")
+    ax.set(xlabel="accuracy (%)", xlim=(0, 102), title=f"{_task(result)} on {result.clean.n} fresh prompts")
+    plots.legend_below(ax, ncols=2)
+    return fig

@@ -1,0 +1,266 @@
+"""Synthetic KV retrieval against dictionary size, and the heads ranked by it (the paper's Fig. 4,
+App. A.5 and Table 5).
+
+The task is the release's: memorise a dictionary of `word:number` lines, then give one key's
+value; every value in the dictionary is a candidate (`tasks.kv_items`, in lm-eval's scoring
+convention). Each dictionary size is scored with the model as it is and with its Gather and
+its Aggregate head zeroed, all three on the same prompts (side by side in the sweep engine), so
+that each size gives a paired comparison.
+
+The heads are ranked with the book's shared KV ranking (`shared.kv_ranking`: the screen, then
+an exact sweep of the layers it points to), with and without the trailing space of the paper's
+appendix. The Gather and Aggregate heads are the paper's where it names them for the model,
+else the ranking's candidates that behave as them (`head_zeroing.find_roles`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .. import benchmarks as bm
+from .. import verdicts as v
+from ..engine import SweepEngine
+from ..heads import Head, ablation, measured
+from ..reference import paper
+from ..stats import Score
+from ..sweep import sweep
+from . import base, head_zeroing, shared
+from .head_zeroing import ROLE_NAMES, Roles
+
+TOP = 4  # "the top-ranked heads": as many as the ranking hands on as candidates (`heads.candidates`)
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    model: str = base.model("attention", "ssm")
+    sizes: tuple[int, ...] = base.counts()
+    n_per_size: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
+    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
+    seed: int = base.count(minimum=0)
+
+    chapter = "kv_retrieval"
+    smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
+
+    @classmethod
+    def defaults(cls, profile):
+        if profile == "cpu":
+            return dict(model="smollm2-135m-instruct", sizes=[2, 4, 8, 16, 32, 48], n_per_size=100, kv_query="repeat",
+                        gather=None, aggregate=None, seed=0)
+        # The release states 55 configurations of 1,000 samples but not their sizes: every size 1..55.
+        return dict(model=head_zeroing.PAPER_MODEL[profile],
+                    sizes=list(range(1, paper("kv_retrieval", "n_configurations").integer + 1)),
+                    n_per_size=paper("kv_retrieval", "samples_per_configuration").integer, kv_query="paper",
+                    gather=None, aggregate=None, seed=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        head_zeroing.check_pair(self.gather, self.aggregate)
+        if bad := [k for k in self.sizes if k > 100]:
+            raise base.ConfigError(f"sizes must be at most 100 (values are the numbers 0-99), got {bad}")
+
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    scores: dict[str, dict[int, Score]]  # condition ("model", "G removed", "A removed") -> size -> score
+    roles: Roles
+    rankings: dict[bool, shared.Ranking]  # trailing space -> the shared ranking
+    provenance: dict
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted(self.scores["model"])
+
+    @staticmethod
+    def chance(size: int) -> float:
+        return 1 / size
+
+
+def condition(role: str) -> str:
+    return f"{role} removed"
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    loaded = base.load(cfg.model)
+    rankings = {ts: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, trailing_space=ts) for ts in (False, True)}
+    roles = head_zeroing.find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
+    conditions = {"model": {}, **{condition(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
+
+    def compute(cell):
+        items = bm.kv(cfg.model, loaded.tokenizer, cell["pairs"], cfg.n_per_size, cfg.seed, cfg.kv_query).items
+        engine = SweepEngine(loaded, loaded.tokenizer, items)
+        return {name: s.to_json() for name, s in head_zeroing.side_by_side(engine, conditions).items()}
+
+    store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded])
+    heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}
+    cells = [dict(model=cfg.model, pairs=k, n=cfg.n_per_size, seed=cfg.seed, query=cfg.kv_query, heads=heads)
+             for k in cfg.sizes]
+    rows = sweep(store, cells, compute, desc="dictionary sizes")
+    scores = {c: {r["pairs"]: Score.from_json(r[c]) for r in rows} for c in conditions}
+    return Result(cfg, scores, roles, rankings, base.record(cfg, [loaded], timer))
+
+
+# --- verdicts ----------------------------------------------------------------------------------
+
+def trend(result: Result) -> tuple[str, str]:
+    """Does accuracy fall from the smallest dictionary to the largest? Independent prompts, so
+    an unpaired interval; the smallest size with a choice to make (size 1 has one candidate)."""
+    sizes = [k for k in result.sizes if k > 1]
+    if len(sizes) < 2:
+        return v.NOT_TESTABLE, f"needs two sizes above 1, got {result.sizes}"
+    small, large = (result.scores["model"][k] for k in (sizes[0], sizes[-1]))
+    if not small.above(result.chance(sizes[0])):
+        return v.NOT_TESTABLE, f"at {sizes[0]} keys the model is at chance ({small}): nothing can fall"
+    outcome, evidence = v.lower(small, large, paired=False)
+    return outcome, f"{sizes[0]} keys {small}; {sizes[-1]} keys {evidence}"
+
+
+def lowered_at_every_size(result: Result, role: str) -> tuple[str, str]:
+    """Is accuracy lower with the role's heads zeroed, at each size (paired on the size's
+    prompts)? Sizes where the model is at chance have nothing to remove and are left out."""
+    if not result.roles.heads[role]:
+        return v.NOT_TESTABLE, result.roles.missing(role)
+    removed = result.scores[condition(role)]
+    parts = {k: v.lower(result.scores["model"][k], removed[k]) for k in result.sizes
+             if result.scores["model"][k].above(result.chance(k))}
+    if not parts:
+        return v.NOT_TESTABLE, "the model is at chance at every size"
+    by = {o: [k for k, (x, _) in parts.items() if x == o] for o in (v.REPRODUCED, v.INCONCLUSIVE, v.NOT_REPRODUCED)}
+    worst = max(parts, key=lambda k: removed[k].acc - result.scores["model"][k].acc)
+    return v.combine(o for o, _ in parts.values()), (
+        f"lower at {len(by[v.REPRODUCED])} of {len(parts)} sizes above chance; not decided at {by[v.INCONCLUSIVE] or 'none'}; "
+        f"not lower at {by[v.NOT_REPRODUCED] or 'none'}; smallest change, at {worst} keys: {parts[worst][1]}")
+
+
+def in_top(result: Result, role: str) -> tuple[str, str]:
+    """Are the role's heads among the `TOP` heads of both rankings (with and without the trailing
+    space)? A head ranked lower counts as undecided while its interval overlaps the last top
+    head's."""
+    heads = result.roles.heads[role]
+    if result.roles.source != "paper" or not heads:
+        return v.NOT_TESTABLE, (f"{ROLE_NAMES[role]} heads found by behaviour among the ranking's top heads cannot "
+                                "test the ranking; the paper profile tests it with the paper's heads")
+    parts, notes = [], []
+    for ts, ranking in result.rankings.items():
+        chance = 1 / ranking.settings["pairs"]
+        if not ranking.clean.above(chance):
+            return v.NOT_TESTABLE, (f"on the ranking's prompts the model is at chance ({ranking.clean}, chance "
+                                    f"{chance:.0%}): zeroing a head cannot show what it carries")
+        order = measured(ranking.table)
+        exact = ranking.table.dropna(subset=["acc"]).reset_index(drop=True)
+        for h in heads:
+            label = f"{h} {'with' if ts else 'without'} the trailing space"
+            if h not in order:
+                parts.append(v.NOT_REPRODUCED)
+                notes.append(f"{label}: its layer was not swept (screen rank {_screen_rank(ranking.table, h)})")
+                continue
+            rank = order.index(h)
+            cut = exact.iloc[min(TOP, len(exact)) - 1]
+            parts.append(v.REPRODUCED if rank < TOP else v.INCONCLUSIVE if exact.lo[rank] <= cut.hi else v.NOT_REPRODUCED)
+            notes.append(f"{label}: rank {rank + 1}, {exact.acc[rank]:.1%} [{exact.lo[rank]:.1%}, {exact.hi[rank]:.1%}] "
+                         f"zeroed (rank {TOP}: {cut.acc:.1%})")
+    return v.combine(parts), "; ".join(notes)
+
+
+def _screen_rank(table: pd.DataFrame, head: Head) -> str:
+    order = table.sort_values("estimate").reset_index(drop=True)
+    match = order[(order.layer == head.layer) & (order["head"] == head.head)]
+    return f"{match.index[0] + 1} of {len(order)}" if len(match) else "-"
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    out = [v.Verdict("Accuracy falls as the dictionary grows", "Fig. 4", *trend(result))]
+    for r in ROLE_NAMES:
+        out.append(v.Verdict(f"Removing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) lowers retrieval at every size",
+                             "Fig. 4", *lowered_at_every_size(result, r)))
+    for r in ROLE_NAMES:
+        out.append(v.Verdict(f"The {ROLE_NAMES[r]} head is among the {TOP} top-ranked heads", "Table 5, App. A.5",
+                             *in_top(result, r)))
+    return out
+
+
+# --- tables and figures ------------------------------------------------------------------------
+
+def curves(result: Result) -> pd.DataFrame:
+    return pd.DataFrame([dict(keys=k, condition=_legend(result, c), acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
+                         for c, by_size in result.scores.items() for k, s in by_size.items()])
+
+
+def _legend(result: Result, name: str) -> str:
+    if name == "model":
+        return "model as it is"
+    role = name.split()[0]
+    return f"{ROLE_NAMES[role]} {result.roles.label(role)} zeroed"
+
+
+def top_heads(result: Result, k: int = 5) -> pd.DataFrame:
+    """Table 5's view: the `k` most harmful heads of each ranking, accuracy with each zeroed."""
+    rows = []
+    for ts, ranking in result.rankings.items():
+        exact = ranking.table.dropna(subset=["acc"]).head(k)
+        for rank, r in enumerate(exact.itertuples(), start=1):
+            rows.append({"prompt ends": "with a space" if ts else "as released", "rank": rank,
+                         "head": str(Head(int(r.layer), int(r.head))), "role": result.roles.role_of(Head(int(r.layer), int(r.head))),
+                         "zeroed": f"{r.acc:.1%} [{100 * r.lo:.1f}, {100 * r.hi:.1f}]",
+                         "none zeroed": f"{ranking.clean.acc:.1%}", "n": int(r.n)})
+    return pd.DataFrame(rows)
+
+
+def _sizes(sizes: list[int]) -> str:
+    if len(sizes) > 3 and sizes == list(range(sizes[0], sizes[-1] + 1)):
+        return f"{sizes[0]}..{sizes[-1]}"
+    return ", ".join(map(str, sizes))
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    sizes = result.sizes
+    model = result.scores["model"]
+    settings = result.rankings[False].settings
+    removed = "; ".join(
+        f"{ROLE_NAMES[r]} {result.roles.label(r)}: " + ", ".join(f"{k} keys {result.scores[condition(r)][k].acc:.0%}"
+                                                                  for k in (sizes[0], sizes[-1]))
+        for r in ROLE_NAMES if result.roles.heads[r])
+    top = ", ".join(top_heads(result, TOP).query("`prompt ends` == 'as released'")["head"])
+    released = paper("kv_retrieval", "released_dictionary_sizes")
+    return base.comparison_table([
+        ("model", "Llama-3.1-8B (caption; the code loads -Instruct)", "Llama-3.1-8B-Instruct",
+         f"{result.cfg.model} ({result.cfg.profile} profile)"),
+        ("dictionary sizes", f"{paper('kv_retrieval', 'n_configurations').value} configurations, sizes not stated",
+         f"{len(released.integers)} sizes: {_sizes(list(released.integers))}", f"{len(sizes)} sizes: {_sizes(sizes)}"),
+        ("prompts per size", paper("kv_retrieval", "samples_per_configuration").value, "1000",
+         f"{result.cfg.n_per_size} (seed {result.cfg.seed}, {result.cfg.kv_query} query)"),
+        ("accuracy against size", "falls as the dictionary grows (Fig. 4)", "-",
+         f"{sizes[0]} keys {model[sizes[0]]}; {sizes[-1]} keys {model[sizes[-1]]}"),
+        ("head removed", f"{paper('kv_retrieval', 'head_ablated').value} (Fig. 4)", "L17H24, o_proj columns zeroed in place",
+         f"{removed or 'none found'} (heads: {result.roles.describe()})"),
+        ("top-ranked heads", "the G and A heads (Table 5)", "-",
+         f"{top} ({settings['pairs']} keys, n={settings['n']}; G/A: {result.roles.label('G')}, {result.roles.label('A')})"),
+        ("trailing space", "used in App. A.5", "no", f"same top {TOP} either way: {same_top(result)}"),
+    ])
+
+
+def same_top(result: Result) -> str:
+    tops = [set(measured(r.table)[:TOP]) for r in result.rankings.values()]
+    return "yes" if tops[0] == tops[1] else f"no ({', '.join(sorted(map(str, tops[0] ^ tops[1])))} differ)"
+
+
+def subject(result: Result) -> str:
+    return f"on the {result.cfg.profile} profile, {result.cfg.model}"
+
+
+def figure(result: Result):
+    """Fig. 4 for this run: accuracy against dictionary size, the model as it is and with each
+    role's heads zeroed, and chance (one over the number of keys)."""
+    from .. import plots
+
+    ax = plots.accuracy_curves(curves(result), "keys", "condition", title=f"{result.cfg.model}: KV retrieval "
+                               f"({result.cfg.kv_query} query)", xlabel="keys in the dictionary")
+    keys = range(result.sizes[0], result.sizes[-1] + 1)
+    ax.plot(keys, [100 * result.chance(k) for k in keys], ls=":", lw=1.2, color="0.35", label="chance (1 / keys)")
+    plots.legend_below(ax, ncols=2)
+    return ax.figure

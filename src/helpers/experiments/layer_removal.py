@@ -1,0 +1,270 @@
+"""Removing one layer at a time from the minimal model (the paper's Fig. 3).
+
+The minimal model is the published one where there is one (Llama-3.1-8B: layers 0-17), else the
+bottom slice of the network that still retrieves as well as the whole (`layer_pruning.minimal_depth`,
+on the same benchmarks and settings as the layer-pruning chapter, whose results store this chapter
+reuses). Each of its layers is then skipped in turn, every benchmark scored without it. The
+sweep engine reuses the residual stream below the removed layer, so each removal reruns only
+the layers above it.
+
+The paper's claim: only the removal of a critical layer or two (L16, L17 in Llama-3.1-8B)
+takes retrieval to chance, while the knowledge tasks change little whichever layer goes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .. import benchmarks as bm
+from .. import verdicts as v
+from ..engine import SweepEngine
+from ..errors import ConfigError
+from ..evaluate import mean_over_tasks
+from ..reference import paper
+from ..stats import Score
+from ..sweep import sweep
+from . import base, layer_pruning
+
+FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (the paper: 2 of 18), and at least 2
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    model: str = base.model("attention", "ssm")
+    minimal_layers: int | None = base.count(optional=True)  # None: `run` resolves it
+    n_mmlu: int | None = base.count(optional=True)
+    k_shot: int = base.count(minimum=0)
+    n_knowledge: int | None = base.count(optional=True)
+    n_kv: int = base.count()
+    kv_pairs: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    seed: int = base.count(minimum=0)
+
+    chapter = "layer_removal"
+    smoke_sizes = layer_pruning.Config.smoke_sizes  # the same benchmarks: the pruning store serves both
+
+    @classmethod
+    def defaults(cls, profile):
+        # The benchmarks of the layer-pruning chapter; the minimal model is resolved in `run`
+        # (`minimal_layers_for`), since it depends on the model.
+        return {**layer_pruning.Config.defaults(profile), "minimal_layers": None}
+
+
+def published_units(model: str, role: str) -> tuple[tuple[int, int], ...]:
+    """The heads (or Falcon-Mamba's channels) the release names for `model` as its Gather or
+    Aggregate ("G", "A"), as (layer, index) pairs; empty where none are published."""
+    quantity = {"G": "gather_head", "A": "aggregate_head"}[role]
+    try:
+        value = paper("head_zeroing", quantity, model).value
+    except KeyError:
+        return ()
+    return tuple((int(m[1]), int(m[2])) for m in re.finditer(r"L(\d+)[HC](\d+)", value))
+
+
+def published_minimal(model: str) -> int | None:
+    """Layers of `model`'s published minimal model: the paper's layers 0-17 for Llama-3.1-8B;
+    for the release's other models its own rule (`get_minimal_model`: every layer up to the
+    Aggregate heads' layer); None where nothing is published."""
+    try:
+        return paper("layer_pruning", "minimal_model_last_layer", model).integer + 1
+    except KeyError:
+        aggregate = published_units(model, "A")
+        return aggregate[0][0] + 1 if aggregate else None
+
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    minimal_layers: int
+    source: str  # where the minimal model comes from: "given", "published" or "found" from the data
+    probe: str  # the retrieval benchmark the verdicts read (MMLU, or KV where MMLU is at chance)
+    full: dict[str, Score]  # benchmark -> the whole model's score
+    minimal: dict[str, Score]  # benchmark -> the minimal model's score
+    removed: dict[str, dict[int, Score]]  # benchmark -> layer removed -> score
+    roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
+    chance: dict[str, float]
+    provenance: dict
+
+    @property
+    def knowledge_tasks(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
+
+    def knowledge(self, layer: int | None = None) -> Score:
+        """Every knowledge item pooled, with `layer` removed (None: the minimal model)."""
+        pick = (lambda t: self.minimal[t]) if layer is None else (lambda t: self.removed[t][layer])
+        return Score.of([c for t in self.knowledge_tasks for c in pick(t).correct])
+
+    @property
+    def knowledge_chance(self) -> float:
+        n = {t: self.minimal[t].n for t in self.knowledge_tasks}
+        return sum(self.chance[t] * n[t] for t in n) / sum(n.values())
+
+    def collapse(self, layer: int) -> tuple[str, str]:
+        """Does removing `layer` take the probe most of the way to chance (paired, against the
+        minimal model)?"""
+        return v.collapses(self.minimal[self.probe], self.removed[self.probe][layer], self.chance[self.probe])
+
+    def collapsing(self) -> tuple[list[int], list[int]]:
+        """The layers whose removal collapses the probe, and those that cannot be told apart."""
+        outcomes = {l: self.collapse(l)[0] for l in self.removed[self.probe]}
+        return ([l for l, o in outcomes.items() if o == v.REPRODUCED],
+                [l for l, o in outcomes.items() if o == v.INCONCLUSIVE])
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    fields = {k: getattr(cfg, k) for k in ("model", "n_mmlu", "k_shot", "n_knowledge", "n_kv", "kv_pairs", "kv_query", "seed")}
+    pruning = layer_pruning.run(layer_pruning.Config(profile=cfg.profile, smoke=cfg.smoke, **fields))
+    probe = layer_pruning.probe(pruning)
+    given = cfg.minimal_layers or published_minimal(cfg.model)
+    d = given or layer_pruning.minimal_depth(pruning.scores[probe])
+    loaded = base.load(cfg.model)
+    if d > loaded.adapter.n_layers:
+        raise ConfigError(f"minimal_layers must be at most {loaded.adapter.n_layers} for {cfg.model}, got {d}")
+    sets = [bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+            *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
+            bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    by_name = {b.name: b for b in sets}
+    minimal = list(range(d))
+
+    def compute(cell):
+        removed = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items).layer_sweep(minimal, minimal)
+        return {str(l): s.to_json() for l, s in removed.items()}
+
+    store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded])
+    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query, minimal_layers=d)
+             for b in sets]
+    rows = sweep(store, cells, compute, desc="benchmarks x layers removed")
+    removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in minimal} for r in rows}
+    top = pruning.n_layers
+    return Result(cfg, d, "given" if cfg.minimal_layers else "published" if given else "found", probe,
+                  {b: s[top] for b, s in pruning.scores.items()}, {b: s[d] for b, s in pruning.scores.items()},
+                  removed, pruning.roles, pruning.chance, base.record(cfg, [loaded], timer))
+
+
+def few(n_layers: int) -> int:
+    """How many layers still count as "a few" of a minimal model of `n_layers`."""
+    return max(2, math.floor(FEW * n_layers))
+
+
+def _layers(layers: list[int]) -> str:
+    return ", ".join(f"L{l}" for l in layers) or "none"
+
+
+def collapse(result: Result) -> tuple[str, str]:
+    """Does removing some layer take the probe below the line (paired, per layer)?"""
+    name, base_score = result.probe, result.minimal[result.probe]
+    collapsing, unclear = result.collapsing()
+    lowest = sorted(result.removed[name], key=lambda l: result.removed[name][l].acc)[:3]
+    shown = "; ".join(f"without L{l}: {result.removed[name][l]}" for l in dict.fromkeys(collapsing + lowest))
+    outcome = v.REPRODUCED if collapsing else v.INCONCLUSIVE if unclear else v.NOT_REPRODUCED
+    return outcome, (f"minimal model (layers 0-{result.minimal_layers - 1}) {base_score}; {shown}; halfway to chance: "
+                     f"{(base_score.acc + result.chance[name]) / 2:.1%}; layers below it: {_layers(collapsing)}; "
+                     f"not decided: {_layers(unclear)}")
+
+
+def only_a_few(result: Result) -> tuple[str, str]:
+    collapsing, unclear = result.collapsing()
+    limit = few(result.minimal_layers)
+    outcome = (v.NOT_REPRODUCED if len(collapsing) > limit else v.INCONCLUSIVE if len(collapsing + unclear) > limit
+               else v.REPRODUCED if collapsing else v.NOT_TESTABLE)
+    return outcome, (f"{len(collapsing)} of {result.minimal_layers} layers below the line ({_layers(collapsing)}), "
+                     f"{len(unclear)} not decided; a few: at most {limit} (the paper: 2 of 18)")
+
+
+def knowledge_stays(result: Result) -> tuple[str, str]:
+    """Is pooled knowledge kept (paired) when each collapsing layer goes?"""
+    parts = {l: v.kept(result.knowledge(), result.knowledge(l), result.knowledge_chance) for l in result.collapsing()[0]}
+    if not parts:
+        return v.NOT_TESTABLE, "no layer's removal takes retrieval below the line: nothing to contrast knowledge with"
+    evidence = "; ".join(f"without L{l}: {e}" for l, (_, e) in parts.items())
+    return v.combine(o for o, _ in parts.values()), (f"knowledge pooled over {len(result.knowledge_tasks)} tasks, chance "
+                                                      f"{result.knowledge_chance:.0%}: {evidence}")
+
+
+def the_papers_layers(result: Result) -> tuple[str, str]:
+    collapsing, unclear = result.collapsing()
+    critical = set(_published_critical(result.cfg.model))
+    outcome = (v.REPRODUCED if set(collapsing) == critical else
+               v.INCONCLUSIVE if set(collapsing) <= critical <= set(collapsing + unclear) else v.NOT_REPRODUCED)
+    return outcome, f"below the line here: {_layers(collapsing)}; not decided: {_layers(unclear)}"
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    name = result.probe
+    label = "MMLU" if name.startswith("MMLU") else f"{name} (in place of MMLU)"
+    claims = {f"Removing one layer takes {label} most of the way to chance": collapse,
+              "Only a few layers do": only_a_few, "Knowledge stays when those layers go": knowledge_stays}
+    critical = _published_critical(result.cfg.model)
+    if critical and max(critical) < result.minimal_layers:
+        claims[f"The layers are the paper's ({_layers(critical)})"] = the_papers_layers
+    base_score, chance = result.minimal[name], result.chance[name]
+    if not base_score.above(chance):
+        reason = f"the minimal model's {name} {base_score} does not clear chance {chance:.0%}: nothing to remove"
+        return [v.Verdict(claim, "Fig. 3", v.NOT_TESTABLE, reason) for claim in claims]
+    return [v.Verdict(claim, "Fig. 3", *decide(result)) for claim, decide in claims.items()]
+
+
+def _published_critical(model: str) -> list[int]:
+    try:
+        return list(paper("layer_removal", "critical_layers", model).integers)
+    except KeyError:
+        return []
+
+
+def curves(result: Result) -> pd.DataFrame:
+    """One row per benchmark and layer removed (acc, lo, hi, n); the knowledge tasks as the
+    released code's mean."""
+    rows = pd.DataFrame([dict(benchmark=b, removed=l, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
+                         for b, by_layer in result.removed.items() for l, s in by_layer.items()])
+    knowledge = mean_over_tasks(rows[rows.benchmark.isin(result.knowledge_tasks)], by="removed")
+    return pd.concat([rows[~rows.benchmark.isin(result.knowledge_tasks)], knowledge], ignore_index=True)
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    name, d = result.probe, result.minimal_layers
+    collapsing, unclear = result.collapsing()
+    worst = min(result.removed[name], key=lambda l: result.removed[name][l].acc)
+    critical = _published_critical("llama-3.1-8b-instruct")
+    how = {"found": f"found by the layer-pruning rule on {name}", "given": "given (minimal_layers)",
+           "published": "the published minimal model"}[result.source]
+    know = [result.knowledge(l).acc for l in result.removed[name]]
+    return base.comparison_table([
+        ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
+        ("minimal model", f"layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value} "
+         f"({paper('layer_pruning', 'minimal_model_last_layer').source})", "layers 0-17", f"layers 0-{d - 1}, {how}"),
+        ("retrieval of the minimal model", f"MMLU {paper('head_zeroing', 'mmlu_minimal')}", "-",
+         f"{name}: {result.minimal[name]} (whole model {result.full[name]})"),
+        ("layers whose removal takes retrieval to chance",
+         f"{_layers(critical)} ({paper('layer_removal', 'critical_layers').source})", "L16 only (cell 22)",
+         f"{_layers(collapsing)} (paired, below halfway to chance); not decided: {_layers(unclear)}"),
+        ("retrieval without the most harmful layer", "near chance (size not stated)", "-",
+         f"without L{worst}: {result.removed[name][worst]} (chance {result.chance[name]:.0%})"),
+        ("knowledge when one layer goes", "changes little (Fig. 3)", "mean acc of 6 tasks",
+         f"pooled {min(know):.1%} to {max(know):.1%} over the {d} removals; minimal model {result.knowledge()}"),
+    ])
+
+
+def subject(result: Result) -> str:
+    return f"on the {result.cfg.profile} profile, {result.cfg.model} cut to layers 0-{result.minimal_layers - 1}"
+
+
+def figure(result: Result):
+    """Fig. 3's panel for this run: every retrieval benchmark and the knowledge mean against
+    the layer removed, the minimal model's probe accuracy and chance as lines."""
+    from .. import plots
+
+    name = result.probe
+    table = curves(result)
+    chance = {b: result.chance[b] for b in result.roles if result.roles[b] == bm.RETRIEVAL}
+    ax = plots.accuracy_curves(table, "removed", "benchmark", chance=chance,
+                               title=f"{result.cfg.model}, layers 0-{result.minimal_layers - 1}: one layer removed",
+                               xlabel="layer removed from the minimal model")
+    ax.axhline(100 * result.minimal[name].acc, color="0.3", lw=1, ls="--",
+               label=f"{name.split(' (')[0]}, minimal model ({result.minimal[name].acc:.0%})")
+    plots.legend_below(ax)
+    return ax.figure

@@ -1,0 +1,105 @@
+"""Head zeroing: the run at smoke size, disjoint prompts, and every verdict both ways on
+hand-built results."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers import heads as hd
+from helpers import verdicts as v
+from helpers.errors import ConfigError
+from helpers.experiments import head_zeroing as chapter
+from helpers.heads import Head
+from helpers.stats import Score
+
+G, A = Head(16, 22), Head(17, 24)
+
+
+def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
+    # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
+    # a shared ranking of seconds rather than minutes.
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
+    assert result.layers_kept == result.n_layers and result.clean.n == 4
+    assert chapter.NONE in result.scores and len(result.controls) <= 1
+    assert all(s.n == 4 for s in result.scores.values())
+    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
+    assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
+
+
+def test_the_screen_and_the_check_never_share_a_prompt():
+    loaded = SimpleNamespace(tokenizer=None)  # prompts are text; the tokenizer only finds segments later
+    for task in ("kv", "mmlu"):
+        cfg = chapter.Config.for_profile("cpu", task=task, n_screen=20, n_check=20)
+        screen, check = chapter.prompts(cfg, loaded)
+        contexts = lambda b: {it.pairs[0][0] for it in b.items}
+        assert len(screen) == len(check) == 20 and not contexts(screen) & contexts(check)
+
+
+def at(acc, n=300, offset=0):
+    """A score whose right items are a window starting at `offset` (so that conditions differ
+    item by item, as real ones do)."""
+    return Score.of(np.roll(np.arange(n) < round(acc * n), offset))
+
+
+def measures(gather_share, aggregate_share):
+    """Measures of G and A as `segments.head_measures` names them (indexed by head)."""
+    return pd.DataFrame({hd.GATHER_MEASURE: [gather_share, 0.2], hd.AGGREGATE_MEASURE: [0.1, aggregate_share],
+                         hd.LOCAL_MEASURE: [0.3, 0.2]}, index=pd.Index([G, A]))
+
+
+def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25):
+    scores = {chapter.NONE: at(clean), chapter.zeroed("G"): at(g, offset=3), chapter.zeroed("A"): at(a, offset=5),
+              chapter.kept_only("G", "A"): at(only, offset=7),
+              **{chapter.control(i): at(c, offset=i) for i, c in enumerate(controls)}}
+    roles = roles or chapter.Roles({"G": (G,), "A": (A,)}, "paper", measures(0.9, 0.8), found or {"G": G, "A": A})
+    ranked = hd.ranking_table({G: -2.0, A: -1.0}, {})
+    return chapter.Result(chapter.Config.for_profile("paper"), 18, 32, at(clean), ranked, roles, scores,
+                          [(Head(16, i), Head(17, i)) for i in range(len(controls))], chance, {})
+
+
+def test_the_papers_table_1_is_reproduced():
+    result = made_up(g=0.26, a=0.25, controls=[0.7, 0.69, 0.7], only=0.7)
+    assert [x.outcome for x in chapter.verdicts(result)] == [v.REPRODUCED] * 5
+
+
+def test_heads_that_do_not_collapse_and_controls_that_do_are_not_the_paper():
+    result = made_up(g=0.65, a=0.3, controls=[0.3, 0.7], only=0.4)
+    gather, aggregate, controls, only, _ = chapter.verdicts(result)
+    assert gather.outcome == v.NOT_REPRODUCED
+    assert aggregate.outcome == v.PARTLY and "below every random control" in aggregate.evidence
+    assert controls.outcome == v.PARTLY and only.outcome == v.NOT_REPRODUCED
+
+
+def test_a_role_no_candidate_plays_is_not_testable_and_says_why():
+    found = {"G": None, "A": A}
+    roles = chapter.Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found)
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=roles)
+    result.scores.pop(chapter.zeroed("G")), result.scores.pop(chapter.kept_only("G", "A"))
+    gather, aggregate, _, only = chapter.verdicts(result)
+    assert gather.outcome == only.outcome == v.NOT_TESTABLE
+    assert "no candidate behaves as a Gather head" in gather.evidence and "0.30" in gather.evidence
+
+
+def test_the_papers_heads_that_do_not_behave_as_their_roles_are_said_to():
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, found={"G": Head(16, 3), "A": A})
+    behave = chapter.verdicts(result)[-1]
+    assert behave.outcome == v.PARTLY and "by behaviour L16H3" in behave.evidence
+
+
+def test_a_model_at_chance_cannot_test_the_claims():
+    result = made_up(g=0.25, a=0.25, controls=[0.25], only=0.25, clean=0.26)
+    assert {x.outcome for x in chapter.verdicts(result)[:4]} == {v.NOT_TESTABLE}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(task="gsm8k"), "task must be one of 'kv', 'mmlu'"),
+    (dict(gather=["L16H22"]), "set gather and aggregate together"),
+    (dict(profile="paper", task="kv"), "task='kv' needs n_screen and n_check as numbers"),
+    (dict(screen_alpha=2), r"screen_alpha must be a number in \[0, 1\]"),
+    (dict(sweep_layers=[17, 16]), "sweep_layers must be distinct layer indices"),
+])
+def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        chapter.Config.for_profile(**{"profile": "cpu", **kwargs})

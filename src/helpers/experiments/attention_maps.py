@@ -241,21 +241,25 @@ class Result:
         return next(b for b in self.measures if b != self.kv)
 
 
-def benchmarks(cfg: Config, loaded) -> list[bm.Benchmark]:
-    """KV prompts the ranking did not see (those after its own), and MMLU questions with the
-    release's number of shots."""
+def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
+    """`n` KV prompts the shared ranking did not see: those after its own (with the ranking's
+    settings the first prompts are the ranking's; with others, skipping them costs nothing)."""
     skip = shared.ranking_settings(cfg.profile, cfg.smoke)["n"]
-    kv = bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, skip + cfg.n_prompts, cfg.seed, cfg.kv_query)
-    mcq = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed,
-                        paper("released_settings", "num_fewshot").integer)
-    return [bm.Benchmark(kv.name, kv.role, kv.items[skip:], kv.segments), mcq]
+    kv = bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query)
+    return bm.Benchmark(kv.name, kv.role, kv.items[skip:], kv.segments)
+
+
+def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:
+    """MMLU questions with the release's number of shots."""
+    return bm.letter_mcq(model, tokenizer, cfg.profile, n, cfg.seed, paper("released_settings", "num_fewshot").integer)
 
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
-    sets = benchmarks(cfg, loaded)
+    sets = [held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
+            mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu)]
     by_name = {b.name: b for b in sets}
 
     def compute(cell):

@@ -32,7 +32,7 @@ from ..segments import aggregate_pattern, gather_pattern
 from ..stats import Score, difference
 from ..sweep import sweep
 from . import base
-from .attention_maps import ROLE_NAMES, Roles, check_roles, find_roles, paper_heads
+from .attention_maps import ROLE_NAMES, Roles, check_roles, find_roles, held_out_kv, mmlu
 
 PATTERN = {"G": gather_pattern, "A": aggregate_pattern}
 BOTH = "G and A"
@@ -115,10 +115,11 @@ class Result:
 
 
 def benchmark(cfg: Config, model: str, tokenizer) -> bm.Benchmark:
+    """The prompts every condition is scored on: KV prompts the head ranking did not see, or
+    MMLU questions."""
     if cfg.task == "kv":
-        return bm.kv(model, tokenizer, cfg.kv_pairs, cfg.n, cfg.seed, cfg.kv_query)
-    return bm.letter_mcq(model, tokenizer, cfg.profile, cfg.n, cfg.seed,
-                         paper("released_settings", "num_fewshot").integer)
+        return held_out_kv(cfg, model, tokenizer, cfg.n)
+    return mmlu(cfg, model, tokenizer, cfg.n)
 
 
 def masked_loglikelihoods(loaded, b: bm.Benchmark, patterns) -> list:

@@ -188,9 +188,10 @@ def compare(r: ModelRun, which: str, rule, a: str, b: str) -> tuple[str, str]:
                                 "nothing to keep or lose")
     missing = [x for x in roles_of(which) if not r.roles.filled[x]]
     if missing:
-        return v.NOT_TESTABLE, (f"{r.model}: no top head behaves as the {' or '.join(ROLE_NAMES[x] for x in missing)} "
-                                f"head, so masking the closest ({', '.join(r.roles.label(x) for x in missing)}) tests "
-                                f"nothing about the paper's heads; it gives {r.scores[b]} against {r.scores[a]}")
+        names = " or ".join(ROLE_NAMES[x] for x in missing)
+        return v.NOT_TESTABLE, (f"{r.model}: no top head behaves as the {names} head; the closest "
+                                f"({', '.join(r.roles.label(x) for x in missing)}) says nothing about the paper's: "
+                                f"{b}: {r.scores[b]} against {a}: {r.scores[a]}")
     outcome, evidence = rule(r.scores[a], r.scores[b], r.chance)
     return outcome, f"{r.model}: {evidence}"
 

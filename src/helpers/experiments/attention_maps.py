@@ -135,7 +135,7 @@ def closest_roles(measures: pd.DataFrame) -> tuple[dict[str, tuple[Head, ...]], 
     not_local = rest[rest[LOCAL_AT_ENDS] <= hd.LOCAL]
     gather = (not_local if not not_local.empty else rest)[hd.GATHER_MEASURE].astype(float)
     g = Head(*gather.idxmax())
-    filled = {"G": not not_local.empty and gather.max() > LINE, "A": a is not None}
+    filled = {"G": bool(not not_local.empty and gather.max() > LINE), "A": a is not None}
     a = a or Head(*agg.drop(index=[g]).idxmax())
     return {"G": (g,), "A": (a,)}, filled
 

@@ -1,0 +1,408 @@
+"""Attention maps of the Gather and Aggregate heads (the paper's Fig. 1; Fig. 5 for SSMs).
+
+Record each head's attention probabilities (an SSM head's hidden attention) over a prompt, mark
+the prompt's segments (the `key:value` lines of a dictionary, the answer options of an MMLU
+question), and read off what the G&A hypothesis says the two heads do:
+
+- the Gather head, at each segment's last token, reads inside that segment (and is more than a
+  previous-token head, which stays inside a segment by looking one token back);
+- the Aggregate head, from the final position, reads the segments' last tokens, most of all the
+  one of the segment holding the answer.
+
+Each reading is a number per prompt; the verdicts take a 95% bootstrap interval of its mean over
+prompts and ask on which side of the line the interval lies. The heads are the paper's where it
+names them for the model (read from data/reference), else found by behaviour among the shared KV
+ranking's candidates (`find_roles`; masking uses the same heads). Where a role has several heads
+(Llamba's two Aggregate heads, Falcon-Mamba's channel sets) its map is the mean of theirs.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import benchmarks as bm
+from .. import heads as hd
+from .. import verdicts as v
+from ..engine import SweepEngine
+from ..errors import ConfigError
+from ..heads import Head
+from ..reference import paper
+from ..segments import Segments, head_measures
+from ..stats import Score
+from ..sweep import sweep
+from . import base, shared
+
+ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
+ANSWER_END = "final position: answer end's share of the segment ends"
+# How local a head is where a Gather head writes: the share of a segment end's in-segment
+# attention on itself and the token before it. `segments.head_measures`' local measure divides
+# by the whole row, so a head that sends most of its mass to the first token (an attention sink)
+# and the rest to the previous token reads as non-local there (SmolLM2's L19H8: 0.24 by that
+# measure, 0.89 by this one).
+LOCAL_AT_ENDS = "segment ends: share of their in-segment attention on themselves and the previous token"
+LINE = 0.5  # "most of its mass": the line every share is tested against
+MIN_PROMPTS = 5  # fewer prompts than this: a bootstrap interval means little, no verdict is decided
+MEASURES = {  # what the summary table shows, as the reader would name it
+    hd.GATHER_MEASURE: "segment ends: share kept in their own segment",
+    LOCAL_AT_ENDS: "segment ends: share on themselves and the previous token",
+    hd.AGGREGATE_MEASURE: "final position: share on the segment ends",
+    ANSWER_END: "final position: the answer's end, share of the ends",
+    "answer key": "final position: mass on the answer's key",
+    "answer value": "final position: mass on the answer's value",
+}
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    model: str = base.model("attention", "ssm")
+    gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
+    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
+    n_prompts: int = base.count()  # KV prompts measured
+    n_mmlu: int | None = base.count(optional=True)  # MMLU questions measured (None: all)
+    kv_pairs: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    seed: int = base.count(minimum=0)
+
+    chapter = "attention_maps"
+    smoke_sizes = dict(n_prompts=3, n_mmlu=3)
+
+    @classmethod
+    def defaults(cls, profile):
+        if profile == "cpu":
+            return dict(model="smollm2-135m-instruct", gather=None, aggregate=None, n_prompts=60, n_mmlu=None,
+                        kv_pairs=8, kv_query="repeat", seed=0)
+        return dict(model={"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}[profile],
+                    gather=None, aggregate=None, n_prompts=500, n_mmlu=500, kv_pairs=8, kv_query="paper", seed=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_roles(self.gather, self.aggregate)
+
+
+def check_roles(gather, aggregate) -> None:
+    if (gather is None) != (aggregate is None):
+        raise ConfigError("set both gather and aggregate (the heads of each role, e.g. ['L16H22']), or neither "
+                          "(None: the paper's heads of the model, or heads found by behaviour)")
+
+
+# --- which heads play which role ---------------------------------------------------------------
+
+def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
+    """The paper's Gather and Aggregate heads of `model` (data/reference), None where it names
+    none. Falcon-Mamba's are inner channels, written L35C3186: its adapter's heads of width 1."""
+    try:
+        refs = {r: paper("head_zeroing", f"{name.lower()}_head", model) for r, name in ROLE_NAMES.items()}
+    except KeyError:
+        return None
+    return {r: tuple(Head.parse(h.replace("C", "H")) for h in ref.value.split(";")) for r, ref in refs.items()}
+
+
+@dataclass(frozen=True)
+class Roles:
+    heads: dict[str, tuple[Head, ...]]  # "G" / "A" -> the role's heads
+    source: str  # "paper" (data/reference), "set" (the reader's parameters) or "behaviour"
+    filled: dict[str, bool]  # by behaviour: whether a candidate behaved as the role (else the closest one)
+    candidates: pd.DataFrame | None = None  # by behaviour: the candidates' measures on the ranking's prompts
+
+    def label(self, role: str) -> str:
+        return ", ".join(map(str, self.heads[role]))
+
+    def describe(self, role: str) -> str:
+        how = {"paper": "the paper's", "set": "as set"}.get(self.source)
+        if how is None:
+            how = ("by behaviour among the KV ranking's top heads" if self.filled[role] else
+                   f"no top head of the KV ranking behaves as the {ROLE_NAMES[role]} head: the closest")
+        return f"{self.label(role)} ({how})"
+
+
+def closest_roles(measures: pd.DataFrame) -> tuple[dict[str, tuple[Head, ...]], dict[str, bool]]:
+    """The rule of `heads.assign_roles`, with the local measure taken at the segment ends
+    (LOCAL_AT_ENDS), and every role filled. `measures`: one row per candidate head (indexed by
+    Head), the columns of `measures`.
+
+    Aggregate: the candidate whose final position puts the largest share of its in-segment
+    attention on the segment ends. Gather: of the others, the non-local candidate whose segment
+    ends keep the largest share in their own segment. A role is filled when that share is above
+    LINE; where it is not, the candidate that comes closest takes it (for G, a non-local one
+    where there is one), and `filled` says so."""
+    agg = measures[hd.AGGREGATE_MEASURE].astype(float)
+    a = Head(*agg.idxmax()) if agg.max() > LINE else None
+    rest = measures.drop(index=[a] if a else [])
+    not_local = rest[rest[LOCAL_AT_ENDS] <= hd.LOCAL]
+    gather = (not_local if not not_local.empty else rest)[hd.GATHER_MEASURE].astype(float)
+    g = Head(*gather.idxmax())
+    filled = {"G": bool(not not_local.empty and gather.max() > LINE), "A": a is not None}
+    a = a or Head(*agg.drop(index=[g]).idxmax())
+    return {"G": (g,), "A": (a,)}, filled
+
+
+def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None) -> Roles:
+    """The heads of each role: as set; else the paper's for this model; else by behaviour among
+    the candidates of the shared KV ranking, measured on the ranking's own prompts."""
+    both = {"G": True, "A": True}
+    if gather is not None:
+        return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set", both)
+    if (heads := paper_heads(loaded.name)) is not None:
+        return Roles(heads, "paper", both)
+    ranking = shared.kv_ranking(loaded, profile, smoke)
+    s, candidates = ranking.settings, hd.candidates(ranking.table)
+    kv = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], s["n"], s["seed"], s["query"])
+    rows = [dict(head=h, **measures(a, kv.segments(item)))
+            for item in kv.items for h, a in head_maps(loaded, item.pairs[0][0], candidates).items()]
+    table = pd.DataFrame(rows).groupby("head", sort=False).mean()
+    heads, filled = closest_roles(table)
+    return Roles(heads, "behaviour", filled, table)
+
+
+# --- maps and measures -------------------------------------------------------------------------
+
+def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]:
+    """Each head's [T, T] attention over `context` (hidden attention for SSM heads), one pass.
+    Falcon-Mamba's layers have 8192 single-channel heads: only the channels asked for are
+    materialised (attention.attention_maps would build all of them)."""
+    from ..adapters import unwrap
+    from ..attention import attention_maps, mixer_input
+
+    model, adapter = unwrap(loaded)
+    ids = loaded.tokenizer(context, return_tensors="pt").input_ids
+    layers = sorted({h.layer for h in heads})
+    if not adapter.head_kind.startswith("channel"):
+        maps = attention_maps(loaded, ids, layers)
+        return {h: maps[h.layer][0, h.head].numpy() for h in heads}
+    seen = {}
+    with ExitStack() as stack:
+        for l in layers:
+            hook = lambda m, a, kw, l=l: seen.__setitem__(l, mixer_input(a, kw))
+            stack.callback(adapter.mixer(l).register_forward_pre_hook(hook, with_kwargs=True).remove)
+        model(input_ids=ids.to(next(model.parameters()).device))
+    out = {}
+    for l in layers:
+        mine = [h for h in heads if h.layer == l]
+        alpha = adapter.hidden_attention(l, seen[l], [h.head for h in mine]).float().cpu()
+        out |= {h: alpha[0, k].numpy() for k, h in enumerate(mine)}
+    return out
+
+
+def role_maps(loaded, context: str, roles: Roles) -> dict[str, np.ndarray]:
+    """Each role's map: |attention| of its head, the mean over its heads where it has several."""
+    maps = head_maps(loaded, context, [h for hs in roles.heads.values() for h in hs])
+    return {r: np.mean([np.abs(maps[h]) for h in hs], axis=0) for r, hs in roles.heads.items()}
+
+
+def measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
+    """`segments.head_measures`, how local the segment ends are (LOCAL_AT_ENDS), and how much of
+    what the final position puts on the segment ends goes to the answer's end (the Aggregate
+    head's "mostly the answer's")."""
+    a = np.abs(a)
+    inside = seg.segment >= 0
+    local = [(a[e, e] + a[e, e - 1]) / max(a[e][inside].sum(), 1e-12) for e in seg.ends]
+    ends = a[-1][seg.ends]
+    return {**head_measures(a, seg), LOCAL_AT_ENDS: float(np.mean(local)),
+            ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
+
+
+def interval(values, resamples: int = 2000) -> tuple[float, float, float, int]:
+    """Mean of per-prompt values with a 95% percentile-bootstrap interval (seeded), and n."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    means = x[np.random.default_rng(0).integers(0, len(x), (resamples, len(x)))].mean(1)
+    return float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)), len(x)
+
+
+def fmt(values) -> str:
+    m, lo, hi, n = interval(values)
+    return f"{m:.2f} [{lo:.2f}, {hi:.2f}], n={n}"
+
+
+def side(values, line: float, above: bool = True) -> str:
+    """Reproduced when the interval of the mean lies above `line` (below it, with above=False),
+    not reproduced when it lies on the other side, inconclusive when it straddles the line or
+    rests on fewer than MIN_PROMPTS prompts."""
+    m, lo, hi, n = interval(values)
+    if n < MIN_PROMPTS:
+        return v.INCONCLUSIVE
+    if not above:
+        lo, hi, line = -hi, -lo, -line
+    return v.REPRODUCED if lo > line else v.NOT_REPRODUCED if hi < line else v.INCONCLUSIVE
+
+
+def conjunction(*outcomes: str) -> str:
+    """A claim that needs all its parts: reproduced when every part is, not reproduced when one
+    is not, inconclusive otherwise."""
+    if v.NOT_REPRODUCED in outcomes:
+        return v.NOT_REPRODUCED
+    return v.REPRODUCED if set(outcomes) == {v.REPRODUCED} else v.INCONCLUSIVE
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    roles: Roles
+    accuracy: dict[str, Score]  # benchmark -> the model's accuracy: is there retrieval to read?
+    chance: dict[str, float]
+    measures: dict[str, pd.DataFrame]  # benchmark -> one row per role and prompt
+    examples: dict[str, tuple[Segments, dict[str, np.ndarray]]]  # benchmark -> its first prompt: segments, role maps
+    provenance: dict
+
+    @property
+    def kv(self) -> str:
+        return next(b for b in self.measures if b.startswith("KV"))
+
+    @property
+    def mcq(self) -> str:
+        return next(b for b in self.measures if b != self.kv)
+
+
+def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
+    """`n` KV prompts the shared ranking did not see: those after its own (with the ranking's
+    settings the first prompts are the ranking's; with others, skipping them costs nothing)."""
+    skip = shared.ranking_settings(cfg.profile, cfg.smoke)["n"]
+    kv = bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query)
+    return bm.Benchmark(kv.name, kv.role, kv.items[skip:], kv.segments)
+
+
+def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:
+    """MMLU questions with the release's number of shots."""
+    return bm.letter_mcq(model, tokenizer, cfg.profile, n, cfg.seed, paper("released_settings", "num_fewshot").integer)
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    loaded = base.load(cfg.model)
+    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
+    sets = [held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
+            mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu)]
+    by_name = {b.name: b for b in sets}
+
+    def compute(cell):
+        b = by_name[cell["benchmark"]]
+        rows = [dict(role=r, prompt=i, **measures(a, b.segments(item)))
+                for i, item in enumerate(b.items) for r, a in role_maps(loaded, item.pairs[0][0], roles).items()]
+        return {"accuracy": SweepEngine(loaded, loaded.tokenizer, b.items).score().to_json(), "rows": rows}
+
+    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded])
+    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query,
+                  G=roles.label("G"), A=roles.label("A")) for b in sets]
+    rows = {r["benchmark"]: r for r in sweep(store, cells, compute, desc="benchmarks")}
+    examples = {b.name: (b.segments(b.items[0]), role_maps(loaded, b.items[0].pairs[0][0], roles)) for b in sets}
+    return Result(cfg, roles, {b: Score.from_json(r["accuracy"]) for b, r in rows.items()},
+                  {b.name: b.chance for b in sets}, {b: pd.DataFrame(r["rows"]) for b, r in rows.items()},
+                  examples, base.record(cfg, [loaded], timer))
+
+
+# --- what it says ------------------------------------------------------------------------------
+
+def source(result: Result) -> str:
+    from .. import registry
+
+    return "Fig. 1" if registry.spec(result.cfg.model).mixer == "attention" else "Fig. 5"
+
+
+def short(result: Result, benchmark: str) -> str:
+    return "KV" if benchmark == result.kv else benchmark.split(" (")[0]
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    out, fig, roles = [], source(result), result.roles
+    for name, m in result.measures.items():
+        task = short(result, name)
+        acc, chance = result.accuracy[name], result.chance[name]
+        if not acc.above(chance):
+            out.append(v.Verdict(f"{task}: the Gather and Aggregate patterns", fig, v.NOT_TESTABLE,
+                                 f"the model's {name} accuracy does not clear chance ({acc}, chance {chance:.0%}): "
+                                 "no retrieval to show the mechanism of"))
+            continue
+        g, a = m[m.role == "G"], m[m.role == "A"]
+        note = {r: "" if roles.filled[r] else f"no top head behaves as the {ROLE_NAMES[r]} head; the closest, "
+                f"{roles.label(r)}: " for r in ROLE_NAMES}
+        inside, local = side(g[hd.GATHER_MEASURE], LINE), side(g[LOCAL_AT_ENDS], hd.LOCAL, above=False)
+        out.append(v.Verdict(
+            f"{task}: the Gather head {roles.label('G')} keeps each segment end's attention inside its segment, "
+            "and is not a previous-token head", fig, conjunction(inside, local),
+            f"{note['G']}share kept in the own segment {fmt(g[hd.GATHER_MEASURE])} (line {LINE}); share on "
+            f"the end itself and the token before {fmt(g[LOCAL_AT_ENDS])} (previous-token heads: above {hd.LOCAL})"))
+        out.append(v.Verdict(
+            f"{task}: the Aggregate head {roles.label('A')} reads the segment ends from the final position", fig,
+            side(a[hd.AGGREGATE_MEASURE], LINE),
+            f"{note['A']}share of its in-segment attention on the segment ends {fmt(a[hd.AGGREGATE_MEASURE])} "
+            f"(line {LINE})"))
+        out.append(v.Verdict(
+            f"{task}: of the ends, the Aggregate head reads mostly the answer's", fig, side(a[ANSWER_END], LINE),
+            f"{note['A']}the answer's end takes {fmt(a[ANSWER_END])} of the mass on the ends (line {LINE}; "
+            f"uniform over the segments: {1 / len(result.examples[name][0].ends):.2f})"))
+    return out
+
+
+def roles_table(result: Result) -> pd.DataFrame:
+    """Which heads play which role, and why: by behaviour, every candidate of the KV ranking
+    with the measures that decide (means over the ranking's prompts)."""
+    r = result.roles
+    if r.candidates is None:
+        return pd.DataFrame({"role": list(ROLE_NAMES.values()), "heads": [r.describe(x) for x in ROLE_NAMES]})
+    rows = []
+    for index, m in r.candidates.iterrows():
+        head = Head(*index)
+        role = next((x for x in ROLE_NAMES if head in r.heads[x]), None)
+        name = "-" if role is None else ROLE_NAMES[role] + ("" if r.filled[role] else " (closest; none behaves as one)")
+        deciding = (hd.GATHER_MEASURE, LOCAL_AT_ENDS, hd.AGGREGATE_MEASURE)
+        rows.append({"head": str(head), "role": name, **{MEASURES[k]: f"{m[k]:.2f}" for k in deciding}})
+    return pd.DataFrame(rows)
+
+
+def summary(result: Result) -> pd.DataFrame:
+    """The measures, per benchmark and role: mean over prompts [95% interval], n."""
+    table = {}
+    for name, m in result.measures.items():
+        task = short(result, name)
+        for r in ROLE_NAMES:
+            part = m[m.role == r]
+            table[f"{task}: {r} {result.roles.label(r)}"] = [fmt(part[k]) for k in MEASURES]
+    return pd.DataFrame(table, index=list(MEASURES.values())).rename_axis("measure (mean over prompts)").reset_index()
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    cfg, roles = result.cfg, result.roles
+    ref = cfg.model if paper_heads(cfg.model) else "llama-3.1-8b-instruct"
+    kv = result.measures[result.kv]
+    g, a = kv[kv.role == "G"], kv[kv.role == "A"]
+    return base.comparison_table([
+        ("model", "Llama-3.1-8B (Fig. 1); SSMs' hidden attention (Fig. 5)",
+         "visualize.py: Llamba (materialised heads)", f"{cfg.model} ({cfg.profile} profile)"),
+        ("Gather head", f"{paper('head_zeroing', 'gather_head', ref).value} ({ref})", "GATHER_HEADS (notebook cell 13)",
+         roles.describe("G")),
+        ("Aggregate head", f"{paper('head_zeroing', 'aggregate_head', ref).value} ({ref})",
+         "AGGREGATE_HEADS (notebook cell 15)", roles.describe("A")),
+        ("prompt", "an MMLU question (Fig. 1)", "one input text, scored over A-D",
+         f"KV prompts ({cfg.kv_pairs} keys, query '{cfg.kv_query}') and MMLU questions, seed {cfg.seed}"),
+        ("maps drawn", "-", "one panel per head, whole map min-max normalised",
+         "one figure per role (mean over its heads), each row scaled to its maximum; SSMs: |hidden attention|"),
+        ("G: share kept in the own segment (KV)", "inside each segment (Fig. 1)", "-", fmt(g[hd.GATHER_MEASURE])),
+        ("A: share on the segment ends (KV)", "the segments' last tokens (Fig. 1)", "-", fmt(a[hd.AGGREGATE_MEASURE])),
+        ("A: the answer's end, share of the ends (KV)", "mostly the answer's (Fig. 1)", "-", fmt(a[ANSWER_END])),
+        ("accuracy (is there retrieval to read?)", "-", "-",
+         "; ".join(f"{b}: {s} (chance {result.chance[b]:.0%})" for b, s in result.accuracy.items())),
+    ])
+
+
+def subject(result: Result) -> str:
+    roles = result.roles
+    return f"on the {result.cfg.profile} profile, {result.cfg.model}: G {roles.label('G')}, A {roles.label('A')}"
+
+
+def figure(result: Result, benchmark: str, role: str):
+    """One role's map over the benchmark's first prompt (`plots.attention_figure`)."""
+    from .. import plots
+
+    seg, maps = result.examples[getattr(result, benchmark)]
+    kind = "attention" if source(result) == "Fig. 1" else "|hidden attention|"
+    title = (f"{result.cfg.model}, {ROLE_NAMES[role]} {result.roles.label(role)}: {kind} "
+             f"over {'a KV prompt' if benchmark == 'kv' else 'an MMLU question'}")
+    return plots.attention_figure(maps[role], seg, title)

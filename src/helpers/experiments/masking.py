@@ -1,0 +1,282 @@
+"""Masking the Gather and Aggregate heads to the hypothesised patterns (the paper's Fig. 6, §4.3).
+
+If retrieval runs through the two heads, each needs nothing but its pattern: the Gather head
+reading only inside each segment, the Aggregate head reading only the segments' last tokens from
+the final position. Restrict them to that (per prompt, from its segments) and accuracy should
+be kept; restrict them to a control pattern (the complement) and it should fall, below the
+hypothesised pattern. Zeroing each head says how much the model needs it at all.
+
+Masks act before the softmax (the allowed positions are renormalised); SSM heads are masked
+through their materialised hidden attention (`attention.mask_attention`). Every condition is
+scored on the same prompts, so each comparison is a paired test on the prompts' correctness.
+Masks differ per prompt, so prompts run one at a time: the slowest chapter.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from .. import benchmarks as bm
+from .. import verdicts as v
+from ..attention import mask_attention
+from ..engine import SweepEngine
+from ..evaluate import from_loglikelihoods
+from ..errors import ConfigError
+from ..heads import Head, ablation
+from ..reference import paper
+from ..segments import aggregate_pattern, gather_pattern
+from ..stats import Score, difference
+from ..sweep import sweep
+from . import base
+from .attention_maps import ROLE_NAMES, Roles, check_roles, find_roles, held_out_kv, mmlu
+
+PATTERN = {"G": gather_pattern, "A": aggregate_pattern}
+BOTH = "G and A"
+
+
+@dataclass(frozen=True)
+class Condition:
+    masked: dict[str, bool]  # role -> restricted to its control pattern (True) or to its pattern (False)
+    zeroed: str | None = None  # role whose heads are zeroed
+
+    @property
+    def kind(self) -> str:
+        if self.zeroed:
+            return "head zeroed"
+        if not self.masked:
+            return "no mask"
+        return "control pattern" if any(self.masked.values()) else "hypothesised pattern"
+
+
+CONDITIONS = {
+    "no mask": Condition({}),
+    "G: gather pattern": Condition({"G": False}),
+    "A: aggregate pattern": Condition({"A": False}),
+    "G and A: both patterns": Condition({"G": False, "A": False}),
+    "G: control pattern": Condition({"G": True}),
+    "A: control pattern": Condition({"A": True}),
+    "G and A: control patterns": Condition({"G": True, "A": True}),
+    "G zeroed": Condition({}, "G"),
+    "A zeroed": Condition({}, "A"),
+}
+PATTERN_OF = {"G": "G: gather pattern", "A": "A: aggregate pattern", BOTH: "G and A: both patterns"}
+CONTROL_OF = {"G": "G: control pattern", "A": "A: control pattern", BOTH: "G and A: control patterns"}
+PAPER_MODELS = {"paper": ("llamba-8b", "llama-3.1-8b-instruct"), "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
+
+
+@dataclass(frozen=True)
+class Config(base.Config):
+    models: tuple[str, ...] = base.models("attention", "ssm")
+    gather: tuple[Head, ...] | None = base.heads(optional=True)  # one model only; None: the paper's, or by behaviour
+    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
+    task: str = base.one_of("kv", "mmlu")
+    n: int = base.count()  # prompts, the same under every condition
+    kv_pairs: int = base.count()
+    kv_query: str = base.one_of("paper", "repeat")
+    seed: int = base.count(minimum=0)
+
+    chapter = "masking"
+    smoke_sizes = dict(n=3)
+
+    @classmethod
+    def defaults(cls, profile):
+        if profile == "cpu":
+            return dict(models=["smollm2-135m-instruct"], gather=None, aggregate=None, task="kv", n=60, kv_pairs=8,
+                        kv_query="repeat", seed=0)
+        return dict(models=PAPER_MODELS[profile], gather=None, aggregate=None, task="mmlu", n=500, kv_pairs=8,
+                    kv_query="paper", seed=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_roles(self.gather, self.aggregate)
+        if self.gather is not None and len(self.models) > 1:
+            raise ConfigError(f"gather and aggregate name the heads of one model; models lists {len(self.models)}: "
+                              "list one model, or leave the heads to None (each model's own)")
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    model: str
+    roles: Roles
+    benchmark: str
+    chance: float
+    scores: dict[str, Score]  # condition -> accuracy, every condition on the same prompts
+
+
+@dataclass(frozen=True)
+class Result:
+    cfg: Config
+    runs: tuple[ModelRun, ...]
+    provenance: dict
+
+
+def benchmark(cfg: Config, model: str, tokenizer) -> bm.Benchmark:
+    """The prompts every condition is scored on: KV prompts the head ranking did not see, or
+    MMLU questions."""
+    if cfg.task == "kv":
+        return held_out_kv(cfg, model, tokenizer, cfg.n)
+    return mmlu(cfg, model, tokenizer, cfg.n)
+
+
+def masked_loglikelihoods(loaded, b: bm.Benchmark, patterns) -> list:
+    """Each prompt's choices' log-likelihoods when heads may attend only where a per-prompt
+    pattern allows: what `segments.score_with_patterns` computes (tested), through the sweep
+    engine, one prompt at a time. There a prompt's choices share one row, so a prompt costs one
+    row instead of one per choice (several times fewer tokens).
+
+    `patterns(seg) -> {(layer, head): allowed [T, T]}` covers the context's T tokens; the
+    continuation tokens keep the engine's own mask (they read the context and their own
+    choice), as they stay causal in `score_with_patterns`."""
+    lls = []
+    for item in b.items:
+        engine = SweepEngine(loaded, loaded.tokenizer, [item])
+        seg, width = b.segments(item), engine.rows.ids.shape[1]
+        with ExitStack() as stack:
+            for (layer, head), pattern in patterns(seg).items():
+                allowed = torch.ones(width, width, dtype=torch.bool)
+                allowed[:len(seg), :len(seg)] = pattern
+                stack.enter_context(mask_attention(loaded, layer, [head], allowed))
+            lls.append(engine.loglikelihoods([{}])[0])
+    return lls
+
+
+def score(loaded, b: bm.Benchmark, roles: Roles, condition: Condition) -> Score:
+    """The benchmark's accuracy under one condition."""
+    if not condition.masked:
+        zeroed = ablation(roles.heads[condition.zeroed]) if condition.zeroed else {}
+        return SweepEngine(loaded, loaded.tokenizer, b.items).score(zeroed)
+    patterns = lambda seg: {(h.layer, h.head): PATTERN[r](seg, control)
+                            for r, control in condition.masked.items() for h in roles.heads[r]}
+    return from_loglikelihoods(masked_loglikelihoods(loaded, b, patterns), b.items)
+
+
+def run(cfg: Config) -> Result:
+    timer = base.Timer()
+    runs, made = [], {}
+    for model in cfg.models:
+        loaded = base.load(model)
+        roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
+        b = benchmark(cfg, model, loaded.tokenizer)
+        store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded])
+        cells = [dict(model=model, condition=c, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query,
+                      G=roles.label("G"), A=roles.label("A")) for c in CONDITIONS]
+        rows = sweep(store, cells, lambda cell: score(loaded, b, roles, CONDITIONS[cell["condition"]]).to_json(),
+                     desc=f"{model}: conditions")
+        runs.append(ModelRun(model, roles, b.name, b.chance, {r["condition"]: Score.from_json(r) for r in rows}))
+        record = base.record(cfg, [loaded], timer)
+        made = {**record, **made, "models": {**made.get("models", {}), **record["models"]}}
+        del loaded  # before the next model loads: one paper model in memory at a time
+    return Result(cfg, tuple(runs), {**made, "wall_s": timer.seconds})
+
+
+# --- what it says ------------------------------------------------------------------------------
+
+def roles_of(which: str) -> list[str]:
+    return ["G", "A"] if which == BOTH else [which]
+
+
+def compare(r: ModelRun, which: str, rule, a: str, b: str) -> tuple[str, str]:
+    """One model's part of a claim about role(s) `which`: `rule(scores[a], scores[b], chance)`,
+    not testable where the model is at chance or a role was not found by behaviour."""
+    clean = r.scores["no mask"]
+    if not clean.above(r.chance):
+        return v.NOT_TESTABLE, (f"{r.model}: no mask does not clear chance ({clean}, chance {r.chance:.0%}), "
+                                "nothing to keep or lose")
+    missing = [x for x in roles_of(which) if not r.roles.filled[x]]
+    if missing:
+        names = " or ".join(ROLE_NAMES[x] for x in missing)
+        return v.NOT_TESTABLE, (f"{r.model}: no top head behaves as the {names} head; the closest "
+                                f"({', '.join(r.roles.label(x) for x in missing)}) says nothing about the paper's: "
+                                f"{b}: {r.scores[b]} against {a}: {r.scores[a]}")
+    outcome, evidence = rule(r.scores[a], r.scores[b], r.chance)
+    return outcome, f"{r.model}: {evidence}"
+
+
+def verdict(result: Result, claim: str, which: str, rule, a: str, b: str) -> v.Verdict:
+    """A claim over every model of the run, each model's part decided by `compare`."""
+    parts = [compare(r, which, rule, a, b) for r in result.runs]
+    return v.Verdict(claim, "Fig. 6, §4.3", v.combine(o for o, _ in parts), "; ".join(e for _, e in parts))
+
+
+def verdicts(result: Result) -> list[v.Verdict]:
+    kept, falls, lower = v.kept, v.falls, lambda a, b, chance: v.lower(a, b)
+    out = []
+    for which in ("G", "A", BOTH):
+        heads = f"{which} head{'s' if which == BOTH else ''}"
+        out += [verdict(result, f"{heads} masked to the hypothesised pattern{'s' if which == BOTH else ''}: "
+                                "accuracy is kept", which, kept, "no mask", PATTERN_OF[which]),
+                verdict(result, f"{heads} masked to the control pattern{'s' if which == BOTH else ''}: accuracy falls",
+                        which, falls, "no mask", CONTROL_OF[which]),
+                verdict(result, f"{heads}: the control scores below the hypothesised pattern", which, lower,
+                        PATTERN_OF[which], CONTROL_OF[which])]
+    for role in ROLE_NAMES:
+        out.append(verdict(result, f"{role} head zeroed: accuracy falls", role, falls, "no mask", f"{role} zeroed"))
+    return out
+
+
+def table(result: Result) -> pd.DataFrame:
+    """Every model and condition: accuracy [95% interval], n, and the paired difference from no mask."""
+    rows = []
+    for r in result.runs:
+        clean = r.scores["no mask"]
+        for name, s in r.scores.items():
+            rows.append({"model": r.model, "condition": name, "accuracy [95% interval]": format(s, ".1%"),
+                         "change from no mask [95% interval]": "-" if name == "no mask" else str(difference(clean, s))})
+    return pd.DataFrame(rows)
+
+
+def comparison(result: Result) -> pd.DataFrame:
+    paper_row = lambda m: (f"G {paper('head_zeroing', 'gather_head', m).value}, "
+                           f"A {paper('head_zeroing', 'aggregate_head', m).value} ({m})")
+    rows = [("models and heads", "; ".join(paper_row(m) for m in PAPER_MODELS["paper"]),
+             "no masking code in the release",
+             "; ".join(f"{r.model}: G {r.roles.describe('G')}, A {r.roles.describe('A')}" for r in result.runs)),
+            ("task", "MMLU (Fig. 6; not verified)", "-",
+             f"{result.runs[0].benchmark}, n={result.cfg.n}, seed={result.cfg.seed}")]
+    expected = {**{c: "kept (Fig. 6; not verified)" for c in PATTERN_OF.values()},
+                **{c: "falls (§4.3; not verified)" for c in CONTROL_OF.values()}}
+    for r in result.runs:
+        rows += [(f"{r.model}: {name}", expected.get(name, "-"), "-", str(r.scores[name]))
+                 for name in ("no mask", *PATTERN_OF.values(), *CONTROL_OF.values())]
+    return base.comparison_table(rows)
+
+
+def subject(result: Result) -> str:
+    return f"on the {result.cfg.profile} profile, " + "; ".join(
+        f"{r.model} (G {r.roles.label('G')}, A {r.roles.label('A')})" for r in result.runs)
+
+
+COLOURS = {"no mask": "0.55", "hypothesised pattern": "tab:green", "control pattern": "tab:red",
+           "head zeroed": "0.25"}
+
+
+def figure(result: Result):
+    """Fig. 6's bars for this run: accuracy under every condition (95% intervals), one panel per
+    model, chance as a labelled dotted line."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from .. import plots
+
+    plots.style()
+    fig, axes = plt.subplots(len(result.runs), 1, figsize=(plots.WIDTH, 0.8 + 3.2 * len(result.runs)), squeeze=False,
+                             sharex=True)
+    for ax, r in zip(axes[:, 0], result.runs):
+        names = list(r.scores)
+        acc = [100 * r.scores[c].acc for c in names]
+        err = [[100 * (r.scores[c].acc - r.scores[c].lo) for c in names],
+               [100 * (r.scores[c].hi - r.scores[c].acc) for c in names]]
+        ax.barh(names, acc, xerr=err, color=[COLOURS[CONDITIONS[c].kind] for c in names], capsize=3)
+        ax.axvline(100 * r.chance, ls=":", lw=1.5, color="0.2")
+        ax.invert_yaxis()
+        ax.set(xlim=(0, 100), title=f"{r.model}: G {r.roles.label('G')}, A {r.roles.label('A')}")
+    axes[-1, 0].set_xlabel("accuracy (%)")
+    handles = [Patch(color=c, label=k) for k, c in COLOURS.items()]
+    handles.append(plt.Line2D([], [], ls=":", color="0.2", label=f"chance ({result.runs[0].chance:.0%})"))
+    fig.legend(handles=handles, loc="lower center", ncols=3, frameon=False, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.1 / len(result.runs), 1, 1))
+    return fig

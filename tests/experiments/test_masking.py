@@ -1,0 +1,94 @@
+"""Masking: the run at smoke size, every verdict both ways on hand-built results (and not
+testable at chance or without a head of the role), and bad parameters."""
+
+import numpy as np
+import pytest
+
+from helpers import verdicts as v
+from helpers.errors import ConfigError
+from helpers.experiments import masking as chapter
+from helpers.experiments.attention_maps import Roles
+from helpers.heads import Head
+from helpers.stats import Score
+
+
+def test_run_at_smoke_size_scores_every_condition_on_the_same_prompts():
+    # Heads given: the shared KV ranking (minutes on CPU) has its own tests. Small prompts, for time.
+    cfg = chapter.Config.for_profile("cpu", smoke=True, gather=["L16H0"], aggregate=["L18H6"], n=2, kv_pairs=4)
+    result = chapter.run(cfg)
+    (r,) = result.runs
+    assert list(r.scores) == list(chapter.CONDITIONS) and {s.n for s in r.scores.values()} == {2}
+    assert len(chapter.verdicts(result)) == 11 and {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
+    assert len(chapter.table(result)) == len(chapter.CONDITIONS)
+    assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
+    assert result.provenance["models"].keys() == {"smollm2-135m-instruct"}
+    assert chapter.figure(result).axes
+
+
+def made_up(accuracy: dict[str, float], n=200, filled=True, chance=0.125):
+    """A one-model Result: each condition gets the first acc*n prompts right (so that conditions
+    are nested, as a paired test sees them); conditions not given keep the unmasked accuracy."""
+    at = lambda acc: Score.of(np.arange(n) < round(acc * n))
+    scores = {c: at(accuracy.get(c, accuracy["no mask"])) for c in chapter.CONDITIONS}
+    roles = Roles({"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}, "paper" if filled else "behaviour",
+                  {"G": True, "A": filled})
+    run = chapter.ModelRun("llamba-8b", roles, "MMLU (0-shot)", chance, scores)
+    return chapter.Result(chapter.Config.for_profile("paper"), (run,), {})
+
+
+PAPERS = {"no mask": 0.6, "G: control pattern": 0.3, "A: control pattern": 0.3, "G and A: control patterns": 0.25,
+          "G zeroed": 0.25, "A zeroed": 0.25}
+
+
+def test_the_papers_masking_result_is_reproduced():
+    assert {x.outcome for x in chapter.verdicts(made_up(PAPERS))} == {v.REPRODUCED}
+
+
+def test_a_control_that_beats_the_aggregate_pattern_is_said_so():
+    result = made_up({**PAPERS, "A: aggregate pattern": 0.35, "A: control pattern": 0.6})
+    by_claim = {x.claim: x.outcome for x in chapter.verdicts(result)}
+    assert by_claim["A head masked to the hypothesised pattern: accuracy is kept"] == v.NOT_REPRODUCED
+    assert by_claim["A head masked to the control pattern: accuracy falls"] == v.NOT_REPRODUCED
+    assert by_claim["A head: the control scores below the hypothesised pattern"] == v.NOT_REPRODUCED
+    assert by_claim["G head masked to the hypothesised pattern: accuracy is kept"] == v.REPRODUCED
+
+
+def test_at_chance_or_without_an_aggregate_head_the_claims_are_not_testable():
+    assert {x.outcome for x in chapter.verdicts(made_up({"no mask": 0.13}))} == {v.NOT_TESTABLE}
+    by_claim = {x.claim: x for x in chapter.verdicts(made_up(PAPERS, filled=False))}
+    a = by_claim["A head masked to the hypothesised pattern: accuracy is kept"]
+    assert a.outcome == v.NOT_TESTABLE and "no top head behaves as the Aggregate head" in a.evidence
+    assert by_claim["G and A heads masked to the control patterns: accuracy falls"].outcome == v.NOT_TESTABLE
+    assert by_claim["G head masked to the control pattern: accuracy falls"].outcome == v.REPRODUCED
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(models=["llamba-8b", "llama-3.1-8b-instruct"], gather=["L16H10"], aggregate=["L17H3"]), "list one model"),
+    (dict(task="gsm8k"), "task must be one of 'kv', 'mmlu'"),
+    (dict(models=[]), "models must name at least one model"),
+    (dict(n=0), "n must be at least 1"),
+])
+def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        chapter.Config.for_profile("cpu", **kwargs)
+
+
+@pytest.mark.parametrize("model, heads", [("smollm2-135m-instruct", [(16, 0), (18, 6), (18, 2)]),
+                                          ("toy-mamba2", [(1, 0), (1, 2)])])
+def test_masks_through_the_engine_equal_the_plain_scorers(model, heads, monkeypatch):
+    from helpers import benchmarks as bm
+    from helpers import evaluate
+    from helpers.experiments import base
+    from helpers.segments import aggregate_pattern, gather_pattern, score_with_patterns
+
+    loaded = base.load(model)
+    b = bm.kv(model, loaded.tokenizer, 4, 2, seed=1, query="repeat")
+    (g, a, *rest) = heads
+    patterns = lambda seg: {g: gather_pattern(seg), a: aggregate_pattern(seg),
+                            **{h: gather_pattern(seg, control=True) for h in rest}}
+    plain = []
+    monkeypatch.setattr(evaluate, "from_loglikelihoods", lambda lls, items: plain.extend(lls))
+    by_context = {it.pairs[0][0]: it for it in b.items}
+    score_with_patterns(loaded, b.items, lambda context: b.segments(by_context[context]), patterns)
+    for ours, theirs in zip(chapter.masked_loglikelihoods(loaded, b, patterns), plain, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=2e-4)

@@ -1,7 +1,5 @@
 """Scores, paired differences and the verdict rules, on hand-built numbers with known answers."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -44,6 +42,18 @@ def test_paired_interval_is_narrower_than_the_unpaired_one_when_items_agree():
     assert paired.delta == unpaired.delta == pytest.approx(-0.10)
     assert paired.hi < 0 and (paired.hi - paired.lo) < (unpaired.hi - unpaired.lo)
     assert unpaired.p is None and paired.p == pytest.approx(2 / 2 ** 10)
+
+
+def test_a_few_identical_outcomes_leave_a_wide_paired_interval():
+    # Uncorrected, the correlation of identical outcomes (phi = 1) shrinks the interval to [0, 0]:
+    # four prompts would then "show" that an intervention changes nothing.
+    a = Score.of([1, 1, 0, 0])
+    d = difference(a, Score.of(a.correct.copy()))
+    assert d.delta == 0 and d.lo < -0.2 and d.hi > 0.2
+    assert v.kept(a, Score.of(a.correct.copy()), 0.05)[0] == v.INCONCLUSIVE
+    many = score(100, 200)  # with many items the same agreement does give a narrow interval
+    d = difference(many, Score.of(many.correct.copy()))
+    assert -0.02 < d.lo < 0 < d.hi < 0.02
 
 
 def test_collapses_reproduced_not_reproduced_and_not_testable():

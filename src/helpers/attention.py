@@ -18,7 +18,6 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask

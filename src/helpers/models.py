@@ -22,18 +22,8 @@ from .progress import quiet
 from .provenance import file_hash
 from .registry import MODELS, Loaded, ModelSpec, spec
 
-PROFILE_MODEL = {"cpu": "smollm2-135m-instruct", "paper": "llama-3.1-8b-instruct",
-                 "paper-3b": "llama-3.2-3b-instruct"}
-
-
 class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here; the message names the fix."""
-
-
-def default_model(profile: str) -> str:
-    if profile not in PROFILE_MODEL:
-        raise ValueError(f"unknown profile {profile!r}; use one of {sorted(PROFILE_MODEL)}")
-    return PROFILE_MODEL[profile]
 
 
 def smollm2_gguf() -> Path:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from .stats import Score
 
 
 @dataclass
@@ -138,7 +142,7 @@ def sharpness(row: np.ndarray, seg: Segments) -> dict[str, float]:
             "answer segment share": float(p[seg.target])}
 
 
-def score_with_patterns(loaded, items, segmenter, patterns) -> "Score":
+def score_with_patterns(loaded, items, segmenter, patterns) -> Score:
     """Accuracy when heads may attend only where a per-prompt pattern allows.
 
     `segmenter(context) -> Segments`; `patterns(seg) -> {(layer, head): allowed [T, T]}` over the

@@ -85,7 +85,13 @@ def _phi(a: Score, b: Score) -> float:
     only_b = int((~a.correct & b.correct).sum())
     neither = a.n - both - only_a - only_b
     denominator = math.sqrt((both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither))
-    return 0.0 if denominator == 0 else (both * neither - only_a * only_b) / denominator
+    # Newcombe's correction (as in Altman et al., Statistics with Confidence, 2000): a positive
+    # association is shrunk by n/2, so a few concordant pairs cannot narrow the interval to a
+    # point (4 identical outcomes would otherwise give [0, 0]).
+    association = both * neither - only_a * only_b
+    if association > 0:
+        association = max(0.0, association - a.n / 2)
+    return 0.0 if denominator == 0 else association / denominator
 
 
 @dataclass(frozen=True)

@@ -175,13 +175,6 @@ def make(task: str, n: int, size: int | None, rng: np.random.Generator, queries:
     raise ValueError(f"unknown task {task!r}; toy tasks: {', '.join(TASKS)}")
 
 
-def suite(n: int, kv_keys: int, mcq_options: int, rng: np.random.Generator) -> dict[str, Batch]:
-    """One batch of each task, named for tables: the retrieval tasks first, knowledge last."""
-    return {f"KV retrieval ({kv_keys} keys)": kv(n, kv_keys, rng),
-            f"letter MCQ ({mcq_options} options)": mcq(n, mcq_options, rng),
-            "knowledge": knowledge(n, rng)}
-
-
 def items(batch: Batch) -> list[Item]:
     """Each example as an Item: its tokens up to the scored position as the context, and each
     candidate token as a continuation after lm-eval's target delimiter."""

@@ -26,7 +26,7 @@ def test_run_at_smoke_size_swaps_layers_and_finds_the_teachers_layer():
     for b in result.retrieval:
         assert set(result.scores[b]) == {"student", "teacher", *map(chapter.swapped, result.layers)}
     assert set(result.scores["knowledge"]) == {"student", "teacher", chapter.swapped(found.layer)}
-    assert len(result.scores["KV retrieval (8 keys)"]["student"].correct) == 8
+    assert len(result.scores["KV retrieval (8 keys)"]["student"].correct) == chapter.Config.smoke_sizes["n_kv"]
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 

@@ -10,6 +10,7 @@ import pytest
 from helpers import synthetic
 from helpers import verdicts as v
 from helpers.experiments import ssm_vs_attention as chapter
+from helpers.experiments import shared
 from helpers.heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL_MEASURE, Head
 from helpers.segments import Segments
 from helpers.stats import Score
@@ -18,11 +19,12 @@ from helpers.stats import Score
 def test_run_at_smoke_size_gives_every_part_for_every_model():
     cfg = chapter.Config.for_profile("cpu", smoke=True, models=["toy-transformer", "toy-mamba1"])
     result = chapter.run(cfg)
-    assert list(result.runs) == ["toy-transformer", "toy-mamba1"] and result.keys == 8
+    n, largest = chapter.Config.smoke_sizes["n"], max(chapter.Config.smoke_sizes["sizes"])
+    assert list(result.runs) == ["toy-transformer", "toy-mamba1"] and result.keys == shared.SMOKE["pairs"]
     for r in result.runs.values():
-        assert sorted(r.by_size) == [2, 8] and r.by_size[8].n == 8 and r.chance[8] == 1 / 8
+        assert sorted(r.by_size) == [2, largest] and r.by_size[largest].n == n and r.chance[largest] == 1 / largest
         assert r.ranking is not None and len(r.candidates) == 4
-        assert set(r.zeroed) == {"clean", *map(str, r.candidates)} and r.clean.n == 8
+        assert set(r.zeroed) == {"clean", *map(str, r.candidates)} and r.clean.n == n
         assert sorted(r.measures.prompt.unique()) == [0, 1, 2, 3] and set(r.measures["head"]) == set(map(str, r.candidates))
         assert set(r.maps) <= {"G", "A"} and r.prompts["held out"] == result.runs["toy-transformer"].prompts["held out"]
     verdicts = chapter.verdicts(result)

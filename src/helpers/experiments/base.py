@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import pandas as pd
 
-from .. import paths, provenance, registry
+from .. import benchmarks as bm, paths, provenance, registry
 from ..errors import ConfigError, StaleResults
 from ..heads import Head
 from ..sweep import Store
@@ -260,6 +260,20 @@ def open_store(chapter: str, profile: str, part: str, loaded: list) -> Store:
         revisions = {**recorded, **revisions}
     meta.write_text(json.dumps(revisions, indent=1))
     return Store(path)
+
+
+class ByRole:
+    """For a Result whose `roles` maps each benchmark to `benchmarks.RETRIEVAL` or `KNOWLEDGE`."""
+
+    roles: dict[str, str]
+
+    @property
+    def retrieval(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.RETRIEVAL]
+
+    @property
+    def knowledge_tasks(self) -> list[str]:
+        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
 
 
 class Timer:

@@ -67,7 +67,7 @@ class Config(base.Config):
     seed: int = base.count(minimum=0)
 
     chapter = "hybrid_models"
-    smoke_sizes = dict(n_mmlu=8, n_knowledge=4, n_kv=8)
+    smoke_sizes = dict(n_mmlu=4, n_knowledge=2, n_kv=4)  # Zamba2-7B's 81 layers run on CPU in the rehearsal
 
     @classmethod
     def defaults(cls, profile):
@@ -180,7 +180,7 @@ def evaluate(h: Hybrid, c: Condition, items) -> Score:
 # --- the run ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Result:
+class Result(base.ByRole):
     cfg: Config
     conditions: dict[str, list[str]]  # hybrid -> its conditions, in order
     scores: dict[str, dict[str, dict[str, Score]]]  # hybrid -> condition -> benchmark -> score
@@ -189,14 +189,6 @@ class Result:
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
-
-    @property
-    def retrieval(self) -> list[str]:
-        return [b for b, r in self.roles.items() if r == bm.RETRIEVAL]
-
-    @property
-    def knowledge_tasks(self) -> list[str]:
-        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
 
     def knowledge(self, hybrid: str, condition: str) -> Score:
         """Every knowledge item under one condition, pooled (for paired tests)."""

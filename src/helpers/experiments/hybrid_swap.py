@@ -56,7 +56,7 @@ class Config(base.Config):
 
     chapter = "hybrid_swap"
     # Smoke: two layers besides the aggregating one (which is always swapped).
-    smoke_sizes = dict(layers=(0, 1), n_mmlu=8, n_knowledge=4, n_kv=8)
+    smoke_sizes = dict(layers=(0, 1), n_mmlu=4, n_knowledge=2, n_kv=4)
 
     @classmethod
     def defaults(cls, profile):
@@ -149,7 +149,7 @@ def swapped(layer: int) -> str:
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(base.ByRole):
     cfg: Config
     n_layers: int
     layers: list[int]  # the layers swapped one at a time
@@ -158,14 +158,6 @@ class Result:
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
-
-    @property
-    def retrieval(self) -> list[str]:
-        return [b for b, r in self.roles.items() if r == bm.RETRIEVAL]
-
-    @property
-    def knowledge_tasks(self) -> list[str]:
-        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
 
     def knowledge(self, condition: str) -> Score:
         """Every knowledge item under one condition, pooled (for paired tests)."""

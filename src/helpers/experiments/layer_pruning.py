@@ -52,7 +52,7 @@ class Config(base.Config):
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(base.ByRole):
     cfg: Config
     n_layers: int
     scores: dict[str, dict[int, Score]]  # benchmark -> layers kept -> score
@@ -67,10 +67,6 @@ class Result:
     @property
     def kv(self) -> str:
         return next(b for b in self.scores if b.startswith("KV"))
-
-    @property
-    def knowledge_tasks(self) -> list[str]:
-        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
 
     def knowledge(self, depth: int) -> Score:
         """All knowledge items at one depth, pooled (for paired tests across depths)."""

@@ -77,7 +77,7 @@ def published_minimal(model: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(base.ByRole):
     cfg: Config
     minimal_layers: int
     source: str  # where the minimal model comes from: "given", "published" or "found" from the data
@@ -88,10 +88,6 @@ class Result:
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
-
-    @property
-    def knowledge_tasks(self) -> list[str]:
-        return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
 
     def knowledge(self, layer: int | None = None) -> Score:
         """Every knowledge item pooled, with `layer` removed (None: the minimal model)."""
@@ -260,7 +256,7 @@ def figure(result: Result):
 
     name = result.probe
     table = curves(result)
-    chance = {b: result.chance[b] for b in result.roles if result.roles[b] == bm.RETRIEVAL}
+    chance = {b: result.chance[b] for b in result.retrieval}
     ax = plots.accuracy_curves(table, "removed", "benchmark", chance=chance,
                                title=f"{result.cfg.model}, layers 0-{result.minimal_layers - 1}: one layer removed",
                                xlabel="layer removed from the minimal model")

@@ -154,22 +154,26 @@ def score(loaded, b: bm.Benchmark, roles: Roles, condition: Condition) -> Score:
     return from_loglikelihoods(masked_loglikelihoods(loaded, b, patterns), b.items)
 
 
+def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dict]:
+    loaded = base.load(model)
+    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
+    b = benchmark(cfg, model, loaded.tokenizer)
+    store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded])
+    cells = [dict(model=model, condition=c, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query,
+                  G=roles.label("G"), A=roles.label("A")) for c in CONDITIONS]
+    rows = sweep(store, cells, lambda cell: score(loaded, b, roles, CONDITIONS[cell["condition"]]).to_json(),
+                 desc=f"{model}: conditions")
+    scores = {r["condition"]: Score.from_json(r) for r in rows}
+    return ModelRun(model, roles, b.name, b.chance, scores), base.record(cfg, [loaded], timer)
+
+
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     runs, made = [], {}
-    for model in cfg.models:
-        loaded = base.load(model)
-        roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
-        b = benchmark(cfg, model, loaded.tokenizer)
-        store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded])
-        cells = [dict(model=model, condition=c, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query,
-                      G=roles.label("G"), A=roles.label("A")) for c in CONDITIONS]
-        rows = sweep(store, cells, lambda cell: score(loaded, b, roles, CONDITIONS[cell["condition"]]).to_json(),
-                     desc=f"{model}: conditions")
-        runs.append(ModelRun(model, roles, b.name, b.chance, {r["condition"]: Score.from_json(r) for r in rows}))
-        record = base.record(cfg, [loaded], timer)
+    for model in cfg.models:  # one paper model in memory at a time
+        one, record = run_model(cfg, model, timer)
+        runs.append(one)
         made = {**record, **made, "models": {**made.get("models", {}), **record["models"]}}
-        del loaded  # before the next model loads: one paper model in memory at a time
     return Result(cfg, tuple(runs), {**made, "wall_s": timer.seconds})
 
 

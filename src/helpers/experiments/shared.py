@@ -29,7 +29,7 @@ RANKING = {
     "paper": dict(pairs=8, n=200, query="paper", top=10, alpha=1.0, seed=0),
     "paper-3b": dict(pairs=8, n=200, query="paper", top=10, alpha=0.5, seed=0),
 }
-SMOKE = dict(n=4, top=3)
+SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ class Config(base.Config):
     seed: int = base.count(minimum=0)
 
     chapter = "ssm_vs_attention"
-    smoke_sizes = dict(sizes=[2, 8], n=8, n_maps=4)
+    smoke_sizes = dict(sizes=[2, 4], n=4, n_maps=4)
 
     @classmethod
     def defaults(cls, profile):

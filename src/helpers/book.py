@@ -155,6 +155,10 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
     provenance to `record` (see `helpers.page.verdict`), its progress to a log beside `output`."""
     import jupytext
     import papermill
+    from jupyter_client.manager import AsyncKernelManager
+
+    class LocalKernelManager(AsyncKernelManager):
+        transport = "ipc"  # over TCP, ipykernel 7 warns in the terminal about every chapter
 
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -163,7 +167,8 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
     log = output.with_suffix(".log")
     with environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record)), echoed(log):
         papermill.execute_notebook(nb, str(output), parameters=parameters or {}, cwd=str(ROOT),
-                                   kernel_name="python3", progress_bar=False)
+                                   kernel_name="python3", progress_bar=False,
+                                   kernel_manager_class=LocalKernelManager)
     return output
 
 

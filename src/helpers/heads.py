@@ -103,7 +103,7 @@ def candidates(ranking: pd.DataFrame, k: int = 4) -> list[Head]:
 
 GATHER_MEASURE = "segment end: own-segment share"
 AGGREGATE_MEASURE = "final position: share on segment ends"
-LOCAL_MEASURE = "every query: share on itself and the previous token"
+LOCAL_MEASURE = "segment ends: share on themselves and the previous token"
 LOCAL = 0.8  # above this a head is a previous-token head: staying inside a segment says little
 
 

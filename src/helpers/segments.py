@@ -175,18 +175,20 @@ def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     """Everything the book reads off one head's [T, T] attention (or hidden attention) over a
     prompt: where the final position looks (`mass_by_role`), how sharply (`sharpness`), what
     share of its in-segment mass lands on the segments' end tokens (an Aggregate head's
-    signature), how local every query is (share on itself and the previous token: high for a
-    previous-token head, for which staying inside a segment says little), and how much of each
-    segment end's in-segment mass stays in its own segment (a Gather head's signature; from the
-    second segment on, where another segment is visible)."""
+    signature), how local the segment ends are (the share of their in-segment attention on
+    themselves and the previous token: high for a previous-token head, for which staying inside
+    a segment says little; taken within the segments, so that a head sending most of its mass
+    to an attention sink and the rest to the previous token counts as local), and how much of
+    each segment end's in-segment mass stays in its own segment (a Gather head's signature;
+    from the second segment on, where another segment is visible)."""
     a = np.abs(a)
     inside = seg.segment >= 0
-    local = float(np.mean([a[t, t - 1:t + 1].sum() / max(a[t, :t + 1].sum(), 1e-12) for t in range(1, len(seg))]))
+    local = [(a[e, e] + a[e, e - 1]) / max(a[e][inside].sum(), 1e-12) for e in seg.ends]
     own = [a[e][seg.segment == k].sum() / max(a[e][inside].sum(), 1e-12) for k, e in enumerate(seg.ends) if k > 0]
     ends = a[-1][seg.ends].sum() / max(a[-1][inside].sum(), 1e-12) if seg.ends else float("nan")
     return {**mass_by_role(a[-1], seg), **sharpness(a[-1], seg),
             "final position: share on segment ends": float(ends),
-            "every query: share on itself and the previous token": local,
+            "segment ends: share on themselves and the previous token": float(np.mean(local)) if local else float("nan"),
             "segment end: own-segment share": float(np.mean(own)) if own else float("nan")}
 
 

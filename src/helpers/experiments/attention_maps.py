@@ -38,17 +38,11 @@ from . import base, shared
 
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 ANSWER_END = "final position: answer end's share of the segment ends"
-# How local a head is where a Gather head writes: the share of a segment end's in-segment
-# attention on itself and the token before it. `segments.head_measures`' local measure divides
-# by the whole row, so a head that sends most of its mass to the first token (an attention sink)
-# and the rest to the previous token reads as non-local there (SmolLM2's L19H8: 0.24 by that
-# measure, 0.89 by this one).
-LOCAL_AT_ENDS = "segment ends: share of their in-segment attention on themselves and the previous token"
 LINE = 0.5  # "most of its mass": the line every share is tested against
 MIN_PROMPTS = 5  # fewer prompts than this: a bootstrap interval means little, no verdict is decided
 MEASURES = {  # what the summary table shows, as the reader would name it
     hd.GATHER_MEASURE: "segment ends: share kept in their own segment",
-    LOCAL_AT_ENDS: "segment ends: share on themselves and the previous token",
+    hd.LOCAL_MEASURE: "segment ends: share on themselves and the previous token",
     hd.AGGREGATE_MEASURE: "final position: share on the segment ends",
     ANSWER_END: "final position: the answer's end, share of the ends",
     "answer key": "final position: mass on the answer's key",
@@ -120,24 +114,18 @@ class Roles:
 
 
 def closest_roles(measures: pd.DataFrame) -> tuple[dict[str, tuple[Head, ...]], dict[str, bool]]:
-    """The rule of `heads.assign_roles`, with the local measure taken at the segment ends
-    (LOCAL_AT_ENDS), and every role filled. `measures`: one row per candidate head (indexed by
-    Head), the columns of `measures`.
-
-    Aggregate: the candidate whose final position puts the largest share of its in-segment
-    attention on the segment ends. Gather: of the others, the non-local candidate whose segment
-    ends keep the largest share in their own segment. A role is filled when that share is above
-    LINE; where it is not, the candidate that comes closest takes it (for G, a non-local one
-    where there is one), and `filled` says so."""
-    agg = measures[hd.AGGREGATE_MEASURE].astype(float)
-    a = Head(*agg.idxmax()) if agg.max() > LINE else None
-    rest = measures.drop(index=[a] if a else [])
-    not_local = rest[rest[LOCAL_AT_ENDS] <= hd.LOCAL]
-    gather = (not_local if not not_local.empty else rest)[hd.GATHER_MEASURE].astype(float)
-    g = Head(*gather.idxmax())
-    filled = {"G": bool(not not_local.empty and gather.max() > LINE), "A": a is not None}
-    a = a or Head(*agg.drop(index=[g]).idxmax())
-    return {"G": (g,), "A": (a,)}, filled
+    """`heads.assign_roles` on the candidates' measures (one row per head, indexed by Head),
+    every role filled: where no candidate shows a role's behaviour, the one that comes closest
+    takes it (for G, a non-local one where there is one), and `filled` says so."""
+    found = hd.assign_roles(measures)
+    filled = {r: found[r] is not None for r in ROLE_NAMES}
+    if not filled["G"]:
+        rest = measures.drop(index=[found["A"]] if found["A"] else [])
+        not_local = rest[rest[hd.LOCAL_MEASURE] <= hd.LOCAL]
+        found["G"] = Head(*(not_local if not not_local.empty else rest)[hd.GATHER_MEASURE].astype(float).idxmax())
+    if not filled["A"]:
+        found["A"] = Head(*measures.drop(index=[found["G"]])[hd.AGGREGATE_MEASURE].astype(float).idxmax())
+    return {r: (found[r],) for r in ROLE_NAMES}, filled
 
 
 def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None) -> Roles:
@@ -194,15 +182,10 @@ def role_maps(loaded, context: str, roles: Roles) -> dict[str, np.ndarray]:
 
 
 def measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
-    """`segments.head_measures`, how local the segment ends are (LOCAL_AT_ENDS), and how much of
-    what the final position puts on the segment ends goes to the answer's end (the Aggregate
-    head's "mostly the answer's")."""
-    a = np.abs(a)
-    inside = seg.segment >= 0
-    local = [(a[e, e] + a[e, e - 1]) / max(a[e][inside].sum(), 1e-12) for e in seg.ends]
-    ends = a[-1][seg.ends]
-    return {**head_measures(a, seg), LOCAL_AT_ENDS: float(np.mean(local)),
-            ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
+    """`segments.head_measures`, and how much of what the final position puts on the segment
+    ends goes to the answer's end (the Aggregate head's "mostly the answer's")."""
+    ends = np.abs(a[-1][seg.ends])
+    return {**head_measures(a, seg), ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
 
 
 def interval(values, resamples: int = 2000) -> tuple[float, float, float, int]:
@@ -323,12 +306,12 @@ def verdicts(result: Result) -> list[v.Verdict]:
         g, a = m[m.role == "G"], m[m.role == "A"]
         note = {r: "" if roles.filled[r] else f"no top head behaves as the {ROLE_NAMES[r]} head; the closest, "
                 f"{roles.label(r)}: " for r in ROLE_NAMES}
-        inside, local = side(g[hd.GATHER_MEASURE], LINE), side(g[LOCAL_AT_ENDS], hd.LOCAL, above=False)
+        inside, local = side(g[hd.GATHER_MEASURE], LINE), side(g[hd.LOCAL_MEASURE], hd.LOCAL, above=False)
         out.append(v.Verdict(
             f"{task}: the Gather head {roles.label('G')} keeps each segment end's attention inside its segment, "
             "and is not a previous-token head", fig, conjunction(inside, local),
             f"{note['G']}share kept in the own segment {fmt(g[hd.GATHER_MEASURE])} (line {LINE}); share on "
-            f"the end itself and the token before {fmt(g[LOCAL_AT_ENDS])} (previous-token heads: above {hd.LOCAL})"))
+            f"the end itself and the token before {fmt(g[hd.LOCAL_MEASURE])} (previous-token heads: above {hd.LOCAL})"))
         out.append(v.Verdict(
             f"{task}: the Aggregate head {roles.label('A')} reads the segment ends from the final position", fig,
             side(a[hd.AGGREGATE_MEASURE], LINE),
@@ -352,7 +335,7 @@ def roles_table(result: Result) -> pd.DataFrame:
         head = Head(*index)
         role = next((x for x in ROLE_NAMES if head in r.heads[x]), None)
         name = "-" if role is None else ROLE_NAMES[role] + ("" if r.filled[role] else " (closest; none behaves as one)")
-        deciding = (hd.GATHER_MEASURE, LOCAL_AT_ENDS, hd.AGGREGATE_MEASURE)
+        deciding = (hd.GATHER_MEASURE, hd.LOCAL_MEASURE, hd.AGGREGATE_MEASURE)
         rows.append({"head": str(head), "role": name, **{MEASURES[k]: f"{m[k]:.2f}" for k in deciding}})
     return pd.DataFrame(rows)
 

@@ -400,7 +400,7 @@ def roles_table(result: Result) -> pd.DataFrame:
              "segment ends: own-segment share": row[hd.GATHER_MEASURE],
              "final position: share on segment ends": row[hd.AGGREGATE_MEASURE],
              "final position: mass on the answer's value": row["answer value"],
-             "share on itself and the previous token": row[hd.LOCAL_MEASURE]} for h, row in m.iterrows()]
+             "segment ends: share on themselves and the previous token": row[hd.LOCAL_MEASURE]} for h, row in m.iterrows()]
     return pd.DataFrame(rows)
 
 

@@ -209,6 +209,20 @@ class Config:
         return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+@dataclass(frozen=True)
+class BenchmarkConfig(Config):
+    """A chapter scored on MMLU, the knowledge tasks and KV retrieval (`benchmarks.pooled`): the
+    sizes and prompt settings of those benchmarks, declared once."""
+
+    n_mmlu: int | None = count(optional=True)  # None: every question
+    k_shot: int = count(minimum=0)
+    n_knowledge: int | None = count(optional=True)  # per task; None: all
+    n_kv: int = count()
+    kv_pairs: int = count()
+    kv_query: str = one_of("paper", "repeat")
+    seed: int = count(minimum=0)
+
+
 def _json(value):
     if isinstance(value, Head):
         return str(value)

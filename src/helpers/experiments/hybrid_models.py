@@ -52,19 +52,12 @@ ABLATIONS = (MASKED, ZEROED)
 
 
 @dataclass(frozen=True)
-class Config(base.Config):
+class Config(base.BenchmarkConfig):
     hybrid: str = base.model("hybrid")
     swapped: bool = base.flag()  # also hybrid_swap's student with one teacher layer swapped in
     ssm: str = base.one_of("none", *registry.names("ssm"))  # a pure SSM scored beside, as is
-    n_mmlu: int | None = base.count(optional=True)  # None: every question
-    k_shot: int = base.count(minimum=0)
-    n_knowledge: int | None = base.count(optional=True)  # per task; None: all
-    n_kv: int = base.count()
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
     n_controls: int = base.count(minimum=0)
     single_heads: bool = base.flag()
-    seed: int = base.count(minimum=0)
 
     chapter = "hybrid_models"
     smoke_sizes = dict(n_mmlu=4, n_knowledge=2, n_kv=4)  # Zamba2-7B's 81 layers run on CPU in the rehearsal

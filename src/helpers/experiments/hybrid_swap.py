@@ -41,18 +41,11 @@ ROLE_PROMPTS = 20  # KV prompts whose attention assigns the ranking's roles (smo
 
 
 @dataclass(frozen=True)
-class Config(base.Config):
+class Config(base.BenchmarkConfig):
     student: str = base.model("ssm")
     teacher: str = base.model("attention")
     layers: tuple | None = base.layers()  # None: every layer
     teacher_layer_by: str = base.one_of(*LAYER_RULES)
-    n_mmlu: int | None = base.count(optional=True)  # None: every question
-    k_shot: int = base.count(minimum=0)
-    n_knowledge: int | None = base.count(optional=True)  # per task; None: all
-    n_kv: int = base.count()
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.count(minimum=0)
 
     chapter = "hybrid_swap"
     # Smoke: two layers besides the aggregating one (which is always swapped).

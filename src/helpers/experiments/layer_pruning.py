@@ -29,15 +29,8 @@ PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instr
 
 
 @dataclass(frozen=True)
-class Config(base.Config):
+class Config(base.BenchmarkConfig):
     model: str = base.model("attention", "ssm")
-    n_mmlu: int | None = base.count(optional=True)  # None: every question
-    k_shot: int = base.count(minimum=0)
-    n_knowledge: int | None = base.count(optional=True)  # per task; None: all
-    n_kv: int = base.count()
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.count(minimum=0)
 
     chapter = "layer_pruning"
     smoke_sizes = dict(n_mmlu=8, n_knowledge=4, n_kv=4)

@@ -13,6 +13,7 @@ takes retrieval to chance, while the knowledge tasks change little whichever lay
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -33,16 +34,9 @@ FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (
 
 
 @dataclass(frozen=True)
-class Config(base.Config):
+class Config(base.BenchmarkConfig):
     model: str = base.model("attention", "ssm")
     minimal_layers: int | None = base.count(optional=True)  # None: `run` resolves it
-    n_mmlu: int | None = base.count(optional=True)
-    k_shot: int = base.count(minimum=0)
-    n_knowledge: int | None = base.count(optional=True)
-    n_kv: int = base.count()
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.count(minimum=0)
 
     chapter = "layer_removal"
     smoke_sizes = layer_pruning.Config.smoke_sizes  # the same benchmarks: the pruning store serves both
@@ -113,8 +107,9 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    fields = {k: getattr(cfg, k) for k in ("model", "n_mmlu", "k_shot", "n_knowledge", "n_kv", "kv_pairs", "kv_query", "seed")}
-    pruning = layer_pruning.run(layer_pruning.Config(profile=cfg.profile, smoke=cfg.smoke, **fields))
+    # Every field of the pruning chapter's config is one of this chapter's.
+    same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(layer_pruning.Config)}
+    pruning = layer_pruning.run(layer_pruning.Config(**same))
     probe = layer_pruning.probe(pruning)
     given = cfg.minimal_layers or published_minimal(cfg.model)
     d = given or layer_pruning.minimal_depth(pruning.scores[probe])

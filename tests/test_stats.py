@@ -22,6 +22,7 @@ def test_wilson_known_answers():
 def test_score_formats_with_its_interval_and_survives_json():
     s = score(68, 100)
     assert f"{s}" == "68.0% [58.3%, 76.3%], n=100"
+    assert s.brief == "68.0% [58.3, 76.3]"  # a table cell
     again = Score.from_json(s.to_json())
     assert (again.acc, again.n) == (s.acc, s.n) and np.array_equal(again.correct, s.correct)
 

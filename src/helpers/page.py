@@ -18,6 +18,7 @@ from typing import Iterable
 import pandas as pd
 from IPython.display import HTML, display
 
+from .stats import brief
 from .verdicts import Verdict, overall
 
 SCORE_COLUMNS = ("acc", "lo", "hi")
@@ -77,8 +78,7 @@ def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[st
 def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
     """Rows with acc, lo, hi, n as text: "68.0% [58.3, 76.3]" and n, beside their labels."""
     out = frame[list(label_columns)].copy()
-    out["accuracy [95% interval]"] = [f"{a:.1%} [{100 * lo:.1f}, {100 * hi:.1f}]"
-                                      for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)]
+    out["accuracy [95% interval]"] = [brief(a, lo, hi) for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)]
     out["n"] = frame.n.astype(int)
     return out
 

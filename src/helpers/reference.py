@@ -34,8 +34,9 @@ class Reference:
 
     @property
     def heads(self) -> tuple[Head, ...]:
-        """Heads written `L16H22;L17H24`."""
-        return tuple(Head.parse(v) for v in self.value.split(";"))
+        """Heads written `L16H22;L17H24`; Falcon-Mamba's inner channels, written `L35C3186`, as
+        heads of one channel (its adapter's heads)."""
+        return tuple(Head.parse(v.replace("C", "H")) for v in self.value.split(";"))
 
     @property
     def integers(self) -> tuple[int, ...]:

@@ -28,6 +28,11 @@ def wilson(k: float, n: int, z: float = Z95) -> tuple[float, float]:
     return (0.0 if k == 0 else float(centre - half)), (1.0 if k == n else float(centre + half))
 
 
+def brief(acc: float, lo: float, hi: float) -> str:
+    """An accuracy and its 95% interval as a table cell: "68.0% [58.3, 76.3]"."""
+    return f"{acc:.1%} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 @dataclass(frozen=True, eq=False)
 class Score:
     """Accuracy over `n` items with a 95% Wilson interval; `correct` says which items were right
@@ -51,6 +56,11 @@ class Score:
 
     def __str__(self) -> str:
         return format(self)
+
+    @property
+    def brief(self) -> str:
+        """"68.0% [58.3, 76.3]": the accuracy and its interval, as table cells show them."""
+        return brief(self.acc, self.lo, self.hi)
 
     def above(self, chance: float) -> bool:
         """Whether the whole interval clears `chance`: only then can the model test a claim

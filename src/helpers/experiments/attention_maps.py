@@ -35,6 +35,7 @@ from ..segments import Segments, head_measures
 from ..stats import Score
 from ..sweep import sweep
 from . import base, shared
+from .shared import paper_heads
 
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 ANSWER_END = "final position: answer end's share of the segment ends"
@@ -84,16 +85,6 @@ def check_roles(gather, aggregate) -> None:
 
 
 # --- which heads play which role ---------------------------------------------------------------
-
-def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
-    """The paper's Gather and Aggregate heads of `model` (data/reference), None where it names
-    none. Falcon-Mamba's are inner channels, written L35C3186: its adapter's heads of width 1."""
-    try:
-        refs = {r: paper("head_zeroing", f"{name.lower()}_head", model) for r, name in ROLE_NAMES.items()}
-    except KeyError:
-        return None
-    return {r: tuple(Head.parse(h.replace("C", "H")) for h in ref.value.split(";")) for r, ref in refs.items()}
-
 
 @dataclass(frozen=True)
 class Roles:

@@ -78,12 +78,6 @@ def check_pair(gather, aggregate) -> None:
         raise ConfigError("set gather and aggregate together (lists of heads like ['L16H22']), or neither")
 
 
-def published(model: str) -> dict[str, tuple[Head, ...]] | None:
-    """The paper's heads of each role for `model` (data/reference), None where unpublished."""
-    heads = {r: tuple(Head(*u) for u in layer_removal.published_units(model, r)) for r in ROLE_NAMES}
-    return heads if all(heads.values()) else None
-
-
 def measurable(loaded, heads) -> list[Head]:
     """The heads whose attention the book reads: every head, but not single SSM channels (their
     maps would be built for all 8192 channels of a layer)."""
@@ -99,7 +93,7 @@ def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, b
     n = shared.ranking_settings(profile, smoke)["n"]
     if gather is not None:
         return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set")
-    named = published(loaded.name)
+    named = shared.paper_heads(loaded.name)
     if benchmark is None:
         ranking = shared.kv_ranking(loaded, profile, smoke)
         s = ranking.settings
@@ -281,7 +275,7 @@ def run(cfg: Config) -> Result:
     if kept > n_layers:
         raise ConfigError(f"layers_kept must be at most {n_layers} for {cfg.model}, got {kept}")
     layers = list(range(kept))
-    named = published(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
+    named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
     sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}))
     if bad := [l for l in sweep_layers if l >= kept]:
         raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")

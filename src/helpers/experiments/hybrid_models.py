@@ -40,7 +40,7 @@ from ..reference import paper
 from ..stats import Score, difference, mean_of
 from ..sweep import sweep
 from . import base, hybrid_swap
-from .hybrid_swap import interval, knowledge_name
+from .hybrid_swap import knowledge_name
 
 # Where mamba-ssm's CUDA kernels are missing (on every CPU) transformers warns, at a Mamba-2
 # mixer's first forward pass, that it runs its PyTorch reference path: expected, and not for the page.
@@ -357,7 +357,7 @@ def single_heads(result: Result) -> pd.DataFrame:
             continue
         for c in [AS_IS, *heads]:
             rows.append({"hybrid": h, "attention heads zeroed": "none" if c == AS_IS else c.removesuffix(" zeroed"),
-                         **{b: interval(s) for b, s in by[c].items()}})
+                         **{b: s.brief for b, s in by[c].items()}})
     return pd.DataFrame(rows)
 
 
@@ -366,7 +366,7 @@ def side_by_side(result: Result) -> pd.DataFrame:
     models = {h: by[AS_IS] for h, by in result.scores.items()}
     if result.ssm:
         models[f"{result.cfg.ssm} (pure SSM)"] = result.ssm
-    return pd.DataFrame([{"model": m, **{b: interval(s) for b, s in by.items()}} for m, by in models.items()])
+    return pd.DataFrame([{"model": m, **{b: s.brief for b, s in by.items()}} for m, by in models.items()])
 
 
 def comparison(result: Result) -> pd.DataFrame:
@@ -380,11 +380,11 @@ def comparison(result: Result) -> pd.DataFrame:
                      (str(ref["knowledge_kept"]), "'remains stable' (cell 35)")]
         if i:  # the same reference numbers as for the first hybrid
             reference = [("as above", "as above")] * len(reference)
-        quantities = [(f"{mcq} as is", f"{interval(by[AS_IS][mcq])}, n={n}"),
-                      (f"{mcq}, final row masked", f"{interval(by[MASKED][mcq])}, n={n}"),
-                      (f"{mcq}, all attention heads zeroed", f"{interval(by[ZEROED][mcq])}, n={n}"),
+        quantities = [(f"{mcq} as is", f"{by[AS_IS][mcq].brief}, n={n}"),
+                      (f"{mcq}, final row masked", f"{by[MASKED][mcq].brief}, n={n}"),
+                      (f"{mcq}, all attention heads zeroed", f"{by[ZEROED][mcq].brief}, n={n}"),
                       (f"{knowledge_name(result)}: as is → masked → zeroed",
-                       " → ".join(interval(result.knowledge(h, c)) for c in (AS_IS, *ABLATIONS))
+                       " → ".join(result.knowledge(h, c).brief for c in (AS_IS, *ABLATIONS))
                        + f", n={result.knowledge(h, AS_IS).n}")]
         rows += [(f"{h}: {q}", p, r, mine) for (q, mine), (p, r) in zip(quantities, reference)]
     return base.comparison_table(rows)

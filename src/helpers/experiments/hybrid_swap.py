@@ -253,18 +253,14 @@ def knowledge_name(result) -> str:
 
 # --- tables and figures --------------------------------------------------------------------------
 
-def interval(s: Score) -> str:
-    return f"{s.acc:.1%} [{100 * s.lo:.1f}, {100 * s.hi:.1f}]"
-
-
 def swap_table(result: Result) -> pd.DataFrame:
     """Every condition's accuracy on each retrieval task and on knowledge, its tasks pooled
     (scored for the student, the teacher and the aggregating layer's swap)."""
     rows = []
     for c in [STUDENT, TEACHER, *map(swapped, result.layers)]:
-        row = {"": c, **{b: interval(result.scores[b][c]) for b in result.retrieval}}
+        row = {"": c, **{b: result.scores[b][c].brief for b in result.retrieval}}
         scored = all(c in result.scores[t] for t in result.knowledge_tasks)
-        rows.append({**row, knowledge_name(result): interval(result.knowledge(c)) if scored else "-"})
+        rows.append({**row, knowledge_name(result): result.knowledge(c).brief if scored else "-"})
     return pd.DataFrame(rows)
 
 
@@ -274,9 +270,9 @@ def teacher_layer_table(result: Result) -> pd.DataFrame:
     found = result.teacher_layer
     if not found.ablated:
         return pd.DataFrame([{"teacher layer": f"L{found.layer}", "found by": found.how}])
-    rows = [{"attention heads zeroed": "none", **{b: interval(s) for b, s in found.clean.items()}}]
+    rows = [{"attention heads zeroed": "none", **{b: s.brief for b, s in found.clean.items()}}]
     rows += [{"attention heads zeroed": f"all of L{l}" + (" (chosen)" if l == found.layer else ""),
-              **{b: interval(by[l]) for b, by in found.ablated.items()}} for l in sorted(next(iter(found.ablated.values())))]
+              **{b: by[l].brief for b, by in found.ablated.items()}} for l in sorted(next(iter(found.ablated.values())))]
     return pd.DataFrame(rows)
 
 
@@ -301,9 +297,9 @@ def comparison(result: Result) -> pd.DataFrame:
          f"L{best_other}: {s[mcq][swapped(best_other)]}" if others else "no other layer swapped"),
         (f"{mcq}, teacher", "-", "-", f"{s[mcq][TEACHER]}"),
         (f"{kv}: student, L{L} swapped in, teacher", "not run", "not run",
-         f"{interval(s[kv][STUDENT])}, {interval(s[kv][swapped(L)])}, {interval(s[kv][TEACHER])}; n={s[kv][STUDENT].n}"),
+         f"{s[kv][STUDENT].brief}, {s[kv][swapped(L)].brief}, {s[kv][TEACHER].brief}; n={s[kv][STUDENT].n}"),
         (f"{knowledge_name(result)}: student, L{L} swapped in", "not reported", "not run",
-         f"{interval(result.knowledge(STUDENT))}, {interval(result.knowledge(swapped(L)))}; "
+         f"{result.knowledge(STUDENT).brief}, {result.knowledge(swapped(L)).brief}; "
          f"n={result.knowledge(STUDENT).n}"),
     ])
 

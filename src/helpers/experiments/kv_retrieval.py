@@ -24,7 +24,7 @@ from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation, measured
 from ..reference import paper
-from ..stats import Score
+from ..stats import Score, brief
 from ..sweep import sweep
 from . import base, head_zeroing, shared
 from .head_zeroing import ROLE_NAMES, Roles
@@ -206,7 +206,7 @@ def top_heads(result: Result, k: int = 5) -> pd.DataFrame:
         for rank, r in enumerate(exact.itertuples(), start=1):
             rows.append({"prompt ends": "with a space" if ts else "as released", "rank": rank,
                          "head": str(Head(int(r.layer), int(r.head))), "role": result.roles.role_of(Head(int(r.layer), int(r.head))),
-                         "zeroed": f"{r.acc:.1%} [{100 * r.lo:.1f}, {100 * r.hi:.1f}]",
+                         "zeroed": brief(r.acc, r.lo, r.hi),
                          "none zeroed": f"{ranking.clean.acc:.1%}", "n": int(r.n)})
     return pd.DataFrame(rows)
 

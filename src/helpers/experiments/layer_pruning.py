@@ -21,7 +21,7 @@ from .. import verdicts as v
 from ..engine import SweepEngine
 from ..evaluate import mean_over_tasks
 from ..reference import paper
-from ..stats import Score
+from ..stats import Score, brief
 from ..sweep import sweep
 from . import base
 
@@ -148,7 +148,7 @@ def comparison(result: Result) -> pd.DataFrame:
     top, name = result.n_layers, probe(result)
     d = minimal_depth(result.scores[name])
     know = curves(result).set_index(["benchmark", "layers"])
-    fmt = lambda r: f"{r.acc:.1%} [{100 * r.lo:.1f}, {100 * r.hi:.1f}]"
+    fmt = lambda r: brief(r.acc, r.lo, r.hi)
     return base.comparison_table([
         ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
         ("MMLU, full model", str(paper("layer_pruning", "mmlu_while_pruning")), f"{result.cfg.k_shot}-shot",

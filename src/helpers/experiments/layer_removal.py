@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -28,7 +27,7 @@ from ..evaluate import mean_over_tasks
 from ..reference import paper
 from ..stats import Score
 from ..sweep import sweep
-from . import base, layer_pruning
+from . import base, layer_pruning, shared
 
 FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (the paper: 2 of 18), and at least 2
 
@@ -48,17 +47,6 @@ class Config(base.BenchmarkConfig):
         return {**layer_pruning.Config.defaults(profile), "minimal_layers": None}
 
 
-def published_units(model: str, role: str) -> tuple[tuple[int, int], ...]:
-    """The heads (or Falcon-Mamba's channels) the release names for `model` as its Gather or
-    Aggregate ("G", "A"), as (layer, index) pairs; empty where none are published."""
-    quantity = {"G": "gather_head", "A": "aggregate_head"}[role]
-    try:
-        value = paper("head_zeroing", quantity, model).value
-    except KeyError:
-        return ()
-    return tuple((int(m[1]), int(m[2])) for m in re.finditer(r"L(\d+)[HC](\d+)", value))
-
-
 def published_minimal(model: str) -> int | None:
     """Layers of `model`'s published minimal model: the paper's layers 0-17 for Llama-3.1-8B;
     for the release's other models its own rule (`get_minimal_model`: every layer up to the
@@ -66,8 +54,8 @@ def published_minimal(model: str) -> int | None:
     try:
         return paper("layer_pruning", "minimal_model_last_layer", model).integer + 1
     except KeyError:
-        aggregate = published_units(model, "A")
-        return aggregate[0][0] + 1 if aggregate else None
+        heads = shared.paper_heads(model)
+        return heads["A"][0].layer + 1 if heads else None
 
 
 @dataclass(frozen=True)

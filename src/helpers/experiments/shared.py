@@ -15,6 +15,7 @@ import pandas as pd
 from .. import benchmarks as bm
 from ..engine import SweepEngine
 from ..heads import Head, assign_roles, candidates
+from ..reference import paper
 from ..screen import rank_heads
 from ..segments import measure_heads
 from ..stats import Score
@@ -30,6 +31,16 @@ RANKING = {
     "paper-3b": dict(pairs=8, n=200, query="paper", top=10, alpha=0.5, seed=0),
 }
 SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
+
+
+def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
+    """The release's Gather ("G") and Aggregate ("A") heads of `model` (data/reference), None
+    where it names none (Falcon-Mamba's are inner channels: heads of one channel)."""
+    try:
+        return {"G": paper("head_zeroing", "gather_head", model).heads,
+                "A": paper("head_zeroing", "aggregate_head", model).heads}
+    except KeyError:
+        return None
 
 
 @dataclass(frozen=True)

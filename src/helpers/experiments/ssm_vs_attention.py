@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import re
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -54,16 +53,8 @@ SHARPNESS = "top segment share"  # from the final position: share of the in-segm
 
 
 def paper_heads(model: str) -> dict[str, tuple[Head, ...]]:
-    """The paper's Gather and Aggregate heads of `model` where data/reference has them
-    (Falcon-Mamba's are channels, written L35C3186: one channel is one head of its adapter)."""
-    out = {}
-    for role, quantity in (("G", "gather_head"), ("A", "aggregate_head")):
-        try:
-            value = paper("head_zeroing", quantity, model).value
-        except KeyError:
-            continue
-        out[role] = tuple(Head(int(layer), int(unit)) for layer, unit in re.findall(r"L(\d+)[HC](\d+)", value))
-    return out
+    """The release's heads of `model` by role; empty where it names none."""
+    return shared.paper_heads(model) or {}
 
 
 @cache
@@ -393,10 +384,6 @@ def join(parts: list[tuple[str, str]]) -> str:
 
 # --- tables and figures -------------------------------------------------------------------------
 
-def interval(s: Score) -> str:
-    return f"{s.acc:.1%} [{100 * s.lo:.1f}, {100 * s.hi:.1f}]"
-
-
 def comparison(result: Result) -> pd.DataFrame:
     """The settings, then three rows per model: its accuracy from the smallest to the largest
     dictionary, its heads zeroed on held-out prompts, and its G and A heads by behaviour with
@@ -422,10 +409,10 @@ def comparison(result: Result) -> pd.DataFrame:
         rows += [
             (f"{r.name}: KV accuracy, {small} -> {large} keys",
              "falls faster than a Transformer's (§4, Fig. 4)" if r.mixer == "ssm" else "holds better than an SSM's (§4, Fig. 4)",
-             "-", f"{interval(r.by_size[small])} -> {interval(r.by_size[large])}"),
+             "-", f"{r.by_size[small].brief} -> {r.by_size[large].brief}"),
             (f"{r.name}: heads zeroed", f"{heads}: each breaks retrieval{source}" if named else
              "a G or an A head breaks retrieval (§4)", "the same heads" if named else "-",
-             f"clean {interval(r.clean)}; " + "; ".join(f"{label} zeroed {interval(r.zeroed[label])}" for label in shown)
+             f"clean {r.clean.brief}; " + "; ".join(f"{label} zeroed {r.zeroed[label].brief}" for label in shown)
              + f"; n={r.clean.n}"),
             (f"{r.name}: G and A heads by behaviour", "G gathers, A aggregates; SSM maps smoother (§4, Fig. 5)", "-",
              f"G {r.roles['G'] or 'none'}; A " + (sharpness(r) if r.roles["A"] else "none")),

@@ -162,7 +162,7 @@ def comparison(result: Result) -> pd.DataFrame:
     accuracy at the size the SSM chapters probe (8 keys)."""
     def kv(name):
         s = result.remeasured[name]["kv@8"]
-        return f"KV, 8 keys: {s.acc:.1%} [{100 * s.lo:.1f}, {100 * s.hi:.1f}], n={s.n}"
+        return f"KV, 8 keys: {s.brief}, n={s.n}"
 
     return base.comparison_table([(name, zoo.RECIPES[name].role, registry.spec(PLAYS[name]).hub_id, kv(name))
                                   for name in result.records])

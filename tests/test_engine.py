@@ -141,3 +141,14 @@ def test_few_shot_questions_share_their_prefix_exactly(smol):
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=2048)
     for ablation in ({}, {16: [0]}):
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4)
+
+
+def test_score_each_runs_ablations_side_by_side_as_the_model_scores_them_one_at_a_time(smol, kv):
+    engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=2048)
+    ablations = {"none": {}, "L16H0 and L18H6": {16: [0], 18: [6]}, **{f"L16H{h}": {16: [h]} for h in range(1, 9)}}
+    assert 1 < engine.copies < len(ablations)  # side by side, in more than one pass
+    each = engine.score_each(ablations)
+    for name, ablation in ablations.items():
+        with helpers.zero_heads(smol, ablation):
+            ref = helpers.score(smol.model, smol.tokenizer, kv)
+        assert np.array_equal(each[name].correct, ref.correct), name

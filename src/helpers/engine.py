@@ -179,6 +179,23 @@ class SweepEngine:
         return {l: self.score(layers=[k for k in layers if k != l])
                 for l in bar(sorted(remove), desc="layer removal", disable=not progress)}
 
+    @property
+    def copies(self) -> int:
+        """How many ablations run side by side: as many copies of the rows as the token budget
+        holds beside the largest batch."""
+        first = self.batches[0]
+        return max(1, self.batch_tokens // (first.width * len(first.rows)))
+
+    def score_each(self, ablations: dict, model_layers: list[int] | None = None) -> dict:
+        """The score under each named ablation ({layer: [heads]}), `copies` of them side by side,
+        in the model that runs `model_layers` (default all)."""
+        names, out = list(ablations), {}
+        for i in range(0, len(names), self.copies):
+            chunk = names[i:i + self.copies]
+            for name, ll in zip(chunk, self.loglikelihoods([ablations[n] for n in chunk], model_layers)):
+                out[name] = self.score_loglikelihoods(ll)
+        return out
+
     def head_sweep(self, layers: list[int] | None = None, side_by_side: int | None = None,
                    progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, Score]:
         """Zero each head of these layers alone (default: every layer with heads) in the model
@@ -186,8 +203,7 @@ class SweepEngine:
         (default: as many as fit the batch budget)."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
         cells = [(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
-        # As many copies of the rows as the token budget holds beside the largest batch.
-        k = side_by_side or max(1, self.batch_tokens // (self.batches[0].width * len(self.batches[0].rows)))
+        k = side_by_side or self.copies
         out = {}
         with bar(total=len(cells), desc="head sweep", disable=not progress) as meter:
             for layer in layers:

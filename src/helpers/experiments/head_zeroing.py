@@ -252,21 +252,6 @@ def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_c
     return out, controls
 
 
-def side_by_side(engine: SweepEngine, ablations: dict[str, dict[int, list[int]]],
-                 layers: list[int] | None = None) -> dict[str, Score]:
-    """The score under each ablation, as many run side by side as the engine's token budget
-    holds beside its largest batch (as `SweepEngine.head_sweep` does)."""
-    first = engine.batches[0]
-    k = max(1, engine.batch_tokens // (first.width * len(first.rows)))
-    names = list(ablations)
-    out = {}
-    for i in range(0, len(names), k):
-        chunk = names[i:i + k]
-        for name, ll in zip(chunk, engine.loglikelihoods([ablations[n] for n in chunk], layers)):
-            out[name] = engine.score_loglikelihoods(ll)
-    return out
-
-
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
@@ -288,7 +273,7 @@ def run(cfg: Config) -> Result:
 
     def compute(cell):
         engine = SweepEngine(loaded, loaded.tokenizer, check.items)
-        return {name: s.to_json() for name, s in side_by_side(engine, ablations, layers).items()}
+        return {name: s.to_json() for name, s in engine.score_each(ablations, layers).items()}
 
     store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
     cell = dict(model=cfg.model, task=cfg.task, n=len(check), seed=cfg.seed, layers=kept, kv_pairs=cfg.kv_pairs,

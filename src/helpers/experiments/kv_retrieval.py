@@ -94,7 +94,7 @@ def run(cfg: Config) -> Result:
     def compute(cell):
         items = bm.kv(cfg.model, loaded.tokenizer, cell["pairs"], cfg.n_per_size, cfg.seed, cfg.kv_query).items
         engine = SweepEngine(loaded, loaded.tokenizer, items)
-        return {name: s.to_json() for name, s in head_zeroing.side_by_side(engine, conditions).items()}
+        return {name: s.to_json() for name, s in engine.score_each(conditions).items()}
 
     store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded])
     heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}

@@ -1,14 +1,17 @@
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy as np
 import pytest
 
+import helpers.sweep
 from helpers.errors import StoreError
 from helpers.sweep import Store, sweep
 
@@ -178,3 +181,140 @@ def test_a_write_interrupted_inside_the_process_leaves_no_fragment(tmp_path, mon
     monkeypatch.undo()
     store.put({"x": 3}, {"y": 3})
     assert [row["cell"]["x"] for row in lines(path)] == [1, 3]
+
+
+# --- several processes on one store --------------------------------------------------------------
+
+WRITER = textwrap.dedent("""
+    import json, os, sys, time, types
+    from pathlib import Path
+
+    # The package without its __init__ (which imports torch): both writers start in a fraction of a second.
+    sys.modules["helpers"] = types.ModuleType("helpers")
+    sys.modules["helpers"].__path__ = [sys.argv[4]]
+    from helpers.sweep import Store, sweep
+
+    store_path, folder, me = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    (folder / f"ready-{me}").touch()
+    while not (folder / "go").exists():  # both start together
+        time.sleep(0.001)
+    rows = sweep(Store(store_path), [{"x": x} for x in range(12)],
+                 lambda c: time.sleep(0.02) or {"y": c["x"] ** 2, "by": me})
+    print(json.dumps(rows))
+""")
+
+
+def two_writers(tmp_path, path):
+    """Run WRITER twice at once on `path`; their rows and what they said on stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    package = os.path.dirname(helpers.sweep.__file__)
+    children = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(tmp_path), me, package], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for me in ("a", "b")]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready-{me}").exists() for me in ("a", "b")):
+            assert time.monotonic() < deadline and all(c.poll() is None for c in children), children[0].stderr.read()
+            time.sleep(0.005)
+        (tmp_path / "go").touch()
+        outs = [c.communicate(timeout=60) for c in children]
+    finally:
+        for c in children:
+            c.kill()
+    assert all(c.returncode == 0 for c in children), [err for _, err in outs]
+    return [json.loads(out) for out, _ in outs], [err for _, err in outs]
+
+
+def test_two_processes_started_together_compute_each_cell_once(tmp_path):
+    """The issue's repro: two terminals running one chapter both computed everything and
+    appended duplicates. Now the second waits, says for whom, and reuses the first one's cells."""
+    path = tmp_path / "s.jsonl"
+    (rows_a, rows_b), (err_a, err_b) = two_writers(tmp_path, path)
+    assert rows_a == rows_b and [r["y"] for r in rows_a] == [x * x for x in range(12)]
+    assert len({r["by"] for r in rows_a}) == 1  # one process computed every cell
+    records = lines(path)
+    assert sorted(r["cell"]["x"] for r in records) == list(range(12))  # nothing twice, nothing lost
+    waiter = err_b if rows_a[0]["by"] == "a" else err_a
+    assert re.search(rf"{path} is being written by pid \d+ on .* since .*: waiting", waiter), waiter
+
+
+def test_two_processes_opening_a_torn_store_together_repair_it_once_and_lose_nothing(tmp_path):
+    """The race that lost records: one process cut a torn tail while the other appended after it."""
+    path = tmp_path / "s.jsonl"
+    for x in range(4):
+        Store(path).put({"x": x}, {"y": x * x, "by": "before"})
+    with path.open("a") as f:
+        f.write('{"cell": {"x": 4}, "res')
+    (rows_a, rows_b), _ = two_writers(tmp_path, path)
+    assert rows_a == rows_b and [r["by"] for r in rows_a[:4]] == ["before"] * 4
+    records = lines(path)
+    assert sorted(r["cell"]["x"] for r in records) == list(range(12))
+    assert (tmp_path / "s.jsonl.torn").read_text() == '{"cell": {"x": 4}, "res\n'  # set aside once
+
+
+def test_a_store_opened_again_inside_its_own_sweep_does_not_wait_for_itself(tmp_path):
+    path = tmp_path / "s.jsonl"
+    rows = sweep(Store(path), [{"x": 1}, {"x": 2}], lambda c: {"n": len(Store(path))})
+    assert [r["n"] for r in rows] == [0, 1]
+
+
+def test_a_results_path_that_is_a_file_is_a_store_error_naming_ga_results(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("GA_RESULTS", str(blocker))
+    with pytest.raises(StoreError, match=r"s\.jsonl\.lock: cannot .*not-a-folder is a file, not a folder.*set GA_RESULTS to a writable "
+                                         r"folder \(GA_RESULTS=.*not-a-folder\)"):
+        Store(blocker / "s.jsonl")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KiB tmpfs (as root, or through passwordless sudo in CI); skipped where mounting is not
+    permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    mounted = subprocess.run([*sudo, "mount", "-t", "tmpfs", "-o", "size=256k,mode=1777", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here to fill a disk: {mounted.stderr.strip()}")
+    yield disk, lambda options: subprocess.run([*sudo, "mount", "-o", f"remount,{options}", str(disk)], check=True)
+    subprocess.run([*sudo, "umount", str(disk)], check=True)
+
+
+def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_disk, monkeypatch):
+    disk, remount = tiny_disk
+    monkeypatch.setenv("GA_RESULTS", str(disk))
+    cells = [{"x": x} for x in range(30)]
+    run = lambda c: calls.append(c["x"]) or {"y": c["x"], "pad": "z" * 20_000}
+    calls = []
+    with pytest.raises(StoreError, match=r"s\.jsonl: cannot append .*No space left on device.*GA_RESULTS="):
+        sweep(Store(disk / "s.jsonl"), cells, run)
+    kept = [row["cell"]["x"] for row in lines(disk / "s.jsonl")]  # every line a whole record
+    assert 0 < len(kept) < 30 and kept == list(range(len(kept))) and calls == kept + [len(kept)]
+
+    # On a full disk a sidecar that needs no change is not written; one that does keeps its old text.
+    from helpers.experiments import base
+    m1, m2 = (type("Loaded", (), {"name": name, "revision": "r"}) for name in ("m1", "m2"))
+    base.open_store("made_up", "cpu", "part", [m1])
+    sidecar = next((disk / "made_up").glob("*.models.json"))
+    filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(OSError, match="No space left"):
+        while True:  # the last free pages
+            os.write(filler, b"0" * 4096)
+    os.close(filler)
+    base.open_store("made_up", "cpu", "part", [m1])
+    with pytest.raises(StoreError, match=r"\.models\.json: cannot write the store's sidecar .*No space left"):
+        base.open_store("made_up", "cpu", "part", [m1, m2])
+    assert json.loads(sidecar.read_text()) == {"m1": "r"} and not list(disk.glob("made_up/*.tmp"))
+    os.unlink(disk / "filler")
+
+    remount("size=4m")
+    calls = []
+    rows = sweep(Store(disk / "s.jsonl"), cells, run)
+    assert calls == list(range(len(kept), 30))
+    fresh = sweep(Store(tmp_path / "fresh.jsonl"), cells, run)
+    assert rows == fresh and (disk / "s.jsonl").read_bytes() == (tmp_path / "fresh.jsonl").read_bytes()
+
+    remount("ro")
+    with pytest.raises(StoreError, match=r"cannot .*Read-only file system.*GA_RESULTS"):
+        Store(disk / "other.jsonl").put({"x": 1}, {"y": 1})

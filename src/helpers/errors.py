@@ -17,8 +17,10 @@ class ConfigError(ValueError):
 
 
 class StoreError(ValueError):
-    """A sweep cell or result that a results store cannot keep (not a dict of JSON values); the
-    message names the cell. Raised before anything is written."""
+    """A sweep cell or result that a results store cannot keep (not a dict of JSON values; the
+    message names the cell, raised before anything is written), or a store the operating system
+    will not let us read or write (a read-only folder, a full disk, a results path that is a file;
+    the message names the file and GA_RESULTS)."""
 
 
 class StaleResults(RuntimeError):

@@ -5,21 +5,132 @@ A process killed in the middle of a write leaves an incomplete last line. Openin
 finds it, moves it to `<file>.torn` (kept, never deleted), cuts the file back to its last
 complete line and says so in a warning; that cell is computed again, and records go on being
 appended one per line. Lines that are not records (left by older code) are moved aside the
-same way. One process writes a store at a time (a sweep spread over workers writes from the
-driver).
+same way.
+
+One process writes a store at a time: `lock` holds the lock file `<file>.lock` (an OS lock,
+`fcntl.flock`, let go by the OS when its process dies, even by kill -9). Opening a store and
+running a sweep take it; a second process that finds it taken says who holds it (pid, host,
+command, since when) on the progress stream, waits, then re-reads the store, so it reuses the
+cells the first one finished instead of computing them again. Torn lines are repaired only under
+the lock, so no process cuts a line that another is still writing. Within a process the lock is
+re-entrant (opening a store inside a sweep of the same store does not wait for itself); a sweep
+spread over workers writes from the driver. What the operating system refuses (a read-only
+folder, a full disk, a results path that is a file) comes back as a StoreError naming the file
+and GA_RESULTS, and a write cut short by it is cut back off, so the next run resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import StoreError
-from .progress import bar
+from .progress import bar, stream
+
+
+def os_error(path: Path | str, doing: str, error: OSError) -> StoreError:
+    """The StoreError for what the operating system refused while `doing` something to `path`,
+    with the fixes (the folder comes from GA_RESULTS)."""
+    folder = os.environ.get("GA_RESULTS")
+    where = f"GA_RESULTS={folder}" if folder else "GA_RESULTS is unset: ./results"
+    why = error.strerror or str(error)
+    if isinstance(error, (FileExistsError, NotADirectoryError)):
+        file = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+        why = f"{file} is a file, not a folder" if file else why
+    return StoreError(f"{path}: cannot {doing} ({why}): free disk space or make the folder "
+                      f"writable, or set GA_RESULTS to a writable folder ({where})")
+
+
+# --- one writer at a time ------------------------------------------------------------------------
+
+_held: dict[str, list] = {}  # absolute store path -> [lock file descriptor, depth] while this process holds it
+_thread_locks: dict[str, threading.RLock] = {}
+_guard = threading.Lock()
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _holder(fd: int) -> str | None:
+    """Who holds the lock, as its holder wrote it into the lock file (None: not written yet)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0))
+        return (f"pid {info['pid']} on {info['host']} ({info['command']}), since "
+                f"{time.strftime('%H:%M:%S', time.localtime(info['since']))}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@contextlib.contextmanager
+def lock(path: Path | str):
+    """Hold the store at `path` for the block: the only writer until the block ends. If another
+    process holds it, say who and wait."""
+    path = Path(path)
+    key = os.path.abspath(path)
+    with _guard:
+        thread_lock = _thread_locks.setdefault(key, threading.RLock())
+    with thread_lock:
+        if key in _held:  # this process holds it already
+            _held[key][1] += 1
+            try:
+                yield
+            finally:
+                _held[key][1] -= 1
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise os_error(_lock_path(path), "create the store's lock file", e) from None
+        try:
+            if not _try_lock(fd):
+                holder = _holder(fd)
+                for _ in range(20):  # a holder that has just taken the lock writes its name in a moment
+                    if holder is not None or _try_lock(fd):
+                        break
+                    time.sleep(0.05)
+                    holder = _holder(fd)
+                else:
+                    holder = "another process (it has not said which)"
+                if holder is not None:
+                    out = stream() or sys.stderr
+                    print(f"{path} is being written by {holder}: waiting for it to finish "
+                          f"(the cells it finishes will not be computed again)", file=out, flush=True)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    print(f"{path}: the other writer is done; going on", file=out, flush=True)
+            try:  # who holds it, for a process that comes to wait (informative only: a full disk may refuse it)
+                me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                                 "command": " ".join(sys.argv)[:200] or sys.executable}).encode()
+                os.pwrite(fd, me, 0)
+                os.ftruncate(fd, len(me))
+            except OSError:
+                pass
+            _held[key] = [fd, 1]
+            try:
+                yield
+            finally:
+                del _held[key]
+        finally:
+            os.close(fd)  # lets go of the lock
 
 
 def _plain(value):
@@ -88,10 +199,32 @@ class Store:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.torn = self.path.with_name(self.path.name + ".torn")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._done: dict[str, dict] = {}
-        if self.path.exists():
-            self._load()
+        self._seen: tuple | None = None  # the file as this process last read or wrote it
+        with self.lock():
+            self.refresh()
+
+    def lock(self):
+        """Hold this store for a block (see `lock`)."""
+        return lock(self.path)
+
+    def _stat(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def refresh(self) -> None:
+        """Read what other processes wrote since this one last looked. Call it holding the lock."""
+        try:
+            if self._stat() != self._seen:
+                self._done.clear()
+                if self.path.exists():
+                    self._load()
+                self._seen = self._stat()
+        except OSError as e:
+            raise os_error(self.path, "read or repair the results store", e) from None
 
     def _load(self) -> None:
         data = self.path.read_bytes()
@@ -150,7 +283,12 @@ class Store:
     def put(self, cell: dict, result: dict) -> None:
         """Record a cell's result: on disk (flushed and fsynced) before it counts as done."""
         line = _line(cell, result)
-        _fsync_append(self.path, line)
+        with self.lock():
+            try:
+                _fsync_append(self.path, line)
+            except OSError as e:
+                raise os_error(self.path, "append a record to the results store", e) from None
+            self._seen = self._stat()
         row = json.loads(line)
         self._done[_key(row["cell"])] = row["result"]
 
@@ -163,7 +301,10 @@ def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict], desc
     if not callable(run):
         raise StoreError(f"sweep's run is a function of a cell, got {run!r}")
     cells = list(cells)
-    todo = {key: c for key, c in ((_key(c), c) for c in cells) if key not in store._done}  # every cell checked
-    for cell in bar(list(todo.values()), desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
-        store.put(cell, run(cell))
-    return [{**c, **store[c]} for c in cells]
+    keys = [_key(c) for c in cells]  # every cell checked before the first runs
+    with store.lock():  # the only writer: another process running this sweep waits, then reuses these cells
+        store.refresh()
+        todo = {key: c for key, c in zip(keys, cells) if key not in store._done}
+        for cell in bar(list(todo.values()), desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
+            store.put(cell, run(cell))
+        return [{**c, **store[c]} for c in cells]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import Head
-from helpers.errors import ConfigError, StaleResults
+from helpers.errors import ConfigError, StaleResults, StoreError
 from helpers.experiments import base
 
 
@@ -64,3 +64,31 @@ def test_store_file_carries_the_code_version_and_refuses_other_weights(tmp_path,
     model.revision = "gguf bbb"
     with pytest.raises(StaleResults, match="other weights.*gguf aaa -> now gguf bbb.*delete"):
         base.open_store(cfg.chapter, cfg.profile, "part", [model])
+
+
+@pytest.mark.parametrize("text, says", [("", "not JSON"), ('{"smollm2-135m-instruct": "gg', "not JSON"),
+                                        ('["gguf aaa"]', "not a mapping of model names to revisions \\(list\\)")])
+def test_an_unreadable_sidecar_names_its_file_and_the_fix(tmp_path, monkeypatch, text, says):
+    """After a full disk it was left empty, and every rerun failed with a bare JSONDecodeError."""
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
+    base.open_store("made_up", "cpu", "part", [model]).put({"x": 1}, {"y": 2})
+    sidecar = next(tmp_path.glob("made_up/*.models.json"))
+    sidecar.write_text(text)
+    with pytest.raises(StoreError, match=rf"{sidecar}, the record of which weights computed .*\.jsonl, is {says}.*"
+                                         r"delete both files .*or set GA_RESULTS"):
+        base.open_store("made_up", "cpu", "part", [model])
+
+
+def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_not_rewritten(tmp_path, monkeypatch):
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
+    base.open_store("made_up", "cpu", "part", [model])
+    sidecar = next(tmp_path.glob("made_up/*.models.json"))
+    before = sidecar.stat()
+    base.open_store("made_up", "cpu", "part", [model]).put({"x": 1}, {"y": 2})
+    assert (sidecar.stat().st_ino, sidecar.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    sidecar.unlink()
+    with pytest.raises(StaleResults, match=r"\.jsonl holds results but its sidecar .*models\.json is missing.*"
+                                           r"delete .* or set GA_RESULTS"):
+        base.open_store("made_up", "cpu", "part", [model])

@@ -20,17 +20,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
 import pandas as pd
 
 from .. import benchmarks as bm, paths, provenance, registry
-from ..errors import ConfigError, StaleResults
+from ..errors import ConfigError, StaleResults, StoreError
 from ..heads import Head
-from ..sweep import Store
+from ..sweep import Store, lock as store_lock, os_error
 
 # --- field checkers --------------------------------------------------------------------------
 
@@ -257,23 +259,67 @@ def load(name: str):
 
 def open_store(chapter: str, profile: str, part: str, loaded: list) -> Store:
     """The results store of one part of a chapter's run. Its file name carries the code version
-    (`provenance.code_version`), so results of other code are never mixed in; a sidecar records
-    the models' revisions, and a store written with other weights under the same names stops
-    the run with the fix."""
-    folder = paths.results_dir(chapter)
+    (`provenance.code_version`), so results of other code are never mixed in; a sidecar
+    (`<part>.models.json`) records the models' revisions, and a store written with other weights
+    under the same names stops the run with the fix. The sidecar is checked and written holding
+    the store's lock, swapped in whole (a full disk leaves the old one) and only when it changes.
+    A store without its sidecar is not trusted: nothing says which weights computed it."""
+    try:
+        folder = paths.results_dir(chapter)
+    except OSError as e:
+        raise os_error(Path(os.environ.get("GA_RESULTS", "results")) / chapter, "create the results folder", e) from None
     path = folder / f"{part}-{profile}-{provenance.code_version()}.jsonl"
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
-    if meta.exists():
-        recorded = json.loads(meta.read_text())
+    with store_lock(path):
+        recorded = _recorded_revisions(meta, path)
+        if recorded is None and path.exists() and path.stat().st_size > 0:
+            raise StaleResults(f"{path} holds results but its sidecar {meta} is missing, so nothing says which weights "
+                               f"computed them: delete {path} to compute them again, or set GA_RESULTS to a fresh folder")
+        recorded = recorded or {}
         changed = {k: (recorded[k], v) for k, v in revisions.items() if k in recorded and recorded[k] != v}
         if changed:
             raise StaleResults(
                 f"{path} holds results of other weights ({', '.join(f'{k}: {a} -> now {b}' for k, (a, b) in changed.items())}): "
                 f"delete {path} and {meta} to compute them again, or set GA_RESULTS to a fresh folder")
-        revisions = {**recorded, **revisions}
-    meta.write_text(json.dumps(revisions, indent=1))
-    return Store(path)
+        if {**recorded, **revisions} != recorded or not meta.exists():
+            _replace(meta, json.dumps({**recorded, **revisions}, indent=1))
+        return Store(path)
+
+
+def _recorded_revisions(meta: Path, path: Path) -> dict[str, str] | None:
+    """The sidecar's {model name: revision}, None if there is none; unreadable: the fix."""
+    try:
+        text = meta.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise os_error(meta, "read the store's sidecar", e) from None
+    try:
+        recorded = json.loads(text)
+    except ValueError as e:
+        recorded = e
+    if not isinstance(recorded, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items()):
+        what = f"not JSON ({recorded})" if isinstance(recorded, ValueError) else \
+            f"not a mapping of model names to revisions ({type(recorded).__name__})"
+        raise StoreError(f"{meta}, the record of which weights computed {path}, is {what} (a write cut short, e.g. "
+                         f"by a full disk): delete both files to compute the results again, or set GA_RESULTS to a "
+                         f"fresh folder")
+    return recorded
+
+
+def _replace(target: Path, text: str) -> None:
+    """Write `target` whole or not at all: a temporary file beside it, synced, then renamed over it."""
+    fresh = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(fresh, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(fresh, target)
+    except OSError as e:
+        fresh.unlink(missing_ok=True)
+        raise os_error(target, "write the store's sidecar", e) from None
 
 
 class ByRole:

@@ -132,6 +132,8 @@ def test_the_colab_notebook_installs_from_the_repository_and_runs_its_first_cell
 @pytest.mark.parametrize("parameters, message", [
     ({"profile": "gpu"}, "unknown profile 'gpu': use one of cpu, paper, paper-3b"),
     ({"n_kv": -5}, "n_kv must be at least 1, got -5"),
+    ({"n_mapz": 3, "sed": 5}, "layer_pruning has no parameter n_mapz, sed \\(passed to papermill\\); its parameters: "
+                              "profile, smoke, model, n_mmlu, k_shot, n_knowledge, n_kv, kv_pairs, kv_query, seed"),
 ])
 def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parameters, message):
     """Before any model loads, and with no figure or table drawn."""

@@ -92,3 +92,9 @@ def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_
     with pytest.raises(StaleResults, match=r"\.jsonl holds results but its sidecar .*models\.json is missing.*"
                                            r"delete .* or set GA_RESULTS"):
         base.open_store("made_up", "cpu", "part", [model])
+
+
+def test_a_list_given_as_text_says_how_to_pass_a_list_through_papermill():
+    with pytest.raises(ConfigError, match=r"sizes must be a list, got 'L1H0' \(with papermill, pass a list as YAML: "
+                                          r"-y 'sizes: \[L1H0\]'\)"):
+        Config.for_profile("cpu", sizes="L1H0")

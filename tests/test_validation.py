@@ -4,6 +4,8 @@ kind of mistake, naming what is valid: `InterventionError` for interventions and
 booleans are not. Empty interventions are exact no-ops. Each case here was found on a version
 that failed it (a tensor-size error deep in a forward pass, a silent reordering, ...)."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -246,3 +248,146 @@ def test_llamba_config_states_its_head_constraint_at_config_time():
         LlambaConfig(d_model=45)
     with pytest.raises(ConfigError, match="n_v_heads=6 must be a multiple of n_qk_heads=4"):
         LlambaConfig(d_model=48, ssm_cfg={"n_v_heads": 6, "n_qk_heads": 4})
+
+
+# --- chapter parameters, checked against the model before any work -----------------------------------
+
+from helpers.experiments import attention_maps as maps_chapter  # attention_maps is the function above
+from helpers.experiments import (base, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
+                                 layer_pruning, layer_removal, masking, ssm_vs_attention)
+
+
+@pytest.mark.parametrize("chapter, kwargs, message", [
+    (head_zeroing, dict(gather=[[3, -1]], aggregate=["L4H0"]),
+     r"gather: cannot read \[3, -1\] as a head: layer and head are indices >= 0"),
+    (head_zeroing, dict(gather=["L3H9"], aggregate=["L4H0"]),
+     r"gather: smollm2-135m-instruct has no head L3H9 \(layer 3 of this llama model has heads 0..8\)"),
+    (head_zeroing, dict(gather=["L3H0"], aggregate=["L12H0"], layers_kept=10),
+     r"aggregate: smollm2-135m-instruct has no head L12H0 \(of its 30 layers the run keeps 0..9\)"),
+    (head_zeroing, dict(sweep_layers=[2, 30]), r"sweep_layers: smollm2-135m-instruct has no layer 30: its layers are 0..29"),
+    (head_zeroing, dict(model="toy-mamba2", kv_pairs=40), "kv_pairs: a KV dictionary for toy-mamba2 holds at most 32 keys"),
+    (layer_pruning, dict(kv_pairs=101), r"kv_pairs: a KV dictionary for smollm2-135m-instruct holds at most 100 keys"),
+    (layer_pruning, dict(model="toy-mamba2"), "model: layer_pruning scores MMLU and the knowledge tasks, which the toy "
+                                              "model toy-mamba2 does not read .*use one of smollm2-135m-instruct"),
+    (layer_removal, dict(model="toy-transformer"), "model: layer_removal scores MMLU .* toy model toy-transformer"),
+    (layer_removal, dict(minimal_layers=31), "minimal_layers must be at most 30 for smollm2-135m-instruct, got 31"),
+    (layer_pruning, dict(n_kv=10**12), "n_kv must be at most 100,000, got 1,000,000,000,000: a run that large would "
+                                       "not finish; set a smaller n_kv"),
+    (kv_retrieval, dict(model="toy-mamba2", sizes=[8, 33]), "sizes: a KV dictionary for toy-mamba2 holds at most 32 keys"),
+    (maps_chapter, dict(model="toy-transformer", kv_pairs=48), "kv_pairs: .*toy-transformer holds at most 32 keys"),
+    (hybrid_models, dict(kv_pairs=33), "kv_pairs: a KV dictionary for toy-hybrid holds at most 32 keys"),
+    (hybrid_swap, dict(layers=[99]), "layers: toy-student has no layer 99: its layers are 0..2"),
+    (masking, dict(models=["toy-mamba2", "toy-mamba2"]), "models lists toy-mamba2 more than once: list each model once"),
+    (ssm_vs_attention, dict(models=["toy-mamba2", "toy-mamba1"], sizes=[2, 40]),
+     "sizes: a dictionary of toy-mamba2 holds at most 32 keys"),
+])
+def test_a_chapter_parameter_beyond_its_model_or_task_stops_the_config(chapter, kwargs, message):
+    """Each of these used to pass the config and fail only after the work (the whole screen, both
+    rankings, 15 cells), with a message naming another parameter, or a bare StopIteration."""
+    base.shape("smollm2-135m-instruct")  # its GGUF header, read once per process
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=message):
+        chapter.Config.for_profile("cpu", smoke=True, **kwargs)
+    assert time.perf_counter() - start < 1
+
+
+@pytest.fixture
+def sixteen_layer_llama(tmp_path, monkeypatch):
+    """The local hub cache holds a 16-layer snapshot under Llama-3.1-8B-Instruct's repo id (as a
+    model= override or a smaller checkpoint would): shallower than the paper's heads L16H22, L17H24."""
+    import huggingface_hub.constants
+
+    snapshot = tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / "rev"
+    snapshot.mkdir(parents=True)
+    LlamaConfig(vocab_size=60, hidden_size=64, intermediate_size=48, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8).to_json_file(snapshot / "config.json")
+    (tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "refs").mkdir()
+    (tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "refs" / "main").write_text("rev")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    base.shape.cache_clear()
+    yield
+    base.shape.cache_clear()
+
+
+@pytest.mark.parametrize("chapter, kwargs", [(kv_retrieval, {}), (maps_chapter, {}),
+                                             (masking, dict(models=["llama-3.1-8b-instruct"])),
+                                             (ssm_vs_attention, dict(models=["llamba-8b", "llama-3.1-8b-instruct"]))])
+def test_a_paper_model_shallower_than_the_papers_heads_names_gather_and_aggregate(sixteen_layer_llama, chapter, kwargs):
+    """These stopped deep inside with "layer 16 is out of range", naming neither the paper's heads
+    nor the parameters that fix it."""
+    with pytest.raises(ConfigError, match=r"the paper's heads for llama-3.1-8b-instruct include L16H22, which "
+                                          r"llama-3.1-8b-instruct does not have \(its layers are 0..15\): set gather and "
+                                          r"aggregate to heads of this model \(with papermill: -y 'gather: \[L1H0\]'"):
+        chapter.Config.for_profile("paper", smoke=True, **kwargs)
+
+
+@pytest.mark.parametrize("chapter", [masking, ssm_vs_attention])
+def test_every_paper_model_of_a_multi_model_chapter_is_checked_before_the_first_one_runs(chapter, monkeypatch):
+    """The last model's missing cache used to stop the chapter only after the first model's full run."""
+    from helpers import models
+
+    cfg = chapter.Config.for_profile("paper", smoke=True)
+    *first, last = cfg.models
+    checked = []
+
+    def check(spec, device, dtype):
+        checked.append(spec.name)
+        if spec.name == last:
+            raise models.ModelUnavailable(f"{spec.hub_id} is not in the local Hugging Face cache")
+
+    monkeypatch.setattr(models, "check_paper_model", check)
+    monkeypatch.setattr(base, "load", lambda name: pytest.fail(f"{name} loaded before every model was checked"))
+    with pytest.raises(models.ModelUnavailable, match=models.spec(last).hub_id):
+        chapter.run(cfg)
+    assert checked == [*first, last] and len(checked) >= 2
+
+
+# --- swap_layers in the host's working dtype ----------------------------------------------------------
+
+def bf16_hosts():
+    """Tiny 3-layer hosts of width 32 of each SSM family the hybrid swap takes, in bfloat16."""
+    from transformers import FalconMambaConfig, FalconMambaForCausalLM, Mamba2Config, Mamba2ForCausalLM
+
+    from helpers.llamba import LlambaForCausalLM
+
+    torch.manual_seed(0)
+    return {
+        "mamba": MambaForCausalLM(MambaConfig(vocab_size=60, hidden_size=32, num_hidden_layers=3, state_size=4,
+                                              expand=2, use_mambapy=False)),
+        "falcon-mamba": FalconMambaForCausalLM(FalconMambaConfig(vocab_size=60, hidden_size=32, num_hidden_layers=3,
+                                                                 state_size=4, expand=2, use_mambapy=False)),
+        "mamba2": Mamba2ForCausalLM(Mamba2Config(vocab_size=60, hidden_size=32, num_hidden_layers=3, expand=2,
+                                                 num_heads=4, head_dim=16, state_size=8, n_groups=1, chunk_size=8)),
+        "llamba": LlambaForCausalLM(LlambaConfig(vocab_size=60, d_model=32, n_layer=3, mlp_cfg={"intermediate_size": 48},
+                                                 ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 4,
+                                                          "chunk_size": 8})),
+    }
+
+
+@pytest.mark.parametrize("family", ["mamba", "falcon-mamba", "mamba2", "llamba"])
+@torch.inference_mode()
+def test_swap_layers_into_a_bf16_ssm_host_runs_the_donor_in_its_dtype_and_hands_back_the_hosts(family):
+    """Mamba and Falcon-Mamba keep their residual stream in float32 under bfloat16 weights: a Llama
+    layer swapped in failed with "expected m1 and m2 to have the same dtype"."""
+    host = bf16_hosts()[family].to(torch.bfloat16).eval()
+    donor = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2)).to(torch.bfloat16).eval()
+    host_layers, donor_layers = helpers.adapter_for(host).layers, helpers.adapter_for(donor).layers
+    seen = {}
+    hooks = [donor_layers[1].register_forward_pre_hook(lambda m, args, kw: seen.update(donor_in=args[0].dtype),
+                                                       with_kwargs=True),
+             host_layers[2].register_forward_pre_hook(lambda m, args, kw: seen.update(host_in=(args or [kw.get(
+                 "hidden_states")])[0].dtype), with_kwargs=True)]
+    plain = logits(host, IDS)
+    with helpers.swap_layers(host, donor, [1]):
+        swapped = logits(host, IDS)
+    for hook in hooks:
+        hook.remove()
+    plain_in = {}
+    hook = host_layers[2].register_forward_pre_hook(lambda m, args, kw: plain_in.update(dtype=(args or [kw.get(
+        "hidden_states")])[0].dtype), with_kwargs=True)
+    assert torch.equal(logits(host, IDS), plain)  # restored
+    hook.remove()
+    assert seen["donor_in"] == torch.bfloat16  # the donor's layer read the stream in its own dtype
+    assert seen["host_in"] == plain_in["dtype"]  # the host's next layer got the stream in the dtype it keeps it in
+    assert torch.isfinite(swapped).all() and not torch.equal(swapped, plain)

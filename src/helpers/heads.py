@@ -44,9 +44,12 @@ class Head(NamedTuple):
         if any(isinstance(x, bool) for x in (layer, head)):
             raise ValueError(f"cannot read {value!r} as a head: layer and head must be integers, not booleans")
         try:
-            return cls(operator.index(layer), operator.index(head))
+            layer, head = operator.index(layer), operator.index(head)
         except TypeError:
             raise ValueError(f"cannot read {value!r} as a head: layer and head must be integers") from None
+        if layer < 0 or head < 0:
+            raise ValueError(f"cannot read {value!r} as a head: layer and head are indices >= 0")
+        return cls(layer, head)
 
 
 def ablation(heads: Iterable[Head]) -> dict[int, list[int]]:

@@ -118,16 +118,29 @@ def _zeroed(model, adapter: Adapter, plan: dict[int, list[int]]):
         yield model
 
 
+def working_dtype(block: nn.Module) -> torch.dtype:
+    """The dtype most of a block's weights are in: what it computes in. (A bfloat16 Mamba keeps a
+    few parameters, and its residual stream, in float32, so the first parameter may not say.)"""
+    sizes: dict[torch.dtype, int] = {}
+    for p in block.parameters():
+        if p.is_floating_point():
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    return max(sizes, key=sizes.get) if sizes else torch.get_default_dtype()
+
+
 class Transplant(nn.Module):
-    """A block of another model, run as its own model runs it, whatever the host passes."""
+    """A block of another model, run as its own model runs it, whatever the host passes: the
+    stream enters in the block's working dtype and leaves in the dtype the host passed it in
+    (Mamba and Falcon-Mamba keep it in float32 between bfloat16 layers)."""
 
     def __init__(self, block: nn.Module, donor):
         super().__init__()
         self.block = block
+        self.dtype = working_dtype(block)
         object.__setattr__(self, "donor", donor)  # not a submodule: the donor stays its own model
 
     def forward(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return self.donor.run_layer(self.block, hidden)
+        return self.donor.run_layer(self.block, hidden.to(self.dtype)).to(hidden.dtype)
 
 
 def _check_swappable(host: Adapter, donor: Adapter, layers: list[int]) -> None:
@@ -136,14 +149,17 @@ def _check_swappable(host: Adapter, donor: Adapter, layers: list[int]) -> None:
         raise InterventionError(
             f"cannot swap layers between models of width {host.width} ({host.family}) "
             f"and {donor.width} ({donor.family}): residual streams must match")
-    (host_weight, *_), (donor_weight, *_) = host.model.parameters(), donor.model.parameters()
-    if (host_weight.dtype, host_weight.device) != (donor_weight.dtype, donor_weight.device):
-        raise InterventionError(
-            f"cannot swap layers from a {donor.family} model in {donor_weight.dtype} on {donor_weight.device} into a "
-            f"{host.family} model in {host_weight.dtype} on {host_weight.device}: load both alike")
     missing = [i for i in layers if i >= donor.n_layers]
     if missing:
         raise InterventionError(f"the donor ({donor.family}) has layers 0..{donor.n_layers - 1}: it has no layer {missing}")
+    for i in layers:  # each layer against the one it replaces
+        ours, theirs = host.layers[i], donor.layers[i]
+        here = (working_dtype(ours), next(ours.parameters()).device)
+        there = (working_dtype(theirs), next(theirs.parameters()).device)
+        if here != there:
+            raise InterventionError(
+                f"cannot swap layer {i} from a {donor.family} model in {there[0]} on {there[1]} into a "
+                f"{host.family} model in {here[0]} on {here[1]}: load both alike")
 
 
 def swap_layers(host, donor, layers: Iterable[int]):

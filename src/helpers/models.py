@@ -50,6 +50,11 @@ def paper_device(device: str | None = None) -> torch.device:
     return torch.device(device or os.environ.get("GA_DEVICE") or "cuda")
 
 
+def paper_dtype(device: torch.device) -> torch.dtype:
+    """A paper model's working dtype on `device` (unless `load` is told otherwise)."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
 def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
     """Fail before a 16 GB download or allocation when the paper tier cannot run here."""
     if device.type == "cuda":
@@ -126,7 +131,7 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = paper_device(device)
-    dtype = dtype or (torch.float32 if target.type == "cpu" else torch.bfloat16)
+    dtype = dtype or paper_dtype(target)
     check_paper_model(s, target, dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)

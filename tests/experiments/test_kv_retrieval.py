@@ -81,7 +81,7 @@ def test_a_model_at_chance_cannot_lose_what_it_does_not_have():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(sizes=[0, 4]), "sizes must all be at least 1"),
-    (dict(sizes=[8, 120]), "sizes must be at most 100"),
+    (dict(sizes=[8, 120]), "sizes: a KV dictionary for smollm2-135m-instruct holds at most 100 keys"),
     (dict(gather=["L16H22"]), "set gather and aggregate together"),
     (dict(n_per_size=0), "n_per_size must be at least 1"),
 ])

@@ -60,7 +60,7 @@ class Config(base.Config):
     n_mmlu: int | None = base.count(optional=True)  # MMLU questions measured (None: all)
     kv_pairs: int = base.count()
     kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.count(minimum=0)
+    seed: int = base.seed()
 
     chapter = "attention_maps"
     smoke_sizes = dict(n_prompts=3, n_mmlu=3)
@@ -76,6 +76,8 @@ class Config(base.Config):
     def __post_init__(self):
         super().__post_init__()
         check_roles(self.gather, self.aggregate)
+        shared.check_roles_of(self.model, self.gather, self.aggregate)
+        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
 def check_roles(gather, aggregate) -> None:

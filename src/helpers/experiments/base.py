@@ -52,8 +52,11 @@ def _integer(name: str, value) -> int:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
 
 
-def count(minimum: int = 1, optional: bool = False) -> Any:
-    """An integer >= minimum (None allowed when `optional`: "all of them")."""
+MAX_COUNT = 100_000  # a count of prompts, layers or runs beyond this would not finish (a typo such as 10**12)
+
+
+def count(minimum: int = 1, optional: bool = False, maximum: int = MAX_COUNT) -> Any:
+    """An integer in minimum..maximum (None allowed when `optional`: "all of them")."""
     def check(name, value):
         if value is None and optional:
             return None
@@ -61,8 +64,16 @@ def count(minimum: int = 1, optional: bool = False) -> Any:
         if value < minimum:
             raise ConfigError(f"{name} must be at least {minimum}, got {value}"
                               + (" (None: all of them)" if optional else ""))
+        if value > maximum:
+            raise ConfigError(f"{name} must be at most {maximum:,}, got {value:,}: a run that large would not finish; "
+                              f"set a smaller {name}" + (" (None: all of them)" if optional else ""))
         return value
     return _spec(check)
+
+
+def seed() -> Any:
+    """A random seed: an integer in 0..2**32 - 1 (what numpy's generators take)."""
+    return count(minimum=0, maximum=2**32 - 1)
 
 
 def counts(minimum: int = 1) -> Any:
@@ -120,6 +131,8 @@ def models(*mixers: str) -> Any:
         values = tuple(_model_name(name, v, mixers) for v in _sequence(name, value))
         if not values:
             raise ConfigError(f"{name} must name at least one model")
+        if twice := sorted({v for v in values if values.count(v) > 1}):
+            raise ConfigError(f"{name} lists {', '.join(twice)} more than once: list each model once")
         return values
     return _spec(check)
 
@@ -226,7 +239,7 @@ class BenchmarkConfig(Config):
     n_kv: int = count()
     kv_pairs: int = count()
     kv_query: str = one_of("paper", "repeat")
-    seed: int = count(minimum=0)
+    seed: int = seed()
 
 
 def check_injected_parameters(chapter: str) -> None:
@@ -269,6 +282,126 @@ def flag_value(value) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"smoke must be True or False, got {value!r}")
     return value
+
+
+# --- checks against the model a run will load (from its config: no weights read) ---------------
+
+@lru_cache(maxsize=None)
+def shape(name: str):
+    """An adapter of model `name` built on the meta device from its config alone: its layers and
+    heads are the model's, it holds no weights and allocates nothing. The config is the toy
+    zoo's recipe, SmolLM2's GGUF header, or a paper model's config.json from the local hub cache
+    (what `load` would load), else its published one in data/configs."""
+    import torch
+
+    from .. import models, zoo
+    from ..adapters import adapter_for
+    from ..progress import quiet
+
+    s = registry.spec(name)
+    with torch.device("meta"):
+        if s.toy:
+            return zoo.adapter_of(zoo.recipe(name), zoo.build_model(zoo.recipe(name)))
+        with quiet():
+            config = _smollm2_config() if s.profile == "cpu" else (_cached_config(s) or models.paper_config(name))
+        return adapter_for(models.model_from_config(config))
+
+
+def _smollm2_config():
+    from transformers import AutoConfig
+
+    from ..models import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _cached_config(s: registry.ModelSpec):
+    """The config.json of the snapshot in the local hub cache (None: not there, or one of ours,
+    whose config class transformers does not know)."""
+    if s.ours:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from transformers import AutoConfig
+
+        found = try_to_load_from_cache(s.hub_id, "config.json")
+        return AutoConfig.from_pretrained(Path(found).parent) if isinstance(found, str) else None
+    except (OSError, ValueError):
+        return None
+
+
+def check_layers_of(model: str, name: str, layers: Iterable[int] | None, below: int | None = None) -> None:
+    """Every layer in `layers` (the parameter `name`) is one of `model`'s (and below `below`,
+    e.g. the layers a run keeps)."""
+    n = shape(model).n_layers if below is None else min(below, shape(model).n_layers)
+    if bad := [l for l in layers or () if l >= n]:
+        kept = f" of the {n} it runs" if below is not None and below < shape(model).n_layers else ""
+        raise ConfigError(f"{name}: {model} has no layer {', '.join(map(str, bad))}{kept}: its layers are 0..{n - 1}")
+
+
+def check_heads_of(model: str, name: str, heads: Iterable[Head] | None, paper: bool = False,
+                   below: int | None = None) -> None:
+    """Every head in `heads` is one of `model`'s (in its first `below` layers, when given). With
+    `paper`, the heads are the paper's, used because the parameter `name` was left unset: the
+    message says to set it (and its partner) to heads of this model."""
+    from ..errors import InterventionError
+
+    adapter = shape(model)
+    n_layers = adapter.n_layers if below is None else min(below, adapter.n_layers)
+    for h in heads or ():
+        try:
+            if h.layer >= n_layers:
+                raise InterventionError(f"its layers are 0..{n_layers - 1}" if n_layers == adapter.n_layers else
+                                        f"of its {adapter.n_layers} layers the run keeps 0..{n_layers - 1}")
+            adapter.check_heads(h.layer, [h.head])
+        except InterventionError as e:
+            why = str(e).split(": ", 1)[-1]
+            if paper:
+                raise ConfigError(f"the paper's heads for {model} include {h}, which {model} does not have ({why}): "
+                                  f"set gather and aggregate to heads of this model (with papermill: -y 'gather: "
+                                  f"[L1H0]' -y 'aggregate: [L2H0]')") from None
+            raise ConfigError(f"{name}: {model} has no {adapter.head_kind} {h} ({why})") from None
+
+
+def kv_limit(model: str) -> int:
+    """The most keys a KV dictionary of `model`'s task holds: one distinct value each (the toy
+    zoo's token task has 32 values, the release's prompt the numbers 0-99)."""
+    from .. import synthetic
+    from ..reference import paper
+
+    return synthetic.N_VALUES if registry.spec(model).toy else len(paper("kv_retrieval", "value_range").integers)
+
+
+def check_kv_sizes(model: str, name: str, sizes: Iterable[int]) -> None:
+    """Dictionary sizes (the parameter `name`) that `model`'s KV task can draw."""
+    most = kv_limit(model)
+    if bad := [k for k in sizes if k > most]:
+        raise ConfigError(f"{name}: a KV dictionary for {model} holds at most {most} keys (one distinct value each); "
+                          f"got {', '.join(map(str, bad))}")
+
+
+def refuse_toy(chapter: str, name: str, model: str) -> None:
+    """A chapter scored on MMLU and the knowledge tasks cannot run a toy model, which speaks only
+    the zoo's token tasks: say so by name, with the models it can run."""
+    if registry.spec(model).toy:
+        usable = [n for n in registry.names() if not registry.spec(n).toy and registry.spec(n).mixer != "hybrid"]
+        raise ConfigError(f"{name}: {chapter} scores MMLU and the knowledge tasks, which the toy model {model} does "
+                          f"not read (it speaks only the zoo's token tasks; see the toy_zoo chapter); use one of "
+                          f"{', '.join(usable)}")
+
+
+def check_available(names: Iterable[str]) -> None:
+    """Every paper model of a multi-model run can load here (in the local hub cache when offline;
+    a GPU with room when on one), checked before the first one computes; CPU-tier models ship
+    with the package."""
+    from .. import models
+
+    for name in dict.fromkeys(names):
+        s = registry.spec(name)
+        if s.profile != "cpu":
+            device = models.paper_device()
+            models.check_paper_model(s, device, models.paper_dtype(device))
 
 
 # --- running -----------------------------------------------------------------------------------

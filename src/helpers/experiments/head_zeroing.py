@@ -124,7 +124,7 @@ class Config(base.Config):
     gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     n_controls: int = base.count()
-    seed: int = base.count(minimum=0)
+    seed: int = base.seed()
 
     chapter = "head_zeroing"
     smoke_sizes = dict(n_screen=shared.SMOKE["n"], top=shared.SMOKE["top"], n_check=4, n_controls=1)
@@ -147,6 +147,15 @@ class Config(base.Config):
         if self.task == "kv" and (self.n_screen is None or self.n_check is None):
             raise ConfigError("task='kv' needs n_screen and n_check as numbers of KV prompts, e.g. 200 and 1000 "
                               "(None means half of MMLU)")
+        # Against the model, from its config: before the screen runs.
+        n_layers = base.shape(self.model).n_layers
+        if self.layers_kept is not None and self.layers_kept > n_layers:
+            raise ConfigError(f"layers_kept must be at most {n_layers} for {self.model}, got {self.layers_kept}")
+        kept = self.layers_kept or layer_removal.published_minimal(self.model) or n_layers
+        base.check_layers_of(self.model, "sweep_layers", self.sweep_layers, below=kept)
+        shared.check_roles_of(self.model, self.gather, self.aggregate, below=kept)
+        if self.task == "kv":
+            base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
 # --- the run -----------------------------------------------------------------------------------

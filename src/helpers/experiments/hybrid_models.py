@@ -75,6 +75,7 @@ class Config(base.BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        base.check_kv_sizes(self.hybrid, "kv_pairs", [self.kv_pairs])
         student = self.swap().student if self.swapped else None
         if student and registry.spec(student).toy != registry.spec(self.hybrid).toy:
             raise ConfigError(f"the swapped hybrid ({student}) runs {self.hybrid}'s tasks, so both must be toy models "
@@ -200,6 +201,8 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
+    base.check_available([cfg.hybrid, *((cfg.swap().student, cfg.swap().teacher) if cfg.swapped else ()),
+                          *((cfg.ssm,) if cfg.ssm != "none" else ())])
     main = base.load(cfg.hybrid)
     tok = main.tokenizer
     retrieval = [bm.letter_mcq(cfg.hybrid, tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),

@@ -65,6 +65,8 @@ class Config(base.BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        base.check_layers_of(self.student, "layers", self.layers)
+        base.check_kv_sizes(self.student, "kv_pairs", [self.kv_pairs])
         if self.teacher_layer_by == "reference" and self.teacher not in reference_teachers():
             raise ConfigError(f"teacher_layer_by='reference' needs a teacher whose Aggregate head the release names "
                               f"({', '.join(reference_teachers())}), not {self.teacher}; for other teachers use "
@@ -164,6 +166,7 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
+    base.check_available([cfg.student, cfg.teacher])
     student, teacher = base.load(cfg.student), base.load(cfg.teacher)
     retrieval = [bm.letter_mcq(cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
                  bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]

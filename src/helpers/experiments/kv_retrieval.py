@@ -40,7 +40,7 @@ class Config(base.Config):
     kv_query: str = base.one_of("paper", "repeat")
     gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
-    seed: int = base.count(minimum=0)
+    seed: int = base.seed()
 
     chapter = "kv_retrieval"
     smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
@@ -59,8 +59,8 @@ class Config(base.Config):
     def __post_init__(self):
         super().__post_init__()
         head_zeroing.check_pair(self.gather, self.aggregate)
-        if bad := [k for k in self.sizes if k > 100]:
-            raise base.ConfigError(f"sizes must be at most 100 (values are the numbers 0-99), got {bad}")
+        base.check_kv_sizes(self.model, "sizes", self.sizes)
+        shared.check_roles_of(self.model, self.gather, self.aggregate)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,11 @@ class Config(base.BenchmarkConfig):
     chapter = "layer_pruning"
     smoke_sizes = dict(n_mmlu=8, n_knowledge=4, n_kv=4)
 
+    def __post_init__(self):
+        super().__post_init__()
+        base.refuse_toy(self.chapter, "model", self.model)
+        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":

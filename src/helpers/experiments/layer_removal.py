@@ -46,6 +46,14 @@ class Config(base.BenchmarkConfig):
         # (`minimal_layers_for`), since it depends on the model.
         return {**layer_pruning.Config.defaults(profile), "minimal_layers": None}
 
+    def __post_init__(self):
+        super().__post_init__()
+        base.refuse_toy(self.chapter, "model", self.model)
+        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+        n_layers = base.shape(self.model).n_layers
+        if self.minimal_layers is not None and self.minimal_layers > n_layers:
+            raise ConfigError(f"minimal_layers must be at most {n_layers} for {self.model}, got {self.minimal_layers}")
+
 
 def published_minimal(model: str) -> int | None:
     """Layers of `model`'s published minimal model: the paper's layers 0-17 for Llama-3.1-8B;

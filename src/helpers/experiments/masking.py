@@ -31,7 +31,7 @@ from ..reference import paper
 from ..segments import aggregate_pattern, gather_pattern
 from ..stats import Score, difference
 from ..sweep import sweep
-from . import base
+from . import base, shared
 from .attention_maps import ROLE_NAMES, Roles, check_roles, find_roles, held_out_kv, mmlu
 
 PATTERN = {"G": gather_pattern, "A": aggregate_pattern}
@@ -77,7 +77,7 @@ class Config(base.Config):
     n: int = base.count()  # prompts, the same under every condition
     kv_pairs: int = base.count()
     kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.count(minimum=0)
+    seed: int = base.seed()
 
     chapter = "masking"
     smoke_sizes = dict(n=3)
@@ -96,6 +96,10 @@ class Config(base.Config):
         if self.gather is not None and len(self.models) > 1:
             raise ConfigError(f"gather and aggregate name the heads of one model; models lists {len(self.models)}: "
                               "list one model, or leave the heads to None (each model's own)")
+        for name in self.models:  # every model, from its config, before the first one runs
+            shared.check_roles_of(name, self.gather, self.aggregate)
+            if self.task == "kv":
+                base.check_kv_sizes(name, "kv_pairs", [self.kv_pairs])
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     runs, made = [], {}
+    base.check_available(cfg.models)  # every model, before the first one computes
     for model in cfg.models:  # one paper model in memory at a time
         one, record = run_model(cfg, model, timer)
         runs.append(one)

@@ -43,6 +43,15 @@ def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
         return None
 
 
+def check_roles_of(model: str, gather, aggregate, below: int | None = None) -> None:
+    """The heads set as `gather` and `aggregate`, or where they are unset the paper's heads of
+    `model`, are heads of `model` (in its first `below` layers): checked from its config, before
+    any work, naming the parameters that fix it."""
+    named = paper_heads(model) if gather is None else {"G": gather, "A": aggregate}
+    for role, field in (("G", "gather"), ("A", "aggregate")):
+        base.check_heads_of(model, field, (named or {}).get(role), paper=gather is None, below=below)
+
+
 @dataclass(frozen=True)
 class Ranking:
     model: str

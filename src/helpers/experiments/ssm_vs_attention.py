@@ -69,7 +69,7 @@ class Config(base.Config):
     sizes: tuple = base.counts()  # dictionary sizes of part 1
     n: int = base.count()  # prompts per model and size, and held-out prompts of part 2
     n_maps: int = base.count()  # held-out prompts the attention measures average over
-    seed: int = base.count(minimum=0)
+    seed: int = base.seed()
 
     chapter = "ssm_vs_attention"
     smoke_sizes = dict(sizes=[2, 4], n=4, n_maps=4)
@@ -87,6 +87,7 @@ class Config(base.Config):
     def __post_init__(self):
         super().__post_init__()
         for name in self.models:
+            shared.check_roles_of(name, None, None)  # the paper's heads, where it names them, are this model's
             most = synthetic.N_VALUES if registry.spec(name).toy else kv_values()
             if max(self.sizes) > most:
                 raise ConfigError(f"sizes: a dictionary of {name} holds at most {most} keys (one distinct value "
@@ -236,6 +237,7 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     settings = shared.ranking_settings(cfg.profile, cfg.smoke)
     runs, revisions, record = {}, {}, None
+    base.check_available(cfg.models)  # every model, before the first one computes
     for name in cfg.models:
         loaded = base.load(name)
         record = record or base.record(cfg, [loaded], timer)  # device, dtype, versions: the first model's

@@ -391,3 +391,22 @@ def test_swap_layers_into_a_bf16_ssm_host_runs_the_donor_in_its_dtype_and_hands_
     assert seen["donor_in"] == torch.bfloat16  # the donor's layer read the stream in its own dtype
     assert seen["host_in"] == plain_in["dtype"]  # the host's next layer got the stream in the dtype it keeps it in
     assert torch.isfinite(swapped).all() and not torch.equal(swapped, plain)
+
+
+def test_hybrid_swap_checks_widths_from_the_configs_and_tries_its_swaps_before_the_sweep(monkeypatch):
+    import copy
+
+    with pytest.raises(ConfigError, match=r"student llamba-3b \(residual width 3072\) and teacher llama-3.1-8b-instruct "
+                                          r"\(width 4096\) cannot swap layers"):
+        hybrid_swap.Config.for_profile("paper", smoke=True, student="llamba-3b")
+    hybrid_swap.Config.for_profile("paper", smoke=True, student="falcon-mamba-7b-instruct")  # 4096 wide: it fits
+
+    student, teacher = base.load("toy-student"), base.load("toy-transformer")
+    bf16 = copy.copy(teacher)  # a teacher loaded in another dtype than the student (the cached one is left as is)
+    bf16.model = copy.deepcopy(teacher.model).to(torch.bfloat16)
+    bf16.adapter = helpers.adapter_for(bf16.model)
+    monkeypatch.setattr(base, "load", lambda name: {"toy-student": student, "toy-transformer": bf16}[name])
+    monkeypatch.setattr(hybrid_swap, "find_teacher_layer", lambda *a, **k: pytest.fail("the sweep started"))
+    with pytest.raises(InterventionError, match=r"cannot swap layer 0 from a conv_llama model in torch.bfloat16 on cpu "
+                                                r"into a llamba model in torch.float32 on cpu: load both alike"):
+        hybrid_swap.run(hybrid_swap.Config.for_profile("cpu", smoke=True))

@@ -66,6 +66,12 @@ class Config(base.BenchmarkConfig):
     def __post_init__(self):
         super().__post_init__()
         base.check_layers_of(self.student, "layers", self.layers)
+        base.check_layers_of(self.teacher, "layers", self.layers)
+        student, teacher = base.shape(self.student), base.shape(self.teacher)
+        if student.width != teacher.width:
+            raise ConfigError(f"student {self.student} (residual width {student.width}) and teacher {self.teacher} "
+                              f"(width {teacher.width}) cannot swap layers: their residual streams must match; pick "
+                              f"a teacher of the student's width")
         base.check_kv_sizes(self.student, "kv_pairs", [self.kv_pairs])
         if self.teacher_layer_by == "reference" and self.teacher not in reference_teachers():
             raise ConfigError(f"teacher_layer_by='reference' needs a teacher whose Aggregate head the release names "
@@ -164,10 +170,21 @@ class Result(base.ByRole):
         return float(np.average([self.chance[t] for t in self.knowledge_tasks], weights=ns))
 
 
+def try_swaps(student, teacher, layers) -> None:
+    """Every swap the run may make, tried on two tokens before anything is computed: a layer
+    whose shapes, dtype or device do not fit fails here, not after the teacher's layer search."""
+    import torch
+
+    device = next(student.model.parameters()).device
+    with torch.inference_mode(), swap_layers(student, teacher, list(layers)):
+        student.model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device))
+
+
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     base.check_available([cfg.student, cfg.teacher])
     student, teacher = base.load(cfg.student), base.load(cfg.teacher)
+    try_swaps(student, teacher, cfg.layers or range(min(student.adapter.n_layers, teacher.adapter.n_layers)))
     retrieval = [bm.letter_mcq(cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
                  bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     knowledge = bm.knowledge(cfg.student, cfg.profile, cfg.n_knowledge, cfg.seed)

@@ -45,7 +45,7 @@ def test_paper_model_not_cached_offline_names_the_fix(monkeypatch, tmp_path):
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(helpers.ModelUnavailable, match="not in the local Hugging Face cache.*huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"):
+    with pytest.raises(helpers.ModelUnavailable, match="not in the local Hugging Face cache.*hf download meta-llama/Llama-3.1-8B-Instruct.*gated"):
         helpers.load("llama-3.1-8b-instruct")
 
 

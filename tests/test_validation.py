@@ -410,3 +410,79 @@ def test_hybrid_swap_checks_widths_from_the_configs_and_tries_its_swaps_before_t
     with pytest.raises(InterventionError, match=r"cannot swap layer 0 from a conv_llama model in torch.bfloat16 on cpu "
                                                 r"into a llamba model in torch.float32 on cpu: load both alike"):
         hybrid_swap.run(hybrid_swap.Config.for_profile("cpu", smoke=True))
+
+
+# --- the smaller cases --------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def test_mask_final_rows_checks_its_lengths_and_keeps_another_mask_on_the_same_layer():
+    """It said "a mask for T=6 tokens; this one is for T=6" beside another mask of the same
+    length, and gave raw torch errors for [] and [0]."""
+    from helpers.attention import mask_final_rows
+
+    model = tiny_llama()
+    T = IDS.shape[1]
+    for bad in ([], [0], [7, -1], 7, [2.5]):
+        with pytest.raises(InterventionError, match=r"mask_final_rows takes each row's token count, a non-empty list "
+                                                    r"of positive integers"):
+            with mask_final_rows(model, bad):
+                pass
+    with pytest.raises(InterventionError, match="layers 0..3"):
+        with mask_final_rows(model, [T, T], layers=[9]):
+            pass
+    eye = torch.eye(T, dtype=torch.bool) | torch.ones(T, T, dtype=torch.bool).tril(-1)
+    with mask_last_row(model, T), mask_attention(model, 1, [0], eye):
+        expected = logits(model, IDS)
+    for first, second in [(lambda: mask_final_rows(model, [T, T]), lambda: mask_attention(model, 1, [0], eye)),
+                          (lambda: mask_attention(model, 1, [0], eye), lambda: mask_final_rows(model, [T, T]))]:
+        with first(), second():  # both kept, in either order: every row's final position reads nothing
+            assert torch.equal(logits(model, IDS), expected)
+    with mask_attention(model, 1, [0], torch.ones(5, 5, dtype=torch.bool)):
+        with pytest.raises(InterventionError, match=r"layer 1 already has a mask for T=5 tokens; this one is for T=7"):
+            with mask_final_rows(model, [T, T]):
+                pass
+
+
+def test_the_engine_checks_its_ablations_layers_and_depths_like_the_interventions():
+    from helpers.engine import SweepEngine
+    from test_engine import CharTokenizer
+
+    model = tiny_llama()
+    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2")), 0)]
+    engine = SweepEngine(model, CharTokenizer(), items, batch_tokens=64)
+    with helpers.zero_heads(model, {0: [0, 1]}):
+        zeroed = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
+    np.testing.assert_allclose(engine.loglikelihoods([{0: np.array([0, 1])}])[0], zeroed, rtol=0, atol=1e-5)
+    for layers, says in [([2, 0], r"increasing order.*write \[0, 2\]"), ([0, 0, 1], r"\[0\] listed more than once")]:
+        with pytest.raises(InterventionError, match=says):
+            engine.score(layers=layers)
+    for depths in ([0], [5], [2.5]):
+        with pytest.raises(InterventionError, match=r"score_by_depth takes depths 1..4 \(how many bottom layers"):
+            engine.score_by_depth(depths)
+    with pytest.raises(InterventionError, match=r"an ablation is \{layer: \[head, ...\]\}, got \[0, 1\]"):
+        engine.loglikelihoods([[0, 1]])
+
+
+def test_a_stored_score_of_the_wrong_shape_names_the_fix():
+    """A record with other content stopped a chapter with `KeyError: 'correct'`."""
+    from helpers.stats import Score
+
+    assert Score.from_json({"correct": "0110"}).n == 4
+    for row in ({"acc": 0.5}, {"correct": [1, 0]}, {"correct": "01x"}, ["0110"]):
+        with pytest.raises(ValueError, match=r"a stored score is \{'correct': '0110...'\}.*delete that store .*GA_RESULTS"):
+            Score.from_json(row)
+
+
+def test_the_offline_message_mentions_gated_models_only_for_metas(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from helpers import models
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    cpu = torch.device("cpu")
+    with pytest.raises(models.ModelUnavailable, match=r"`hf download tiiuae/falcon-mamba-7b-instruct` where the hub is reachable, or unset") as e:
+        models.check_paper_model(models.spec("falcon-mamba-7b-instruct"), cpu, torch.float32)
+    assert "gated" not in str(e.value) and "huggingface-cli" not in str(e.value)
+    with pytest.raises(models.ModelUnavailable, match=r"`hf download meta-llama/Llama-3.1-8B-Instruct` where .*gated.*hf auth login"):
+        models.check_paper_model(models.spec("llama-3.1-8b-instruct"), cpu, torch.float32)

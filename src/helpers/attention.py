@@ -178,14 +178,24 @@ def _masked_attention(model, adapter: Adapter, layer: int, heads: list[int], all
     heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
     full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
     full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
-    earlier = adapter.attention(layer).__dict__.get("_helpers_allowed")
-    if earlier is not None:  # masks on other heads of this layer already in force: keep them
-        if earlier.shape != full.shape:
-            raise InterventionError(f"layer {layer} already has a mask for T={earlier.shape[-1]} tokens; "
-                                    f"this one is for T={full.shape[-1]}")
-        full = full & earlier
+    full = _with_earlier(adapter, layer, full)
     with _attached(adapter, layer, "_helpers_allowed", full), _routed(model):
         yield model
+
+
+def _with_earlier(adapter: Adapter, layer: int, full: torch.Tensor) -> torch.Tensor:
+    """`full` ([heads, T, T], or [batch, heads, T, T] per row) and the masks already in force on
+    this layer, both kept: a head may attend where every mask allows."""
+    earlier = adapter.attention(layer).__dict__.get("_helpers_allowed")
+    if earlier is None:
+        return full
+    if earlier.shape[-1] != full.shape[-1]:
+        raise InterventionError(f"layer {layer} already has a mask for T={earlier.shape[-1]} tokens; "
+                                f"this one is for T={full.shape[-1]}: masks used together must be for one length")
+    if earlier.dim() == full.dim() == 4 and earlier.shape[0] != full.shape[0]:
+        raise InterventionError(f"layer {layer} already has a mask for a batch of {earlier.shape[0]} rows; "
+                                f"this one is for {full.shape[0]}: per-row masks used together must be for one batch")
+    return full & earlier  # [heads, T, T] with [batch, heads, T, T]: per row
 
 
 @contextmanager
@@ -252,17 +262,24 @@ def mask_final_rows(model, lengths, layers: list[int] | None = None):
     batch ends at its own last non-pad token). For `evaluate.choice_loglikelihoods(...,
     per_batch=...)`, which passes each batch's row lengths."""
     model, adapter = unwrap(model)
-    layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)] if layers is None else layers
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    if layers is None:
+        layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)]
+    layers = adapter.check_layers(layers, "mask_final_rows", increasing=False)
+    for l in layers:
+        adapter.attention(l)  # raises, naming the attention layers, for a layer without attention
+    given = list(lengths) if isinstance(lengths, (list, tuple, range)) or getattr(lengths, "ndim", 0) == 1 else None
+    indices = [as_index(n) for n in given or []]
+    if not given or any(i is None or i < 1 for i in indices):
+        raise InterventionError(f"mask_final_rows takes each row's token count, a non-empty list of positive "
+                                f"integers, got {lengths!r}")
+    lengths = torch.tensor(indices, dtype=torch.long)
     T = int(lengths.max())
     allowed = torch.ones(len(lengths), T, T, dtype=torch.bool)  # [batch, T, T]
     allowed[torch.arange(len(lengths)), lengths - 1] = False
     with ExitStack() as stack:
         for l in layers:
             full = allowed[:, None].expand(-1, adapter.n_heads(l), -1, -1)  # [batch, heads, T, T], a view
-            earlier = adapter.attention(l).__dict__.get("_helpers_allowed")
-            if earlier is not None:  # masks already in force on this layer: keep them
-                full = full & earlier
+            full = _with_earlier(adapter, l, full)
             stack.enter_context(_attached(adapter, l, "_helpers_allowed", full))
         stack.enter_context(_routed(model))
         yield model

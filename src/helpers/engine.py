@@ -25,7 +25,7 @@ import torch
 
 from .progress import bar
 from .adapters import unwrap
-from .errors import InterventionError
+from .errors import InterventionError, as_index
 from .evaluate import from_loglikelihoods
 from .heads import Head
 from .packing import batches, default_batch_tokens, pack
@@ -131,7 +131,8 @@ class SweepEngine:
 
     def layer_list(self, layers: list[int] | None) -> list[int]:
         """The layers the model runs: all by default, else these (checked)."""
-        return list(range(self.adapter.n_layers)) if layers is None else [self.adapter.check_layer(l) for l in layers]
+        # The rule of keep_layers: in the model's order, none twice (a run cannot reorder layers).
+        return list(range(self.adapter.n_layers)) if layers is None else self.adapter.check_layers(layers, "the engine's layers")
 
     @torch.inference_mode()
     def loglikelihoods(self, ablations: list[dict[int, list[int]]], layers: list[int] | None = None) -> np.ndarray:
@@ -140,7 +141,11 @@ class SweepEngine:
         a prefix is a pruned model, a gap a removed layer). Everything below the first ablated
         or missing layer comes from the cached residual stream."""
         layers = self.layer_list(layers)
-        plans = [{l: self.adapter.check_heads(l, hs) for l, hs in a.items() if hs} for a in ablations]
+        if bad := [a for a in ablations if not isinstance(a, dict)]:
+            raise InterventionError(f"an ablation is {{layer: [head, ...]}}, got {bad[0]!r}")
+        # Checked before the emptiness test: a numpy array of heads has no truth value.
+        plans = [{l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
+                 for a in ablations]
         ablated = sorted({l for p in plans for l in p})
         if set(ablated) - set(layers):
             raise InterventionError(f"heads of layers {sorted(set(ablated) - set(layers))} are ablated but not run")
@@ -166,9 +171,14 @@ class SweepEngine:
     def score_by_depth(self, depths) -> dict[int, Score]:
         """Scores of the model cut to its bottom d layers, for every d: each cut is the final
         norm and head applied to the residual stream after layer d, walked up once."""
+        n = self.adapter.n_layers
+        checked = [as_index(d) for d in depths]
+        if bad := [d for d, k in zip(depths, checked) if k is None or not 1 <= k <= n]:
+            raise InterventionError(f"score_by_depth takes depths 1..{n} (how many bottom layers the cut model keeps), "
+                                    f"got {bad}")
         out = {}
-        for d in sorted(depths):
-            flat = sum(self.pair_loglikelihoods(h, i)[0] for i, h in enumerate(self.residual(self.adapter.check_layer(d - 1) + 1)))
+        for d in sorted(checked):
+            flat = sum(self.pair_loglikelihoods(h, i)[0] for i, h in enumerate(self.residual(d)))
             out[d] = self.score_loglikelihoods(flat.numpy())
         return out
 

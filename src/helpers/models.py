@@ -50,6 +50,12 @@ def paper_device(device: str | None = None) -> torch.device:
     return torch.device(device or os.environ.get("GA_DEVICE") or "cuda")
 
 
+def _gated(repo: str) -> str:
+    """What a gated repo needs besides the download (huggingface_hub 2.x's CLI is `hf`)."""
+    return " (Meta's models are gated: accept the licence on the model's page and `hf auth login` first)" \
+        if repo.startswith("meta-llama/") else ""
+
+
 def paper_dtype(device: torch.device) -> torch.dtype:
     """A paper model's working dtype on `device` (unless `load` is told otherwise)."""
     return torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -70,8 +76,8 @@ def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) ->
             if not isinstance(try_to_load_from_cache(repo, filename), str):
                 raise ModelUnavailable(
                     f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it "
-                    f"cannot be downloaded: run `huggingface-cli download {repo}` where the hub is "
-                    "reachable (gated Meta models also need `huggingface-cli login`), or unset HF_HUB_OFFLINE."
+                    f"cannot be downloaded: run `hf download {repo}` where the hub is reachable"
+                    f"{_gated(repo)}, or unset HF_HUB_OFFLINE."
                 )
 
 
@@ -144,8 +150,7 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
         raise ModelUnavailable(
             f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
-            f"must be reachable (run `huggingface-cli download {s.hub_id}`; Meta's models are gated: "
-            f"`huggingface-cli login` first). The cause: {e}") from e
+            f"must be reachable (run `hf download {s.hub_id}`{_gated(s.hub_id)}). The cause: {e}") from e
     config = try_to_load_from_cache(s.hub_id, "config.json")
     revision = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot
     return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)

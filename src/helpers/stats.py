@@ -72,7 +72,12 @@ class Score:
 
     @classmethod
     def from_json(cls, row: dict) -> "Score":
-        return cls.of([c == "1" for c in row["correct"]])
+        correct = row.get("correct") if isinstance(row, dict) else None
+        if not isinstance(correct, str) or set(correct) - {"0", "1"}:
+            raise ValueError(f"a stored score is {{'correct': '0110...'}}, one 0 or 1 per item; got {str(row)[:120]}: "
+                             f"the results store holding it was written by other code or edited; delete that store "
+                             f"(results/<chapter>/*.jsonl) or set GA_RESULTS to a fresh folder")
+        return cls.of([c == "1" for c in correct])
 
 
 def mcnemar(a: Score, b: Score) -> float:

@@ -294,7 +294,8 @@ def test_a_chapter_parameter_beyond_its_model_or_task_stops_the_config(chapter, 
 @pytest.fixture
 def sixteen_layer_llama(tmp_path, monkeypatch):
     """The local hub cache holds a 16-layer snapshot under Llama-3.1-8B-Instruct's repo id (as a
-    model= override or a smaller checkpoint would): shallower than the paper's heads L16H22, L17H24."""
+    model= override or a smaller checkpoint would): shallower than the paper's heads L16H22, L17H24.
+    (`base.shape` reads a config once per file, so the next test sees the usual cache again.)"""
     import huggingface_hub.constants
 
     snapshot = tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / "rev"
@@ -304,9 +305,6 @@ def sixteen_layer_llama(tmp_path, monkeypatch):
     (tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "refs").mkdir()
     (tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "refs" / "main").write_text("rev")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    base.shape.cache_clear()
-    yield
-    base.shape.cache_clear()
 
 
 @pytest.mark.parametrize("chapter, kwargs", [(kv_retrieval, {}), (maps_chapter, {}),

@@ -286,12 +286,25 @@ def flag_value(value) -> bool:
 
 # --- checks against the model a run will load (from its config: no weights read) ---------------
 
-@lru_cache(maxsize=None)
 def shape(name: str):
     """An adapter of model `name` built on the meta device from its config alone: its layers and
     heads are the model's, it holds no weights and allocates nothing. The config is the toy
     zoo's recipe, SmolLM2's GGUF header, or a paper model's config.json from the local hub cache
     (what `load` would load), else its published one in data/configs."""
+    s = registry.spec(name)
+    return _shape(name, None if s.toy or s.profile == "cpu" or s.ours else _cached_config_file(s.hub_id))
+
+
+def _cached_config_file(repo: str) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, "config.json")
+    return found if isinstance(found, str) else None
+
+
+@lru_cache(maxsize=None)
+def _shape(name: str, config_file: str | None):
+    """`shape`, once per model and config file (another hub cache, another snapshot: read again)."""
     import torch
 
     from .. import models, zoo
@@ -303,7 +316,14 @@ def shape(name: str):
         if s.toy:
             return zoo.adapter_of(zoo.recipe(name), zoo.build_model(zoo.recipe(name)))
         with quiet():
-            config = _smollm2_config() if s.profile == "cpu" else (_cached_config(s) or models.paper_config(name))
+            if s.profile == "cpu":
+                config = _smollm2_config()
+            elif config_file is not None:
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(Path(config_file).parent)
+            else:
+                config = models.paper_config(name)
         return adapter_for(models.model_from_config(config))
 
 
@@ -314,21 +334,6 @@ def _smollm2_config():
 
     gguf = smollm2_gguf()
     return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-
-
-def _cached_config(s: registry.ModelSpec):
-    """The config.json of the snapshot in the local hub cache (None: not there, or one of ours,
-    whose config class transformers does not know)."""
-    if s.ours:
-        return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-        from transformers import AutoConfig
-
-        found = try_to_load_from_cache(s.hub_id, "config.json")
-        return AutoConfig.from_pretrained(Path(found).parent) if isinstance(found, str) else None
-    except (OSError, ValueError):
-        return None
 
 
 def check_layers_of(model: str, name: str, layers: Iterable[int] | None, below: int | None = None) -> None:

@@ -292,7 +292,7 @@ def shape(name: str):
     zoo's recipe, SmolLM2's GGUF header, or a paper model's config.json from the local hub cache
     (what `load` would load), else its published one in data/configs."""
     s = registry.spec(name)
-    return _shape(name, None if s.toy or s.profile == "cpu" or s.ours else _cached_config_file(s.hub_id))
+    return _shape(name, None if s.toy or s.profile == "cpu" else _cached_config_file(s.hub_id))
 
 
 def _cached_config_file(repo: str) -> str | None:
@@ -318,10 +318,12 @@ def _shape(name: str, config_file: str | None):
         with quiet():
             if s.profile == "cpu":
                 config = _smollm2_config()
-            elif config_file is not None:
+            elif config_file is not None:  # read as `load` reads it: ours by our config class
                 from transformers import AutoConfig
 
-                config = AutoConfig.from_pretrained(Path(config_file).parent)
+                from ..llamba import LlambaConfig
+
+                config = (LlambaConfig if s.ours else AutoConfig).from_pretrained(Path(config_file).parent)
             else:
                 config = models.paper_config(name)
         return adapter_for(models.model_from_config(config))

@@ -409,3 +409,48 @@ def test_hidden_attention_reproduces_the_mixer(family, data):
     scale = max(1.0, y.abs().max().item())
     torch.testing.assert_close(by_hand.to(y.dtype).reshape(y.shape), y, rtol=1e-4, atol=1e-5 * scale)
     torch.testing.assert_close(masked.to(y.dtype).reshape(y.shape), y, rtol=1e-4, atol=1e-5 * scale)
+
+
+# --- every chapter's Config: random parameters are taken or refused at once ---------------------------
+
+CHAPTERS = ["attention_maps", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval", "layer_pruning",
+            "layer_removal", "masking", "ssm_vs_attention", "toy_zoo"]
+
+
+def parameter_values():
+    """What a reader or papermill may pass: numbers of every size and sign, text, lists, heads,
+    model names, None (the default)."""
+    names = sorted(helpers.MODELS)
+    return st.one_of(
+        st.none(), st.booleans(), st.integers(-3, 40), st.integers(10**5, 10**13), st.floats(-1, 2),
+        st.sampled_from(names), st.lists(st.sampled_from(names), min_size=1, max_size=2),
+        st.text(max_size=4), st.lists(st.integers(-2, 120), max_size=4),
+        st.sampled_from(["L1H0", "L40H2", [3, -1], [[1, 0]], ["L0H0"], ["L2H1", "L1H0"]]),
+        st.sampled_from(["kv", "mmlu", "paper", "repeat", "layer ablation", "none"]))
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+@settings(max_examples=max(10, EXAMPLES // 2), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_chapter_config_takes_or_refuses_random_parameters_at_once(name, data):
+    """Either a Config, or a ConfigError naming the parameter, in under a second: never another
+    error (a KeyError, a StopIteration, a torch error) and never a config that fails later for
+    what it was given (those are the tests of test_validation)."""
+    import importlib
+    import time
+
+    from helpers import ConfigError
+    from helpers.experiments import base
+
+    chapter = importlib.import_module(f"helpers.experiments.{name}")
+    fields = [f for f in chapter.Config.__dataclass_fields__ if f not in ("profile", "smoke")]
+    chosen = data.draw(st.lists(st.sampled_from(fields), unique=True, max_size=3), label="fields")
+    overrides = {f: data.draw(parameter_values(), label=f) for f in chosen}
+    base.shape("smollm2-135m-instruct")  # read once per process
+    start = time.perf_counter()
+    try:
+        chapter.Config.for_profile("cpu", smoke=True, **overrides)
+    except ConfigError as e:
+        assert any(f in str(e) for f in chosen) or "profile" in str(e) or "gather" in str(e), str(e)
+    assert time.perf_counter() - start < 1

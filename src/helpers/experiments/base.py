@@ -13,6 +13,9 @@ A chapter module holds:
 
 Fields are declared with the checkers below (`count()`, `model()`, `heads()`, ...), which
 normalise what papermill or a reader passes (lists become tuples, "L16H22" becomes a Head).
+What depends on the model (heads and layers in range, dictionary sizes the task can draw) is
+checked in the config against the model's shape, read from its config without its weights
+(`shape`); `for_profile` also stops a notebook that papermill passed an unknown parameter.
 """
 
 from __future__ import annotations

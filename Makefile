@@ -6,12 +6,13 @@
 #   make rehearse  the paper profile at smoke size on CPU against a mini-hub of random-weight paper models
 #   make sync      write the chapters' Colab cells and book/*.ipynb from book/*.md
 #   make zoo       retrain the toy zoo into data/zoo (deterministic, one thread per model; about an hour)
+#   make gpu       in the GPU environment (environment.yml, activated): mamba-ssm and causal-conv1d
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: book test rehearse sync zoo browser clean
+.PHONY: book test rehearse sync zoo browser gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,15 @@ zoo: $(VENV)/.installed
 
 sync: $(VENV)/.installed
 	$(PY) -m helpers.book sync
+
+# The fused SSM kernels, in the Python of the active environment (conda's, from environment.yml).
+# Their setup.py imports torch, so they install after it and without build isolation; it then
+# downloads a prebuilt wheel for the installed torch/CUDA/Python, which `helpers.kernels` checks
+# first (with no such wheel pip would compile CUDA code for an hour, and needs nvcc).
+gpu:
+	$(PYTHON) -m helpers.kernels
+	$(PYTHON) -m pip install -q packaging wheel ninja setuptools
+	$(PYTHON) -m pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0
 
 clean:
 	rm -rf _build results

@@ -313,7 +313,7 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
     """Execute (what changed), render and check the book; returns the HTML folder."""
     from .bookcheck import check_html
 
-    out = out or ROOT / ("_build" if profile == "cpu" and not rehearsal else f"_build/{profile}{'-rehearsal' if rehearsal else ''}")
+    out = out or output_folder(profile, rehearsal)
     pages = pages or chapters()
     parameters = {"profile": profile, "smoke": smoke}
     with rehearsal_hub(out) if rehearsal else _nothing():
@@ -324,6 +324,12 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
         raise SystemExit("rendered book check failed:\n  " + "\n  ".join(problems))
     print(f"book: {html / 'index.html'}; screenshots of every page in {out / 'screenshots'}")
     return html
+
+
+def output_folder(profile: str = "cpu", rehearsal: bool = False) -> Path:
+    """Where `build` writes: `_build` for the CPU book, `_build/<profile>[-rehearsal]` otherwise
+    (`executed/`, `html/`, `screenshots/` inside; `python -m helpers.book where` prints it)."""
+    return ROOT / ("_build" if profile == "cpu" and not rehearsal else f"_build/{profile}{'-rehearsal' if rehearsal else ''}")
 
 
 @contextmanager
@@ -358,12 +364,25 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--rehearsal", action="store_true",
                    help="run against a mini-hub of random-weight paper models on CPU (the paper profiles' rehearsal)")
     b.add_argument("--out", type=Path, default=None, help="build folder (default _build, or _build/<profile>...)")
+    w = sub.add_parser("where", help="print the build folder `build` writes for these arguments")
+    w.add_argument("--profile", choices=PROFILES, default="cpu")
+    w.add_argument("--smoke", action="store_true", help="accepted for symmetry: the folder does not depend on it")
+    w.add_argument("--rehearsal", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "where":
+        print(output_folder(args.profile, args.rehearsal).relative_to(ROOT))
+        return
+    from .models import offline_by_default
+
+    # Decided here, before any kernel starts (huggingface_hub reads it once, at import).
+    offline = offline_by_default(getattr(args, "profile", "cpu"))
+    os.environ["HF_HUB_OFFLINE"] = "1" if offline else "0"
+    if args.command == "build" and args.profile != "cpu" and not args.rehearsal:
+        print(f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}", flush=True)
     if args.command == "sync":
         for path in sync():
             print(f"wrote {path.relative_to(ROOT)}")

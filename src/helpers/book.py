@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -234,21 +235,70 @@ def summary_table(pages: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
-def runs_page(pages: dict[str, dict]) -> str:
-    rows = ["| chapter | profile | models (revision) | device | run time | commit | code version |",
-            "|---|---|---|---|---|---|---|"]
+RUN_FIELDS = ("chapter", "profile", "date", "device", "cuda", "driver", "dtype", "models", "quantization",
+              "kernels", "versions", "commit", "dirty", "code", "wall_s")
+
+
+def run_rows(pages: dict[str, dict]) -> list[dict]:
+    """One flat row per chapter of what its run recorded (the Runs page's CSV and JSON)."""
+    def text(value):
+        return "; ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
+
+    return [{"chapter": page, **{f: text(rec["provenance"].get(f, "")) for f in RUN_FIELDS[1:]}}
+            for page, rec in pages.items()]
+
+
+def write_runs(pages: dict[str, dict], folder: Path) -> tuple[Path, Path]:
+    """runs.csv (one row per chapter) and runs.json (each chapter's whole record) in `folder`."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RUN_FIELDS)
+        writer.writeheader()
+        writer.writerows(run_rows(pages))
+    (folder / "runs.json").write_text(json.dumps(pages, indent=1, sort_keys=True))
+    return folder / "runs.csv", folder / "runs.json"
+
+
+# The CPU book's link to the paper-profile book, which book.yml publishes at /paper/ (a relative
+# link: it works wherever the site is served).
+PAPER_BOOK_LINK = ('<p>The same book on the paper\'s models, executed on a GPU by the <code>paper</code> workflow: '
+                   '<a href="../paper/index.html">the paper-profile book</a>.</p>')
+
+
+def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
+    rows = ["| chapter | profile | date (UTC) | models (revision) | device | torch, transformers | run time | commit | code version |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for page, rec in pages.items():
         p = rec["provenance"]
         models = "; ".join(f"{k} ({v})" for k, v in p.get("models", {}).items())
         commit = p.get("commit", "-") + (" (uncommitted changes)" if p.get("dirty") else "")
-        rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {models} | {p.get('device', '')} | "
-                    f"{p.get('wall_s', 0):.0f} s | {commit} | {p.get('code', '')} |")
-    return ("# Runs\n\nHow each chapter of this rendering was made: its profile, models, device, run time and "
-            "the commit of the code. Each chapter's page has the full record in its \"How this page was made\" "
-            "block.\n\n" + "\n".join(rows) + "\n")
+        versions = p.get("versions", {})
+        libraries = ", ".join(versions[k] for k in ("torch", "transformers") if k in versions)
+        rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {p.get('date', '-')} | {models} | {p.get('device', '')} | "
+                    f"{libraries} | {p.get('wall_s', 0):.0f} s | {commit} | {p.get('code', '')} |")
+    text = ("# Runs\n\nHow each chapter of this rendering was made: its profile, date, models, device, library "
+            "versions, run time and the commit of the code. Each chapter's page has the full record in its "
+            "\"How this page was made\" block. Download every record: {download}`runs.csv <runs.csv>` (one row "
+            "per chapter), {download}`runs.json <runs.json>` (each chapter's whole record).\n\n" + "\n".join(rows) + "\n")
+    if profile == "cpu":
+        text += "\n" + PAPER_BOOK_LINK + "\n"
+    return text
 
 
-def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path:
+def paper_banner(pages: dict[str, dict]) -> str:
+    """The paper-profile book's banner: the GPU, the date and the commit its chapters ran on."""
+    provenance = [rec["provenance"] for rec in pages.values()]
+    devices = sorted({p.get("device", "") for p in provenance if p.get("device")}) or ["an unrecorded device"]
+    dates = sorted(p["date"][:10] for p in provenance if p.get("date"))
+    commits = sorted({p.get("commit", "") + ("+changes" if p.get("dirty") else "") for p in provenance if p.get("commit")})
+    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else "an unrecorded date")
+    return (f"The paper profile: the paper's models, executed on {', '.join(devices)} on {when}, "
+            f"commit {', '.join(commits) or 'unrecorded'}.")
+
+
+def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile: str = "cpu") -> Path:
     """A copy of the book sources with executed notebooks in place of the chapters' `.md`, the
     verdict summary added to the first page, and the Runs page written."""
     if stage_dir.exists():
@@ -267,26 +317,56 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path
         target = (stage_dir / page).with_suffix(".md")
         target.parent.mkdir(parents=True, exist_ok=True)
         if md in executed:
-            staged_notebook(executed[md], target.with_suffix(".ipynb"))
+            chapter = pages.get(page, {}).get("chapter")
+            # the chapter's stores, where paths.results_dir puts them for kernels started in ROOT
+            results = Path(os.environ.get("GA_RESULTS", ROOT / "results")) / chapter if chapter else None
+            staged_notebook(executed[md], target.with_suffix(".ipynb"), results)
         elif page == toc[0]:
             target.write_text(md.read_text().replace("<!-- verdicts -->", summary_table(pages)))
         elif md.name == "runs.md":
-            target.write_text(runs_page(pages))
+            target.write_text(runs_page(pages, profile))
+            write_runs(pages, target.parent)
         else:
             shutil.copy(md, target)
     return stage_dir
 
 
-def staged_notebook(executed: Path, target: Path) -> None:
+def staged_notebook(executed: Path, target: Path, results: Path | None = None) -> None:
     """The executed notebook as the book shows it: papermill's injected-parameters cell removed
-    (the page's provenance block lists the parameters)."""
+    (the page's provenance block lists the parameters); each figure shown as its PNG with its
+    SVG written beside the page and linked under it; at the end, a link to the chapter's stored
+    results (`results`, a folder of results stores, zipped beside the page) when there are any."""
     import nbformat
 
     nb = nbformat.read(executed, as_version=4)
+    cells, figures = [], 0
     for cell in nb.cells:
         tags = cell.metadata.get("tags", [])
         if "injected-parameters" in tags and "remove-cell" not in tags:
             cell.metadata["tags"] = tags + ["remove-cell"]
+        cells.append(cell)
+        svgs = []
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/svg+xml" in data and "image/png" in data:
+                figures += 1
+                name = f"{target.stem}-figure-{figures}.svg"
+                svg = data.pop("image/svg+xml")
+                (target.parent / name).write_text(svg if isinstance(svg, str) else "".join(svg))
+                svgs.append(name)
+        if svgs:
+            links = ", ".join(f"{{download}}`SVG <{n}>`" for n in svgs)
+            cells.append(nbformat.v4.new_markdown_cell(f"Download the figure: {links}."))
+    stores = sorted(p for p in results.rglob("*") if p.is_file()) if results and results.is_dir() else []
+    if stores:
+        archive = target.parent / f"{target.stem}-results.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in stores:
+                z.write(path, path.relative_to(results.parent))
+        cells.append(nbformat.v4.new_markdown_cell(
+            f"The numbers of this page, as the run stored them (`results/{results.name}/`, one JSON record per "
+            f"measured cell): {{download}}`{archive.name} <{archive.name}>`."))
+    nb.cells = cells
     nbformat.write(nb, target)
 
 
@@ -318,7 +398,8 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
     parameters = {"profile": profile, "smoke": smoke}
     with rehearsal_hub(out) if rehearsal else _nothing():
         executed = execute_all(pages, out, parameters)
-    html = render(stage(executed, out / "stage", REHEARSAL_BANNER if rehearsal else ""), out)
+    banner = REHEARSAL_BANNER if rehearsal else (paper_banner(records(executed)) if profile != "cpu" else "")
+    html = render(stage(executed, out / "stage", banner, profile), out)
     problems = check_html(html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed], out / "screenshots")
     if problems:
         raise SystemExit("rendered book check failed:\n  " + "\n  ".join(problems))

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,39 @@ def repository_url() -> str:
     return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
 
 
+# Files that name the repository's address besides _config.yml (and the chapters' Colab cells):
+# `sync` writes the address into each.
+URL_COPIES = ("CITATION.cff", "book/cite.md")
+GITHUB_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+?(?=[\s\"'}]|$)", re.M)
+
+
+def set_repository(url: str) -> list[Path]:
+    """Write `url` into `_config.yml` (keeping the rest of the file as written) and into the
+    files that copy it; returns the files changed."""
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise SystemExit(f"--repository takes a GitHub address, https://github.com/OWNER/NAME, not {url!r}")
+    config = ROOT / "_config.yml"
+    text = config.read_text()
+    new = re.sub(r"(?m)^(repository:\n(?:[ \t]+.*\n)*?[ \t]+url:[ \t]*)\S+", lambda m: m.group(1) + url, text, count=1)
+    changed = [config] if new != text else []
+    config.write_text(new)
+    assert repository_url() == url, "could not find repository: url: in _config.yml"
+    return changed
+
+
+def sync_url_copies(url: str) -> list[Path]:
+    """Make every copy of the repository's address (`URL_COPIES`) equal `url`."""
+    changed = []
+    for name in URL_COPIES:
+        path = ROOT / name
+        text = path.read_text()
+        new = GITHUB_URL.sub(url, text)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
 COLAB_MARK = "# On Colab: fetch the companion and install it"
 
 
@@ -84,16 +118,19 @@ if "google.colab" in sys.modules:
     os.environ["GA_DATA"] = os.path.abspath("ga-companion/data")'''
 
 
-def sync() -> list[Path]:
-    """Write every chapter's Colab cell from `_config.yml`, and the Colab notebooks
+def sync(repository: str | None = None) -> list[Path]:
+    """Set the repository's address when given (`_config.yml`), write it into every copy
+    (CITATION.cff, the Cite page) and every chapter's Colab cell, and write the Colab notebooks
     (`book/<name>.ipynb`, no outputs) from the `.md` sources whose cells changed; returns the
     files written."""
     import jupytext
 
+    pre = set_repository(repository) if repository else []
+
     def cells(nb):
         return [(c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in nb.cells]
 
-    written, cell = [], colab_cell(repository_url())
+    written, cell = sync_url_copies(repository_url()), colab_cell(repository_url())
     for md in chapters():
         source = jupytext.read(md)
         first = next(c for c in source.cells if c.cell_type == "code")
@@ -106,7 +143,7 @@ def sync() -> list[Path]:
             continue  # unchanged: keep the file (and its cell ids) as committed
         jupytext.write(source, target)
         written.append(target)
-    return written
+    return pre + written
 
 
 # --- executing ----------------------------------------------------------------------------------
@@ -373,7 +410,11 @@ def staged_notebook(executed: Path, target: Path, results: Path | None = None) -
 def render(stage_dir: Path, out: Path) -> Path:
     """Render the staged book with Jupyter Book 1.x, warnings as errors, into `out/html`; its
     log goes to `out/jupyter-book.log` (printed when the render fails)."""
-    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(stage_dir), "-W", "-n", "--keep-going"]
+    script = Path(sys.executable).with_name("jupyter-book")
+    # the console script beside this Python, else its entry point run by this Python (a venv
+    # that sees the packages of another through a .pth file has no script of its own)
+    jb = [str(script)] if script.exists() else [sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
+    cmd = [*jb, "build", str(stage_dir), "-W", "-n", "--keep-going"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     (out / "jupyter-book.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -389,8 +430,9 @@ def render(stage_dir: Path, out: Path) -> Path:
 # --- the whole build ----------------------------------------------------------------------------
 
 def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, out: Path | None = None,
-          pages: list[Path] | None = None) -> Path:
-    """Execute (what changed), render and check the book; returns the HTML folder."""
+          pages: list[Path] | None = None, check: bool = True) -> Path:
+    """Execute (what changed), render and check the book (`check=False`: no browser check);
+    returns the HTML folder."""
     from .bookcheck import check_html
 
     out = out or output_folder(profile, rehearsal)
@@ -400,6 +442,9 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
         executed = execute_all(pages, out, parameters)
     banner = REHEARSAL_BANNER if rehearsal else (paper_banner(records(executed)) if profile != "cpu" else "")
     html = render(stage(executed, out / "stage", banner, profile), out)
+    if not check:
+        print(f"book: {html / 'index.html'} (the rendered-page check was skipped: --no-check)")
+        return html
     problems = check_html(html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed], out / "screenshots")
     if problems:
         raise SystemExit("rendered book check failed:\n  " + "\n  ".join(problems))
@@ -438,13 +483,18 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m helpers.book", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("sync", help="write the Colab cells and book/*.ipynb from book/*.md")
+    y = sub.add_parser("sync", help="write the repository's address, the Colab cells and book/*.ipynb from book/*.md")
+    y.add_argument("--repository", metavar="URL", default=None,
+                   help="set the repository's address first (https://github.com/OWNER/NAME): _config.yml, "
+                        "CITATION.cff, the Cite page, every chapter's Colab cell")
     b = sub.add_parser("build", help="execute every chapter, render HTML, check it in a browser")
     b.add_argument("--profile", choices=PROFILES, default="cpu", help="the models and data the chapters run")
     b.add_argument("--smoke", action="store_true", help="tiny sizes (what CI runs)")
     b.add_argument("--rehearsal", action="store_true",
                    help="run against a mini-hub of random-weight paper models on CPU (the paper profiles' rehearsal)")
     b.add_argument("--out", type=Path, default=None, help="build folder (default _build, or _build/<profile>...)")
+    b.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the rendered-page check in headless Chrome(ium) (e.g. where no browser is installed)")
     w = sub.add_parser("where", help="print the build folder `build` writes for these arguments")
     w.add_argument("--profile", choices=PROFILES, default="cpu")
     w.add_argument("--smoke", action="store_true", help="accepted for symmetry: the folder does not depend on it")
@@ -465,12 +515,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "build" and args.profile != "cpu" and not args.rehearsal:
         print(f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}", flush=True)
     if args.command == "sync":
-        for path in sync():
+        for path in sync(args.repository):
             print(f"wrote {path.relative_to(ROOT)}")
     else:
         if args.rehearsal and args.profile == "cpu":
             raise SystemExit("--rehearsal rehearses a paper profile: add --profile paper or --profile paper-3b")
-        build(args.profile, args.smoke, args.rehearsal, args.out)
+        build(args.profile, args.smoke, args.rehearsal, args.out, check=args.check)
 
 
 if __name__ == "__main__":

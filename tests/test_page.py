@@ -154,3 +154,54 @@ def test_figures_come_as_svg_too_in_a_kernel_only(monkeypatch, name):
     monkeypatch.setattr(inline, "set_matplotlib_formats", lambda *formats: asked.append(formats))
     page._figures_as_png_and_svg()
     assert asked == ([("png", "svg")] if name == "ZMQInteractiveShell" else [])
+
+
+def test_revisions_file_names_every_repo_the_paper_profile_loads():
+    from helpers import paths, tasks
+    from helpers.registry import MODELS
+
+    pins = json.loads((paths.data() / "configs" / "revisions.json").read_text())
+    repos = {s.hub_id for s in MODELS.values() if s.profile == "paper"} | {s.tokenizer_id for s in MODELS.values() if s.tokenizer_id}
+    assert set(pins["models"]) == repos
+    assert set(pins["datasets"]) == {"cais/mmlu"} | {p for p, _, _ in tasks.KNOWLEDGE_SOURCES.values()}
+    for kind in ("models", "datasets"):
+        for repo in pins[kind]:
+            paths.pinned_revision(kind, repo)  # each null or a 40-hex commit
+
+
+def test_a_pinned_revision_reaches_load_dataset_and_the_record(monkeypatch):
+    import datasets
+
+    from helpers import paths, tasks
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    pins = {"models": {}, "datasets": {"cais/mmlu": commit, "allenai/ai2_arc": None}}
+    monkeypatch.setattr(paths, "_revisions", lambda: pins)
+    asked = []
+
+    class Part:
+        _fingerprint = "f" * 32
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, config, split=None, revision=None:
+                        asked.append((path, config, split, revision)) or Part())
+    monkeypatch.setattr(tasks, "DATASETS", {})
+    tasks.hub_dataset("cais/mmlu", "all", "test")
+    tasks.hub_dataset("allenai/ai2_arc", "ARC-Easy", "test")
+    assert asked == [("cais/mmlu", "all", "test", commit), ("allenai/ai2_arc", "ARC-Easy", "test", None)]
+    assert provenance.datasets() == {"allenai/ai2_arc (ARC-Easy)": "main (unpinned), fingerprint " + "f" * 16,
+                                     "cais/mmlu (all)": f"{commit}, fingerprint " + "f" * 16}
+    pins["datasets"]["cais/mmlu"] = "v1.0"
+    with pytest.raises(ValueError, match="40-hex commit"):
+        tasks.hub_dataset("cais/mmlu", "all")
+
+
+def test_the_cpu_fixtures_are_recorded_with_their_hash(monkeypatch):
+    import hashlib
+
+    from helpers import paths, tasks
+
+    monkeypatch.setattr(tasks, "DATASETS", {})
+    tasks.load_mmlu("cpu", n=2)
+    text = (paths.data() / "fixtures" / "mmlu.jsonl").read_text()
+    assert provenance.datasets() == {
+        "data/fixtures/mmlu.jsonl": f"committed with the code, fingerprint {hashlib.sha256(text.encode()).hexdigest()[:16]}"}

@@ -445,3 +445,36 @@ def test_paper_book_placeholder_without_a_run(tmp_path, monkeypatch):
     assert paper_book.main([str(tmp_path / "paper")]) == 0
     page = (tmp_path / "paper" / "index.html").read_text()
     assert "not published yet" in page and 'href="../index.html"' in page
+
+
+def test_paper_book_falls_back_to_the_placeholder_when_github_fails(tmp_path, monkeypatch, capsys):
+    import urllib.error
+
+    paper_book = _paper_book()
+    monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
+    monkeypatch.setenv("GITHUB_TOKEN", "t")
+
+    def forbidden(path, token, raw=False):
+        raise urllib.error.HTTPError(path, 403, "Resource not accessible by integration", {}, None)
+
+    monkeypatch.setattr(paper_book, "api", forbidden)
+    assert paper_book.main([str(tmp_path)]) == 0
+    assert "not published yet" in (tmp_path / "index.html").read_text()
+    assert "::warning::" in capsys.readouterr().out
+
+
+def test_paper_book_unpacks_the_artifact(tmp_path, monkeypatch):
+    import io
+    import zipfile
+
+    paper_book = _paper_book()
+    monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
+    monkeypatch.setenv("GITHUB_TOKEN", "t")
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("index.html", "<p>the paper book</p>")
+        z.writestr("book/intro.html", "intro")
+    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token: "https://api.github.com/zip")
+    monkeypatch.setattr(paper_book, "api", lambda url, token, raw=False: archive.getvalue())
+    assert paper_book.main([str(tmp_path / "paper")]) == 0
+    assert (tmp_path / "paper" / "book" / "intro.html").read_text() == "intro"

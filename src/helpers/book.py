@@ -273,7 +273,7 @@ def summary_table(pages: dict[str, dict]) -> str:
 
 
 RUN_FIELDS = ("chapter", "profile", "date", "device", "cuda", "driver", "dtype", "models", "quantization",
-              "kernels", "versions", "commit", "dirty", "code", "wall_s")
+              "datasets", "kernels", "versions", "commit", "dirty", "code", "wall_s")
 
 
 def run_rows(pages: dict[str, dict]) -> list[dict]:

@@ -154,21 +154,24 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     target = paper_device(device)
     dtype = dtype or (torch.float32 if target.type == "cpu" else torch.bfloat16)
     check_paper_model(s, target, dtype)
+    revision = paths.pinned_revision("models", s.hub_id)  # None: the hub's main
     try:
-        tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
+        tokenizer_repo = s.tokenizer_id or s.hub_id
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_repo, revision=paths.pinned_revision("models", tokenizer_repo))
         if s.ours:
             from .llamba import LlambaForCausalLM
 
-            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype, revision=revision)
         else:
-            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype, revision=revision)
     except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
         raise ModelUnavailable(
             f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
             f"must be reachable (run `{hf_download(s.hub_id)}`; Meta's models are gated: "
             f"`{HF_LOGIN}` first, with an account that accepted their licence). The cause: {e}") from e
-    config = try_to_load_from_cache(s.hub_id, "config.json")
-    revision = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot
+    config = try_to_load_from_cache(s.hub_id, "config.json", revision=revision)
+    snapshot = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot loaded
+    revision = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"
     return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)
 
 
@@ -177,7 +180,7 @@ def config_fields(name: str) -> dict:
     stem = MODELS[name].config_name if name in MODELS else name
     path = paths.data() / "configs" / f"{stem}.json"
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json")))
+        known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json") if p.stem != "revisions"))
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
     return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 

@@ -129,6 +129,7 @@ def provenance(record: dict) -> None:
             ("profile", record.get("profile", "")),
             ("models (revision)", "; ".join(f"{k} ({v})" for k, v in models.items())),
             ("weights", "; ".join(f"{k}: {v}" for k, v in quantized.items()) or "as published (not quantized)"),
+            ("datasets (revision, fingerprint)", "; ".join(f"{k}: {v}" for k, v in record.get("datasets", {}).items())),
             ("device", record.get("device", "")),
             ("CUDA, driver", f"{record.get('cuda', '')}, {record.get('driver', '')}" if "cuda" in record else ""),
             ("dtype", record.get("dtype", "")),

@@ -97,6 +97,13 @@ def quantization(names) -> dict[str, str]:
     return {n: MODELS[n].quantization for n in names if n in MODELS and MODELS[n].quantization}
 
 
+def datasets() -> dict[str, str]:
+    """The datasets this process has read (`helpers.tasks.DATASETS`): revision and fingerprint."""
+    from .tasks import DATASETS
+
+    return {name: f"{d['revision']}, fingerprint {d['fingerprint']}" for name, d in sorted(DATASETS.items())}
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -114,5 +121,5 @@ def record(loaded_models: list, parameters: dict) -> dict:
     dtype = str(next(first.model.parameters()).dtype).removeprefix("torch.") if first else ""
     return {"date": now(), **git_commit(), "code": code_version(), "device": device_name(device),
             **cuda(device), "dtype": dtype, "models": {m.name: m.revision for m in loaded_models},
-            "quantization": quantization(m.name for m in loaded_models),
+            "quantization": quantization(m.name for m in loaded_models), "datasets": datasets(),
             "versions": versions(), "kernels": kernels.status(device.type), "parameters": parameters}

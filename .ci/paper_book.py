@@ -5,6 +5,9 @@ Without such a run, a one-page placeholder says how to make one, so the CPU book
 
     python .ci/paper_book.py _build/html/paper     # GITHUB_TOKEN, GITHUB_REPOSITORY from Actions
 
+PAPER_RUN (a run id: paper.yml passes its own when it starts book.yml, before that run counts as
+finished) takes the book from that run instead.
+
 Standard library only: it runs before anything is installed, in book.yml's container.
 """
 
@@ -42,11 +45,17 @@ def api(path: str, token: str, raw: bool = False):
     return body if raw else json.loads(body)
 
 
-def latest_book(repository: str, token: str, call=api) -> str | None:
+def latest_book(repository: str, token: str, call=api, run_id: str = "") -> str | None:
     """The download URL of the newest unexpired `book-html-paper` among paper.yml's successful
-    runs on main (newest first), or None."""
-    runs = call(f"/repos/{repository}/actions/workflows/{WORKFLOW}/runs?branch=main&status=success&per_page=30", token)
-    for run in runs.get("workflow_runs", []):
+    runs on main (newest first), or of run `run_id`'s when given; None without one."""
+    if run_id:
+        if not run_id.isdigit():
+            raise SystemExit(f"PAPER_RUN is a run id (digits), not {run_id!r}")
+        ids = [int(run_id)]
+    else:
+        runs = call(f"/repos/{repository}/actions/workflows/{WORKFLOW}/runs?branch=main&status=success&per_page=30", token)
+        ids = [run["id"] for run in runs.get("workflow_runs", [])]
+    for run in ({"id": i} for i in ids):
         artifacts = call(f"/repos/{repository}/actions/runs/{run['id']}/artifacts?name={ARTIFACT}", token)
         for artifact in artifacts.get("artifacts", []):
             if artifact["name"] == ARTIFACT and not artifact.get("expired"):
@@ -64,7 +73,7 @@ def main(argv: list[str]) -> int:
     if not (repository and token):
         raise SystemExit("set GITHUB_REPOSITORY (owner/name) and GITHUB_TOKEN (a token that may read Actions)")
     try:
-        url = latest_book(repository, token)
+        url = latest_book(repository, token, run_id=os.environ.get("PAPER_RUN", ""))
         archive = api(url, token, raw=True) if url else None
     except (OSError, ValueError, KeyError) as e:  # urllib's errors are OSErrors; a reply not as expected
         # The CPU book is published either way; the placeholder stands in for the paper book.

@@ -405,8 +405,11 @@ def test_book_publishes_the_paper_book_at_paper():
     # paper.yml's artifact is the one paper_book.py looks for, and it starts book.yml again
     names = [s["with"]["name"] for s in uploads(paper)]
     assert "book-html-${{ env.PROFILE }}${{ env.SMOKE && '-smoke' || '' }}" in names
-    assert any(run == "gh workflow run book.yml --repo \"$REPOSITORY\" --ref main"
+    assert any(run == "gh workflow run book.yml --repo \"$REPOSITORY\" --ref main -f paper_run=\"$RUN_ID\""
                for job in paper["jobs"].values() for s in job.get("steps", []) for run in [s.get("run", "").strip()])
+    # the input it passes is one book.yml takes, and hands to paper_book.py
+    assert "paper_run" in dispatch_inputs(workflow)
+    assert steps[add]["env"]["PAPER_RUN"] == "${{ inputs.paper_run }}"
 
 
 def _paper_book():
@@ -433,6 +436,10 @@ def test_paper_book_picks_the_newest_run_with_an_unexpired_book():
         return {"artifacts": artifacts[run]}
 
     assert paper_book.latest_book("o/r", "t", call) == "u1"
+    assert paper_book.latest_book("o/r", "t", call, run_id="1") == "u1"  # the run paper.yml names
+    assert paper_book.latest_book("o/r", "t", call, run_id="2") is None  # its book expired
+    with pytest.raises(SystemExit, match="run id"):
+        paper_book.latest_book("o/r", "t", call, run_id="1; rm -rf /")
     artifacts[1] = []
     assert paper_book.latest_book("o/r", "t", call) is None
 
@@ -441,7 +448,7 @@ def test_paper_book_placeholder_without_a_run(tmp_path, monkeypatch):
     paper_book = _paper_book()
     monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
     monkeypatch.setenv("GITHUB_TOKEN", "t")
-    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token: None)
+    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token, run_id="": None)
     assert paper_book.main([str(tmp_path / "paper")]) == 0
     page = (tmp_path / "paper" / "index.html").read_text()
     assert "not published yet" in page and 'href="../index.html"' in page
@@ -474,7 +481,7 @@ def test_paper_book_unpacks_the_artifact(tmp_path, monkeypatch):
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("index.html", "<p>the paper book</p>")
         z.writestr("book/intro.html", "intro")
-    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token: "https://api.github.com/zip")
+    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token, run_id="": "https://api.github.com/zip")
     monkeypatch.setattr(paper_book, "api", lambda url, token, raw=False: archive.getvalue())
     assert paper_book.main([str(tmp_path / "paper")]) == 0
     assert (tmp_path / "paper" / "book" / "intro.html").read_text() == "intro"

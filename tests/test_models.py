@@ -163,3 +163,23 @@ def test_paper_profile_goes_online_by_itself(monkeypatch, tmp_path, environ, cac
     environ = {**environ, "HF_HUB_CACHE": str(tmp_path)}
     assert models.offline_by_default("paper", environ) is offline
     assert models.offline_by_default("cpu", {k: v for k, v in environ.items() if k != "HF_HUB_OFFLINE"}) is True
+
+
+@pytest.mark.parametrize("argv, token, offline", [
+    (["build", "--profile", "paper"], "tok", "0"),
+    (["build", "--profile", "paper"], None, "1"),
+    (["build"], "tok", "1"),  # the CPU profile never goes online
+])
+def test_the_book_cli_sets_the_hub_mode_before_any_chapter_runs(monkeypatch, tmp_path, argv, token, offline):
+    import huggingface_hub
+
+    from helpers import book
+
+    seen = {}
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    monkeypatch.setattr(book, "build", lambda *a, **k: seen.update(offline=os.environ["HF_HUB_OFFLINE"]))
+    book.main(argv)
+    assert seen == {"offline": offline}

@@ -507,13 +507,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "where":
         print(output_folder(args.profile, args.rehearsal).relative_to(ROOT))
         return
-    from .models import offline_by_default
+    if args.command == "build":
+        from .models import offline_by_default
 
-    # Decided here, before any kernel starts (huggingface_hub reads it once, at import).
-    offline = offline_by_default(getattr(args, "profile", "cpu"))
-    os.environ["HF_HUB_OFFLINE"] = "1" if offline else "0"
-    if args.command == "build" and args.profile != "cpu" and not args.rehearsal:
-        print(f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}", flush=True)
+        # Decided here, before any kernel starts (huggingface_hub reads it once, at import).
+        offline = offline_by_default(args.profile)
+        os.environ["HF_HUB_OFFLINE"] = "1" if offline else "0"
+        if args.profile != "cpu" and not args.rehearsal:
+            print(f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}", flush=True)
     if args.command == "sync":
         for path in sync(args.repository):
             print(f"wrote {path.relative_to(ROOT)}")

@@ -118,3 +118,19 @@ def test_kernel_status_says_fallback_without_cuda():
     assert status["ssm kernels"] == "PyTorch fallback"
     assert status["accelerate"] == requirements(PROJECT["dependencies"])["accelerate"].removeprefix("==")
     assert status["mamba-ssm"] == "not installed"  # CPU machines cannot install it
+
+
+def test_kernels_that_do_not_import_count_as_the_fallback(monkeypatch):
+    import builtins
+
+    monkeypatch.setattr(kernels.util, "find_spec", lambda name: object())  # "installed"
+    real_import = builtins.__import__
+
+    def broken(name, *a, **k):
+        if name.startswith(("mamba_ssm", "causal_conv1d")):
+            raise ImportError("undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationESs")  # a wheel for another torch
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    assert not kernels.importable()
+    assert kernels.status("cuda")["ssm kernels"] == "PyTorch fallback"

@@ -108,19 +108,31 @@ def this_machine() -> dict:
                 cxx11abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI), plat=f"linux_{platform.machine()}")
 
 
+def importable() -> bool:
+    """Whether the fused kernels import here: installed, and built for this torch (a wheel for
+    another torch installs but fails at import with an undefined symbol)."""
+    if any(util.find_spec(m) is None for m in ("mamba_ssm", "causal_conv1d")):
+        return False
+    try:
+        import causal_conv1d  # noqa: F401
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # noqa: F401
+    except Exception:  # ImportError, or an OSError / RuntimeError from a mismatched CUDA build
+        return False
+    return True
+
+
 def status(device_type: str) -> dict:
     """What the provenance block shows: each kernel package's version (or "not installed"), and
-    whether the fused kernels ran. They run only on a CUDA device with both packages importable
-    (transformers' Mamba, Falcon-Mamba and Zamba2 fall back to their PyTorch paths otherwise, and
-    so does `helpers.llamba`)."""
+    which SSM path the run had: the fused kernels need a CUDA device and both packages importing
+    (without them transformers' Mamba, Falcon-Mamba and Zamba2 and `helpers.llamba` take their
+    PyTorch paths)."""
     out = {}
     for name in (*PACKAGES, "accelerate"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
-    importable = all(util.find_spec(m) is not None for m in ("mamba_ssm", "causal_conv1d"))
-    fused = device_type == "cuda" and importable
+    fused = device_type == "cuda" and importable()
     out["ssm kernels"] = "fused (mamba-ssm, causal-conv1d)" if fused else "PyTorch fallback"
     return out
 

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -40,9 +41,24 @@ def api(path: str, token: str, raw: bool = False):
     url = path if path.startswith("https://") else f"{os.environ.get('GITHUB_API_URL', 'https://api.github.com')}{path}"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}",
                                                    "Accept": "application/vnd.github+json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        body = response.read()
-    return body if raw else json.loads(body)
+    if not raw:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+    # An artifact's archive redirects to a signed storage address, which must be fetched
+    # without the GitHub token (urllib would send it on).
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(request, timeout=60) as response:
+            return response.read()
+    except urllib.error.HTTPError as e:
+        if e.code not in (301, 302, 303, 307, 308):
+            raise
+        with urllib.request.urlopen(e.headers["Location"], timeout=300) as response:
+            return response.read()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # urllib then raises the 3xx as an HTTPError, with its Location
 
 
 def latest_book(repository: str, token: str, call=api, run_id: str = "") -> str | None:

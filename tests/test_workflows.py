@@ -485,3 +485,36 @@ def test_paper_book_unpacks_the_artifact(tmp_path, monkeypatch):
     monkeypatch.setattr(paper_book, "api", lambda url, token, raw=False: archive.getvalue())
     assert paper_book.main([str(tmp_path / "paper")]) == 0
     assert (tmp_path / "paper" / "book" / "intro.html").read_text() == "intro"
+
+
+def test_paper_book_fetches_the_archive_without_the_token_after_the_redirect(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    paper_book = _paper_book()
+    seen = []
+
+    class Opener:
+        def open(self, request, timeout):
+            seen.append(("github", request.full_url, request.get_header("Authorization")))
+            raise urllib.error.HTTPError(request.full_url, 302, "Found", {"Location": "https://blob.example/signed?sig=x"}, None)
+
+    class Response:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def read(self):
+            return b"zip bytes"
+
+    def urlopen(url, timeout):
+        seen.append(("storage", url if isinstance(url, str) else url.full_url, None if isinstance(url, str) else "auth"))
+        return Response()
+
+    monkeypatch.setattr(urllib.request, "build_opener", lambda *handlers: Opener())
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    assert paper_book.api("https://api.github.com/repos/o/r/actions/artifacts/1/zip", "t", raw=True) == b"zip bytes"
+    assert seen == [("github", "https://api.github.com/repos/o/r/actions/artifacts/1/zip", "Bearer t"),
+                    ("storage", "https://blob.example/signed?sig=x", None)]

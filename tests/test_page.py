@@ -49,15 +49,20 @@ def _notebook(tmp_path, outputs):
     return path
 
 
-def test_staged_notebook_shows_the_png_and_links_the_svg_and_the_results(tmp_path):
+def test_staged_notebook_shows_the_png_and_links_the_svg_and_the_results(tmp_path, monkeypatch):
     figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=", "image/svg+xml": "<svg>1</svg>",
                                                            "text/plain": "<Figure>"})
     results = tmp_path / "results" / "toy_zoo"
     results.mkdir(parents=True)
-    (results / "sweep-abc.jsonl").write_text('{"cell": 1}\n')
+    for name in ("zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json", "zoo-cpu-old.jsonl", "zoo-paper-abc.jsonl"):
+        (results / name).write_text('{"cell": 1}\n')
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path / "results"))
+    stores = book.run_stores({"chapter": "toy_zoo", "provenance": {"profile": "cpu", "code": "abc"}})
+    assert [p.name for p in stores] == ["zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json"]  # this run's only
+    assert book.run_stores({"chapter": "toy_zoo", "provenance": {}}) == []
     target = tmp_path / "stage" / "book" / "toy_zoo.ipynb"
     target.parent.mkdir(parents=True)
-    book.staged_notebook(_notebook(tmp_path, [figure]), target, results)
+    book.staged_notebook(_notebook(tmp_path, [figure]), target, stores)
     nb = nbformat.read(target, as_version=4)
     assert "remove-cell" in nb.cells[0].metadata["tags"]
     assert set(nb.cells[1].outputs[0]["data"]) == {"image/png", "text/plain"}  # the page shows the PNG
@@ -66,13 +71,13 @@ def test_staged_notebook_shows_the_png_and_links_the_svg_and_the_results(tmp_pat
     assert nb.cells[3].source == "after"
     assert "{download}`toy_zoo-results.zip <toy_zoo-results.zip>`" in nb.cells[-1].source
     with zipfile.ZipFile(target.parent / "toy_zoo-results.zip") as z:
-        assert z.read("toy_zoo/sweep-abc.jsonl") == b'{"cell": 1}\n'
+        assert sorted(z.namelist()) == ["toy_zoo/zoo-cpu-abc.jsonl", "toy_zoo/zoo-cpu-abc.models.json"]
 
 
 def test_staged_notebook_without_svg_or_results_adds_nothing(tmp_path):
     figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="})
     target = tmp_path / "page.ipynb"
-    book.staged_notebook(_notebook(tmp_path, [figure]), target, tmp_path / "no-results")
+    book.staged_notebook(_notebook(tmp_path, [figure]), target, [])
     assert [c.source for c in nbformat.read(target, as_version=4).cells] == ["params", "chapter.figure(result);", "after"]
 
 

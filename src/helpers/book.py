@@ -354,10 +354,7 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile
         target = (stage_dir / page).with_suffix(".md")
         target.parent.mkdir(parents=True, exist_ok=True)
         if md in executed:
-            chapter = pages.get(page, {}).get("chapter")
-            # the chapter's stores, where paths.results_dir puts them for kernels started in ROOT
-            results = Path(os.environ.get("GA_RESULTS", ROOT / "results")) / chapter if chapter else None
-            staged_notebook(executed[md], target.with_suffix(".ipynb"), results)
+            staged_notebook(executed[md], target.with_suffix(".ipynb"), run_stores(pages.get(page, {})))
         elif page == toc[0]:
             target.write_text(md.read_text().replace("<!-- verdicts -->", summary_table(pages)))
         elif md.name == "runs.md":
@@ -368,11 +365,23 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile
     return stage_dir
 
 
-def staged_notebook(executed: Path, target: Path, results: Path | None = None) -> None:
+def run_stores(record: dict) -> list[Path]:
+    """The results stores a chapter's run read and wrote: those of its chapter, profile and code
+    version (`experiments.base.open_store` names them `<part>-<profile>-<code>.jsonl`), with the
+    sidecars that record the models' revisions."""
+    chapter, p = record.get("chapter"), record.get("provenance", {})
+    if not (chapter and p.get("profile") and p.get("code")):
+        return []
+    # where paths.results_dir puts them for the chapters' kernels, which start in ROOT
+    folder = Path(os.environ.get("GA_RESULTS", ROOT / "results")) / chapter
+    return sorted(folder.glob(f"*-{p['profile']}-{p['code']}.*")) if folder.is_dir() else []
+
+
+def staged_notebook(executed: Path, target: Path, stores: list[Path] = ()) -> None:
     """The executed notebook as the book shows it: papermill's injected-parameters cell removed
     (the page's provenance block lists the parameters); each figure shown as its PNG with its
-    SVG written beside the page and linked under it; at the end, a link to the chapter's stored
-    results (`results`, a folder of results stores, zipped beside the page) when there are any."""
+    SVG written beside the page and linked under it; at the end, a link to the run's results
+    stores (`run_stores`, zipped beside the page) when there are any."""
     import nbformat
 
     nb = nbformat.read(executed, as_version=4)
@@ -394,15 +403,14 @@ def staged_notebook(executed: Path, target: Path, results: Path | None = None) -
         if svgs:
             links = ", ".join(f"{{download}}`SVG <{n}>`" for n in svgs)
             cells.append(nbformat.v4.new_markdown_cell(f"Download the figure: {links}."))
-    stores = sorted(p for p in results.rglob("*") if p.is_file()) if results and results.is_dir() else []
     if stores:
         archive = target.parent / f"{target.stem}-results.zip"
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
             for path in stores:
-                z.write(path, path.relative_to(results.parent))
+                z.write(path, f"{path.parent.name}/{path.name}")
         cells.append(nbformat.v4.new_markdown_cell(
-            f"The numbers of this page, as the run stored them (`results/{results.name}/`, one JSON record per "
-            f"measured cell): {{download}}`{archive.name} <{archive.name}>`."))
+            f"The numbers of this page, as the run stored them (`results/{stores[0].parent.name}/`, one JSON record "
+            f"per measured cell): {{download}}`{archive.name} <{archive.name}>`."))
     nb.cells = cells
     nbformat.write(nb, target)
 

@@ -73,10 +73,9 @@ def test_bibtex_check_finds_unbalanced_braces():
 
 def test_the_repository_address_is_the_same_everywhere():
     url = book.repository_url()
-    for name in book.URL_COPIES:
-        found = set(book.GITHUB_URL.findall((ROOT / name).read_text()))
-        assert found == {url}, f"{name} names {found}, _config.yml {url}: run `make sync`"
+    assert book.url_copies() == {name: url for name in book.URL_COPIES}, "run `make sync`"
     assert citation()["repository-code"] == url
+    assert f"url    = {{{url}}}" in (ROOT / "book" / "cite.md").read_text()
 
 
 @pytest.mark.skipif("GITHUB_REPOSITORY" not in os.environ, reason="on GitHub Actions only (GITHUB_REPOSITORY)")
@@ -99,10 +98,15 @@ def test_sync_repository_writes_the_address_everywhere(tmp_path, monkeypatch):
     written = book.sync("https://github.com/someone/ga-fork")
     assert book.repository_url() == "https://github.com/someone/ga-fork"
     assert {p.name for p in written} == {"_config.yml", "CITATION.cff", "cite.md"}
-    for name in book.URL_COPIES:
-        assert set(book.GITHUB_URL.findall((tmp_path / name).read_text())) == {"https://github.com/someone/ga-fork"}
+    assert book.url_copies() == {name: "https://github.com/someone/ga-fork" for name in book.URL_COPIES}
     # only the address changed in _config.yml: its comments and order are kept
     after = (tmp_path / "_config.yml").read_text()
     assert after == config_before.replace(re.search(r"url: (\S+)", config_before).group(1), "https://github.com/someone/ga-fork", 1)
+    # another GitHub address in a copy (the authors' code, say) is not the repository's: kept
+    cite = tmp_path / "book" / "cite.md"
+    cite.write_text(cite.read_text() + "\nThe authors' code: https://github.com/goombalab/Gather-and-Aggregate\n")
+    book.sync("https://github.com/someone/other")
+    assert "https://github.com/goombalab/Gather-and-Aggregate" in cite.read_text()
+    assert book.url_copies() == {name: "https://github.com/someone/other" for name in book.URL_COPIES}
     with pytest.raises(SystemExit, match="OWNER/NAME"):
         book.sync("git@github.com:someone/ga-fork.git")

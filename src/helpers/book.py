@@ -69,10 +69,22 @@ def repository_url() -> str:
     return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
 
 
-# Files that name the repository's address besides _config.yml (and the chapters' Colab cells):
-# `sync` writes the address into each.
-URL_COPIES = ("CITATION.cff", "book/cite.md")
-GITHUB_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+?(?=[\s\"'}]|$)", re.M)
+# Where the repository's address is copied besides _config.yml (and the chapters' Colab cells):
+# the one place in each file (other GitHub addresses there, e.g. the authors' code, are left
+# alone); `sync` writes the address there.
+URL_COPIES = {
+    "CITATION.cff": re.compile(r"(?m)^(repository-code:[ \t]*)(\S+)"),
+    "book/cite.md": re.compile(r"(@software\{ga_companion,[^@]*?url\s*=\s*\{)([^}]*)"),
+}
+
+
+def url_copies() -> dict[str, str]:
+    """The address each copy holds now (empty where the file has lost its place for it)."""
+    found = {}
+    for name, pattern in URL_COPIES.items():
+        m = pattern.search((ROOT / name).read_text())
+        found[name] = m.group(2) if m else ""
+    return found
 
 
 def set_repository(url: str) -> list[Path]:
@@ -92,10 +104,12 @@ def set_repository(url: str) -> list[Path]:
 def sync_url_copies(url: str) -> list[Path]:
     """Make every copy of the repository's address (`URL_COPIES`) equal `url`."""
     changed = []
-    for name in URL_COPIES:
+    for name, pattern in URL_COPIES.items():
         path = ROOT / name
         text = path.read_text()
-        new = GITHUB_URL.sub(url, text)
+        if not pattern.search(text):
+            raise SystemExit(f"{name} has no place for the repository's address ({pattern.pattern}): restore it")
+        new = pattern.sub(lambda m: m.group(1) + url, text, count=1)
         if new != text:
             path.write_text(new)
             changed.append(path)

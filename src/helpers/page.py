@@ -6,6 +6,10 @@ computed after the run but shown at the top of the page through myst-nb's `glue`
 markdown holds ```{glue:} verdict```); outside a book build (Colab, Jupyter) it is displayed
 where it is computed. When the book builder asks (`GA_PAGE_RECORD`), the page's verdicts and
 provenance are also written to a file, for the book's summary and Runs pages.
+
+Every table carries a link to its rows as CSV (the file inside the link, so it works in Colab and
+Jupyter as in the book), and figures are drawn as PNG and SVG both: the book shows the PNG and
+links the SVG (`helpers.book.staged_notebook`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 from typing import Iterable
+from urllib.parse import quote
 
 import pandas as pd
 from IPython.display import HTML, display
@@ -22,6 +28,20 @@ from .stats import brief
 from .verdicts import Verdict, overall
 
 SCORE_COLUMNS = ("acc", "lo", "hi")
+
+
+def _figures_as_png_and_svg() -> None:
+    """In a notebook, have the inline backend put an SVG beside every figure's PNG."""
+    try:
+        from IPython import get_ipython
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:
+        return
+    if type(get_ipython()).__name__ == "ZMQInteractiveShell":  # a kernel (papermill's, Jupyter's, Colab's)
+        set_matplotlib_formats("png", "svg")
+
+
+_figures_as_png_and_svg()
 
 
 def _badge(outcome: str) -> str:
@@ -63,16 +83,31 @@ def publish(chapter, result) -> None:
     verdict(chapter.verdicts(result), chapter.subject(result), result.provenance, result.cfg.chapter)
 
 
+def csv_link(frame: pd.DataFrame, name: str) -> str:
+    """A link that downloads the frame's rows as `<name>.csv`, the file inside the link."""
+    data = quote(frame.to_csv(index=False))
+    return (f'<a class="ga-download" download="{html.escape(name)}.csv" '
+            f'href="data:text/csv;charset=utf-8,{data}">CSV</a>')
+
+
+def _file_name(frame: pd.DataFrame) -> str:
+    words = re.sub(r"[^a-z0-9]+", "-", " ".join(map(str, frame.columns[:3])).lower()).strip("-")
+    return words[:60] or "table"
+
+
 def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[str] = ("n",),
-          index: bool = False) -> None:
+          index: bool = False, name: str | None = None) -> None:
     """A DataFrame as an HTML table that fits a phone (it scrolls inside its own box): columns
-    in `percent` as percentages, `integer` ones as whole numbers, text as it is."""
+    in `percent` as percentages, `integer` ones as whole numbers, text as it is; under it a link
+    to its rows as CSV (`name`.csv, by default named after its first columns), unrounded."""
     formats = {c: "{:.1%}" for c in percent if c in frame.columns}
     formats |= {c: "{:.0f}" for c in integer if c in frame.columns}
     styler = frame.style.format(formats, na_rep="-")
     if not index:
         styler = styler.hide(axis="index")
-    display(HTML(f'<div class="ga-table">{styler.to_html()}</div>'))
+    rows = frame.reset_index() if index else frame
+    link = csv_link(rows, name or _file_name(frame))
+    display(HTML(f'<div class="ga-table">{styler.to_html()}</div><p class="ga-downloads">Download: {link}</p>'))
 
 
 def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
@@ -88,10 +123,17 @@ def provenance(record: dict) -> None:
     commit = record.get("commit", "not a git checkout")
     if record.get("dirty"):
         commit += " (with uncommitted changes)"
-    rows = [("commit", commit), ("code version", record.get("code", "")),
+    models = record.get("models", {})
+    quantized = record.get("quantization", {})
+    rows = [("date (UTC)", record.get("date", "")), ("commit", commit), ("code version", record.get("code", "")),
             ("profile", record.get("profile", "")),
-            ("models (revision)", "; ".join(f"{k} ({v})" for k, v in record.get("models", {}).items())),
-            ("device", record.get("device", "")), ("dtype", record.get("dtype", "")),
+            ("models (revision)", "; ".join(f"{k} ({v})" for k, v in models.items())),
+            ("weights", "; ".join(f"{k}: {v}" for k, v in quantized.items()) or "as published (not quantized)"),
+            ("datasets (revision, fingerprint)", "; ".join(f"{k}: {v}" for k, v in record.get("datasets", {}).items())),
+            ("device", record.get("device", "")),
+            ("CUDA, driver", f"{record.get('cuda', '')}, {record.get('driver', '')}" if "cuda" in record else ""),
+            ("dtype", record.get("dtype", "")),
+            ("kernels", ", ".join(f"{k} {v}" for k, v in record.get("kernels", {}).items())),
             ("packages", ", ".join(f"{k} {v}" for k, v in record.get("versions", {}).items())),
             ("parameters", ", ".join(f"{k}={v}" for k, v in record.get("parameters", {}).items())),
             ("run time", f"{record.get('wall_s', 0):.0f} s (results already in the store are not recomputed)")]

@@ -36,3 +36,20 @@ def repository() -> Path:
                 return folder
     raise FileNotFoundError("no book checkout found (a folder with _toc.yml and pyproject.toml): "
                             "run from the repository's root")
+
+
+@cache
+def _revisions() -> dict:
+    import json
+
+    return json.loads((data() / "configs" / "revisions.json").read_text())
+
+
+def pinned_revision(kind: str, repo: str) -> str | None:
+    """The hub commit `data/configs/revisions.json` pins for a model or dataset repo (`kind`:
+    "models" or "datasets"), or None where it pins none (the hub's main is loaded)."""
+    revision = _revisions()[kind].get(repo)
+    if revision is not None and not (len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)):
+        raise ValueError(f"data/configs/revisions.json pins {repo} to {revision!r}: write the 40-hex commit, or null")
+    return revision
+

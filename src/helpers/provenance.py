@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import shutil
 import subprocess
+from datetime import datetime, timezone
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from . import paths
+from . import kernels, paths
+from .registry import MODELS
 
-PACKAGES = ("torch", "transformers", "datasets", "numpy", "lm-eval")
+# The libraries that compute a page's numbers (lm-eval is not one: the tests compare our scores
+# with it, the chapters do not run it). The kernels and accelerate are in `kernels.status`.
+PACKAGES = ("torch", "transformers", "datasets", "huggingface_hub", "numpy")
 
 
 @cache
@@ -61,6 +66,44 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+@cache
+def cuda_driver() -> str:
+    """The NVIDIA driver's version, as nvidia-smi reports it ("" without one)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ""
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.strip().splitlines()[0] if out.strip() else ""
+
+
+def cuda(device: torch.device) -> dict[str, str]:
+    """The CUDA torch was built for and the driver, on a GPU; "none" on CPU."""
+    if device.type != "cuda":
+        return {"cuda": "none (CPU)", "driver": "none (CPU)"}
+    return {"cuda": torch.version.cuda or "unknown", "driver": cuda_driver() or "unknown"}
+
+
+def now() -> str:
+    """The time of the run, UTC, to the second (ISO 8601)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def quantization(names) -> dict[str, str]:
+    """How each model's weights were stored, for those not loaded as their authors trained them."""
+    return {n: MODELS[n].quantization for n in names if n in MODELS and MODELS[n].quantization}
+
+
+def datasets() -> dict[str, str]:
+    """The datasets this process has read (`helpers.tasks.DATASETS`): revision and fingerprint."""
+    from .tasks import DATASETS
+
+    return {name: f"{d['revision']}, fingerprint {d['fingerprint']}" for name, d in sorted(DATASETS.items())}
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -76,6 +119,7 @@ def record(loaded_models: list, parameters: dict) -> dict:
     first = next(iter(loaded_models), None)
     device = next(first.model.parameters()).device if first else torch.device("cpu")
     dtype = str(next(first.model.parameters()).dtype).removeprefix("torch.") if first else ""
-    return {**git_commit(), "code": code_version(), "device": device_name(device), "dtype": dtype,
-            "models": {m.name: m.revision for m in loaded_models}, "versions": versions(),
-            "parameters": parameters}
+    return {"date": now(), **git_commit(), "code": code_version(), "device": device_name(device),
+            **cuda(device), "dtype": dtype, "models": {m.name: m.revision for m in loaded_models},
+            "quantization": quantization(m.name for m in loaded_models), "datasets": datasets(),
+            "versions": versions(), "kernels": kernels.status(device.type), "parameters": parameters}

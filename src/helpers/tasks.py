@@ -108,9 +108,7 @@ def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> 
         test = [r for r in rows if r["split"] == "test"]
         dev = [r for r in rows if r["split"] == "dev"]
     else:
-        from datasets import load_dataset
-
-        ds = load_dataset("cais/mmlu", "all")
+        ds = hub_dataset("cais/mmlu", "all")
         test, dev = list(ds["test"]), list(ds["dev"])
     return _subset(mmlu_items(test, dev, k), n, seed)
 
@@ -174,12 +172,10 @@ def load_knowledge(profile: str, n: int | None = None, seed: int = 0) -> dict[st
         rows = _jsonl(paths.data() / "fixtures" / "knowledge.jsonl")
         return {t: _subset([knowledge_item(t, r) for r in rows if r["task"] == t], n, seed)
                 for t in FIXTURE_KNOWLEDGE}
-    from datasets import load_dataset
-
     out = {}
     for task in PAPER_KNOWLEDGE:
         path, config, split = KNOWLEDGE_SOURCES[task]
-        out[task] = _subset([knowledge_item(task, d) for d in load_dataset(path, config, split=split)], n, seed)
+        out[task] = _subset([knowledge_item(task, d) for d in hub_dataset(path, config, split)], n, seed)
     return out
 
 
@@ -246,8 +242,32 @@ def _check_kv(n_pairs: int, query: str, trailing_space: bool) -> tuple[int, bool
 
 # --- utilities ------------------------------------------------------------------------------------
 
+# Every dataset this process has read, with the revision asked for and what it got (the page's
+# provenance lists them): hub datasets by repo (and config), fixtures by file.
+DATASETS: dict[str, dict[str, str]] = {}
+
+
+def hub_dataset(path: str, config: str | None = None, split: str | None = None):
+    """`datasets.load_dataset` at the revision `data/configs/revisions.json` pins (the hub's main
+    where it pins none), recorded in `DATASETS` with the loaded data's fingerprint."""
+    from datasets import load_dataset
+
+    revision = paths.pinned_revision("datasets", path)
+    ds = load_dataset(path, config, split=split, revision=revision)
+    parts = [ds[k] for k in sorted(ds)] if hasattr(ds, "keys") else [ds]
+    DATASETS[path + (f" ({config})" if config else "")] = {
+        "revision": revision or "main (unpinned)", "fingerprint": ",".join(p._fingerprint[:16] for p in parts)}
+    return ds
+
+
 def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    if path.parent.name == "fixtures":  # the CPU profile's datasets: recorded like the hub's
+        import hashlib
+
+        DATASETS[f"data/fixtures/{path.name}"] = {"revision": "committed with the code",
+                                                  "fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16]}
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _subset(items: list[Item], n: int | None, seed: int) -> list[Item]:

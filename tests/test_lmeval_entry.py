@@ -187,7 +187,12 @@ def test_unknown_tasks_are_refused_with_close_names(task_manager, tmp_path, monk
 
 def test_layers_and_heads_are_read_as_written():
     assert lmeval.parse_layers("0..3,8", "x") == (0, 1, 2, 3, 8)
-    assert lmeval.parse_heads("L16H22, L17H24") == (helpers.Head(16, 22), helpers.Head(17, 24))
+    both = (helpers.Head(16, 22), helpers.Head(17, 24))
+    assert lmeval.parse_heads("L16H22, L17H24") == both
+    assert lmeval.parse_heads({16: [22], 17: 24}) == lmeval.parse_heads([[16, 22], (17, 24)]) == both
+    assert lmeval.parse_heads(helpers.Head(16, 22)) == both[:1]
+    with pytest.raises(ConfigError, match="a list"):
+        lmeval.parse_layers(5, "--keep-layers")
     assert lmeval.Intervention.parse(keep_layers="0..5", remove_layers="2,3").runs(30) == [0, 1, 4, 5]
 
 

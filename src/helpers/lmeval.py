@@ -34,7 +34,7 @@ import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .errors import ConfigError, InterventionError
 from .heads import Head, ablation
@@ -43,10 +43,17 @@ from .registry import Loaded, spec
 
 # --- what to run ---------------------------------------------------------------------------------
 
-def parse_heads(value: str | Iterable | None) -> tuple[Head, ...]:
-    """Heads from `"L16H22,L17H24"` (or a list of anything `Head.parse` reads), each once."""
+def parse_heads(value: str | Iterable | Mapping | None) -> tuple[Head, ...]:
+    """Heads from `"L16H22,L17H24"`, a list of anything `Head.parse` reads, one Head, or the
+    interventions' own `{layer: [head, ...]}`; each head once."""
     if value is None or value == "":
         return ()
+    if isinstance(value, Head):
+        value = [value]
+    elif isinstance(value, Mapping):
+        value = [(layer, h) for layer, hs in value.items() for h in ([hs] if isinstance(hs, int) else hs)]
+    elif not isinstance(value, (str, Iterable)):
+        raise ConfigError(f"--zero takes heads as 'L16H22,L17H24' or a list of heads, got {value!r}")
     parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
     try:
         heads = tuple(Head.parse(p) for p in parts)
@@ -63,6 +70,8 @@ def parse_layers(value: str | Iterable[int] | None, what: str) -> tuple[int, ...
     if value is None:
         return None
     if not isinstance(value, str):
+        if not isinstance(value, Iterable):  # a bare 5 could mean layer 5 or 5 layers
+            raise ConfigError(f"{what} takes layers as '0..17', '16,17' or a list, got {value!r}")
         return tuple(value)
     layers: list[int] = []
     try:

@@ -1,7 +1,9 @@
 """`helpers.lmeval`: any lm-eval task under the book's interventions, tested offline on local task
 YAMLs. A tiny random Llama with SmolLM2's tokenizer for the exact comparisons (fast, and its
-scores have no ties), SmolLM2 itself for a generative task it can answer."""
+scores have no ties), SmolLM2 itself for a generative task it can answer; and the book's own tasks
+in data/lm_eval_tasks."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,16 +96,25 @@ def test_clean_run_equals_plain_lm_eval(tiny, task_files, task_manager):
     assert ours["provenance"]["versions"]["lm-eval"] == metadata.version("lm-eval")
 
 
-@pytest.mark.parametrize("intervention", [dict(zero="L1H0,L2H3"),
-                                          dict(zero=[(3, 1)], keep_layers="0..3", remove_layers="1")])
-def test_ablated_run_equals_the_projects_scorer(tiny, task_files, task_manager, intervention):
+# Each intervention as the CLI writes it, and as the book's primitives write it (the reference side).
+INTERVENTIONS = [
+    (dict(zero="L1H0,L2H3"), lambda m: [helpers.zero_heads(m, {1: [0], 2: [3]})]),
+    (dict(zero=[(3, 1)], keep_layers="0..3", remove_layers="1"),
+     lambda m: [helpers.zero_heads(m, {3: [1]}), helpers.keep_layers(m, [0, 2, 3])]),
+]
+
+
+@pytest.mark.parametrize("intervention, primitives", INTERVENTIONS)
+def test_ablated_run_equals_the_projects_scorer(tiny, task_files, task_manager, intervention, primitives):
     clean = run(tiny, [task_files["mc"]], task_manager)
     ablated = run(tiny, [task_files["mc"]], task_manager, **intervention)
     samples = ablated["samples"]["entry_mc"]
     items = [helpers.Item(tuple((f"Question: {d['question']}\nAnswer:", f" {c}") for c in d["choices"]), d["answer"])
              for d in (s["doc"] for s in samples)]
     assert [tuple(tuple(a) for a in s["arguments"]) for s in samples] == [it.pairs for it in items]  # one prompt
-    with lmeval.Intervention.parse(**intervention).applied(tiny.model):
+    with contextlib.ExitStack() as stack:
+        for context in primitives(tiny.model):
+            stack.enter_context(context)
         ours = helpers.choice_loglikelihoods(tiny.model, tiny.tokenizer, items)
     theirs = loglikelihoods(ablated, "entry_mc")
     np.testing.assert_allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-4, rtol=0)

@@ -14,7 +14,7 @@ LAYERS = [
     Layer("book"),
     Layer("experiments"),
     Layer("page", "plots", "bookcheck", "minihub"),
-    Layer("benchmarks", "screen", independent=False),
+    Layer("benchmarks", "screen", "lmeval", independent=False),
     Layer("models", "engine"),
     Layer("zoo"),
     Layer("synthetic"),

@@ -15,9 +15,13 @@ from . import paths
 from .heads import Head
 
 
+UNREAD = "-"  # the value of a row whose number the paper prints but no stored source let us read
+
+
 @dataclass(frozen=True)
 class Reference:
-    """One number or setting of the paper, as printed, with where it is printed."""
+    """One number or setting of the paper, as printed, with where it is printed. A value of
+    "-" is a number the paper has (in `source`) that could not be read here: `note` says why."""
 
     value: str
     approx: bool  # read off a figure, or written with "~" / "about" in the text
@@ -25,7 +29,14 @@ class Reference:
     note: str = ""
 
     @property
+    def read(self) -> bool:
+        """Whether the paper's value is known here (False for "-")."""
+        return self.value != UNREAD
+
+    @property
     def number(self) -> float:
+        if not self.read:
+            raise ValueError(f"the paper's value ({self.source}) could not be read here: {self.note}")
         return float(self.value)
 
     @property
@@ -47,7 +58,10 @@ class Reference:
         return tuple(int(v) for v in self.value.split(";"))
 
     def __str__(self) -> str:
-        """As the comparison tables print it: `~66% (Fig. 2)`, `66.3% (§3.4)`, `L16H22 (§3.4)`."""
+        """As the comparison tables print it: `~66% (Fig. 2)`, `66.3% (§3.4)`, `L16H22 (§3.4)`,
+        `not read (Table 2)`."""
+        if not self.read:
+            return f"not read ({self.source})"
         try:
             number = float(self.value)
             text = f"{number:.0%}" if self.approx else f"{number:.1%}" if number <= 1 else self.value

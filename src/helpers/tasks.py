@@ -115,6 +115,20 @@ def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> 
     return _subset(mmlu_items(test, dev, k), n, seed)
 
 
+def load_letters(k: int = 0, n: int | None = None, seed: int = 0) -> tuple[list[Item], list[Item]]:
+    """The CPU profile's letter-selection set (data/letters, 1,022 test facts): each test row as an
+    MMLU question in lm-eval's prompt (k-shot from its subject's dev rows) and, at the same index,
+    as a cloze question on the same four answer texts in ARC's prompt, so that "picks the letter"
+    and "knows the fact" are scored on the same facts. `n` draws the same seeded subset of both."""
+    k = _integer(k, "k (shots)", low=0)
+    n, seed = _check_subset(n, seed)
+    rows = _jsonl(paths.data() / "letters" / "letters.jsonl")
+    test = [r for r in rows if r["split"] == "test"]
+    letters = mmlu_items(test, [r for r in rows if r["split"] == "dev"], k)
+    cloze = [_choices(f"Question: {r['question']}\nAnswer:", r["choices"], r["answer"], r["table"]) for r in test]
+    return _subset(letters, n, seed), _subset(cloze, n, seed)
+
+
 # --- knowledge tasks ------------------------------------------------------------------------------
 
 def _preprocess_hellaswag(text: str) -> str:

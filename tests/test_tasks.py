@@ -67,9 +67,14 @@ def test_knowledge_prompts_are_lm_evals(tmp_path, name):
     assert item.gold == gold
 
 
-def test_fixture_knowledge_uses_arc_prompt():
-    item = tasks.load_knowledge("cpu")["capitals"][0]
+def test_cpu_knowledge_is_the_letter_sets_facts_in_arcs_prompt_drawn_as_mmlu_is():
+    knowledge = tasks.load_knowledge("cpu", n=20, seed=4)
+    assert list(knowledge) == [tasks.CPU_KNOWLEDGE]
+    cloze, letters = knowledge[tasks.CPU_KNOWLEDGE], tasks.load_mmlu("cpu", n=20, seed=4)
+    item = tasks.load_knowledge("cpu")[tasks.CPU_KNOWLEDGE][0]
     assert item.pairs[item.gold] == ("Question: What is the capital of Russia?\nAnswer:", " Moscow")
+    for fact, mcq in zip(cloze, letters):  # the same facts, item by item
+        assert fact.pairs[0][0].split("\n")[0].removeprefix("Question: ") in mcq.pairs[0][0] and fact.gold == mcq.gold
 
 
 def test_unknown_knowledge_task_lists_known():

@@ -371,7 +371,11 @@ def side_by_side(result: Result) -> pd.DataFrame:
 def comparison(result: Result) -> pd.DataFrame:
     mcq = result.retrieval[0]
     ref = {q: paper("hybrid_models", q, "zamba2-7b") for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")}
-    rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores))]
+    heads = [paper("hybrid_models", q, "zamba2-7b") for q in ("heads_ablated", "heads_ablated_other_summary")]
+    rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores)),
+            ("attention heads ablated", f"{heads[0].value} or {heads[1].value} (secondary summaries disagree)",
+             "every shared block's last query row masked, all heads (cell 35)",
+             "every attention head zeroed, or the last row masked as released")]
     for i, (h, by) in enumerate(result.scores.items()):
         n = by[AS_IS][mcq].n
         reference = [("not verified", str(ref["mmlu"])), ("not verified", str(ref["mmlu_attention_ablated"])),

@@ -154,13 +154,14 @@ def comparison(result: Result) -> pd.DataFrame:
     fmt = lambda r: brief(r.acc, r.lo, r.hi)
     return base.comparison_table([
         ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
-        ("MMLU, full model", str(paper("layer_pruning", "mmlu_while_pruning")), f"{result.cfg.k_shot}-shot",
+        ("MMLU, full model", "not stated in the sources read (Fig. 2 not read)", f"{result.cfg.k_shot}-shot",
          f"{result.scores[result.mmlu][top]} ({result.cfg.k_shot}-shot, chance {result.chance[result.mmlu]:.0%})"),
         ("knowledge, full model", "falls as layers go (Fig. 2)", "mean acc of 6 tasks",
          f"{fmt(know.loc[('knowledge (mean)', top)])} (mean of {', '.join(result.knowledge_tasks)})"),
         ("minimal model", f"layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value} (Fig. 3)", "layers 0-17",
          f"layers 0-{d - 1}: the shallowest cut that keeps {name}"),
-        ("retrieval at the minimal model", str(paper("head_zeroing", "mmlu_minimal")), "-",
+        ("retrieval at the minimal model", f"MMLU {paper('layer_pruning', 'mmlu_minimal_model')}; "
+                                            f"{paper('head_zeroing', 'mmlu_minimal_summary')}", "-",
          f"{name}: {result.scores[name][d]}"),
         ("knowledge at the minimal model", "lower than the full model (Fig. 2)", "-",
          fmt(know.loc[("knowledge (mean)", d)])),

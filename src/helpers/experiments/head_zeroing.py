@@ -67,9 +67,15 @@ class Roles:
         if self.measures is None or self.measures.empty:
             return f"no {ROLE_NAMES[role]} head: no candidate could be measured"
         best = self.measures[column].astype(float)
-        return (f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: the highest "
-                f"'{column}' among {', '.join(str(Head(*h)) for h in best.index)} is "
-                f"{best.max():.2f} ({Head(*best.idxmax())}), at most 0.5 is not the behaviour")
+        local = self.measures.index[self.measures[hd.LOCAL_MEASURE].astype(float) > hd.LOCAL] if role == "G" else []
+        if len(local):  # previous-token heads stay inside their segment whatever they do: not a Gather head
+            best = best.drop(index=local)
+        why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f} "
+               f"({Head(*best.idxmax())}), at most 0.5 is not the behaviour" if len(best) else "")
+        if len(local):
+            why = "; ".join(filter(None, [f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
+                                          f"the previous token (local share above {hd.LOCAL})", why]))
+        return f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: {why}"
 
 
 def check_pair(gather, aggregate) -> None:
@@ -291,35 +297,40 @@ def _task(result: Result) -> str:
 
 
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
-    """Does zeroing the role's heads take retrieval most of the way to chance (paired)? And, where
-    it does, is that specific to them: lower than every random control (paired)?"""
+    """Does zeroing the role's heads take retrieval most of the way to chance, and lower than
+    every random control (`verdicts.beats_controls`, paired on the check's prompts)? Where no
+    measured candidate plays the role, the harmful heads do something else: another mechanism."""
     if not result.roles.heads[role]:
-        return v.NOT_TESTABLE, result.roles.missing(role)
-    ablated = result.scores[zeroed(role)]
-    outcome, evidence = v.collapses(result.clean, ablated, result.chance)
-    if outcome == v.NOT_TESTABLE or not result.controls:
-        return outcome, evidence
-    below = [v.lower(c, ablated) for c in result.control_scores()]
-    lowest = min(range(len(below)), key=lambda i: result.control_scores()[i].acc)
-    controls = v.combine(o for o, _ in below)
-    evidence += f"; below every random control: {controls} (against the lowest control: {below[lowest][1]})"
-    return (v.combine([outcome, controls]) if outcome == v.REPRODUCED else outcome), evidence
+        return missing_role(result.roles, role, result.clean, result.chance)
+    return v.beats_controls(result.clean, result.scores[zeroed(role)], result.control_scores(), result.chance)
+
+
+def missing_role(roles: Roles, role: str, clean: Score, chance: float) -> tuple[str, str]:
+    """A role no candidate plays: not reproduced (`verdicts.another_mechanism`) where the model can
+    do the task (`clean` clears `chance`) and the candidates were measured; not testable where it
+    cannot or they were not (every chapter that zeroes or masks a role's heads says this)."""
+    if not v.testable(clean, chance):
+        return v.NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
+    measured = roles.measures is not None and not roles.measures.empty
+    return v.another_mechanism(ROLE_NAMES[role], roles.missing(role), measured)
 
 
 def controls_do_little(result: Result) -> tuple[str, str]:
+    """Every random draw keeps accuracy (`verdicts.kept` for each, `verdicts.every` over them)."""
     if not result.controls:
         return v.NOT_TESTABLE, "no random controls were drawn"
     parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
     lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
-    return v.combine(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of the roles' layers; "
-                                            f"the lowest, {', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
+    return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of the roles' layers; "
+                                          f"the lowest, {', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
 
 
 def only_roles_kept(result: Result) -> tuple[str, str]:
     name = kept_only("G", "A")
     if name not in result.scores:
         missing = [r for r in ROLE_NAMES if not result.roles.heads[r]]
-        return v.NOT_TESTABLE, "; ".join(result.roles.missing(r) for r in missing)
+        parts = [missing_role(result.roles, r, result.clean, result.chance) for r in missing]
+        return v.every(o for o, _ in parts), "; ".join(e for _, e in parts)
     return v.kept(result.clean, result.scores[name], result.chance)
 
 
@@ -334,7 +345,7 @@ def behave(result: Result) -> tuple[str, str]:
         parts.append(v.REPRODUCED if found[r] in result.roles.heads[r] else v.NOT_REPRODUCED)
         notes.append(f"{ROLE_NAMES[r]}: the paper's {result.roles.label(r)}, by behaviour "
                      f"{found[r] or 'none of the candidates'}")
-    return v.combine(parts), "; ".join(notes)
+    return v.every(parts), "; ".join(notes)  # both of the paper's heads must behave
 
 
 def verdicts(result: Result) -> list[v.Verdict]:

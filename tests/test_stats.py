@@ -1,4 +1,5 @@
-"""Scores, paired differences and the verdict rules, on hand-built numbers with known answers."""
+"""Scores and paired differences, on hand-built numbers with known answers (the verdict rules:
+tests/test_verdicts.py)."""
 
 import numpy as np
 import pytest
@@ -55,34 +56,3 @@ def test_a_few_identical_outcomes_leave_a_wide_paired_interval():
     many = score(100, 200)  # with many items the same agreement does give a narrow interval
     d = difference(many, Score.of(many.correct.copy()))
     assert -0.02 < d.lo < 0 < d.hi < 0.02
-
-
-def test_collapses_reproduced_not_reproduced_and_not_testable():
-    clean = score(70, 100)
-    assert v.collapses(clean, score(26, 100), 0.25)[0] == v.REPRODUCED
-    assert v.collapses(clean, score(68, 100), 0.25)[0] == v.NOT_REPRODUCED
-    assert v.collapses(clean, score(47, 100), 0.25)[0] == v.INCONCLUSIVE  # the interval straddles 47.5%
-    assert v.collapses(score(27, 100), score(20, 100), 0.25)[0] == v.NOT_TESTABLE  # clean at chance
-
-
-def test_kept_and_falls_are_paired():
-    clean = score(80, 200)
-    same = Score.of(clean.correct.copy())
-    assert v.kept(clean, same, 0.1)[0] == v.REPRODUCED
-    assert v.falls(clean, same, 0.1)[0] == v.NOT_REPRODUCED
-    lower = score(50, 200)  # right on a subset of clean's items
-    assert v.kept(clean, lower, 0.1)[0] == v.NOT_REPRODUCED
-    assert v.falls(clean, lower, 0.1)[0] == v.REPRODUCED
-    few = Score.of([1, 1, 0, 1]), Score.of([1, 0, 0, 1])
-    assert v.kept(*few, 0.0)[0] == v.INCONCLUSIVE
-
-
-def test_overall_and_combine():
-    verdict = lambda outcome: v.Verdict("claim", "Fig. 1", outcome, "")
-    assert v.overall([verdict(v.REPRODUCED), verdict(v.NOT_TESTABLE)]) == v.REPRODUCED
-    assert v.overall([verdict(v.REPRODUCED), verdict(v.NOT_REPRODUCED)]) == v.PARTLY
-    assert v.overall([verdict(v.INCONCLUSIVE), verdict(v.NOT_REPRODUCED)]) == v.NOT_REPRODUCED
-    assert v.overall([verdict(v.NOT_TESTABLE)]) == v.NOT_TESTABLE
-    assert v.combine([v.REPRODUCED, v.INCONCLUSIVE]) == v.PARTLY
-    with pytest.raises(ValueError, match="unknown outcome"):
-        verdict("sort of")

@@ -67,9 +67,14 @@ def test_knowledge_prompts_are_lm_evals(tmp_path, name):
     assert item.gold == gold
 
 
-def test_fixture_knowledge_uses_arc_prompt():
-    item = tasks.load_knowledge("cpu")["capitals"][0]
+def test_cpu_knowledge_is_the_letter_sets_facts_in_arcs_prompt_drawn_as_mmlu_is():
+    knowledge = tasks.load_knowledge("cpu", n=20, seed=4)
+    assert list(knowledge) == [tasks.CPU_KNOWLEDGE]
+    cloze, letters = knowledge[tasks.CPU_KNOWLEDGE], tasks.load_mmlu("cpu", n=20, seed=4)
+    item = tasks.load_knowledge("cpu")[tasks.CPU_KNOWLEDGE][0]
     assert item.pairs[item.gold] == ("Question: What is the capital of Russia?\nAnswer:", " Moscow")
+    for fact, mcq in zip(cloze, letters):  # the same facts, item by item
+        assert fact.pairs[0][0].split("\n")[0].removeprefix("Question: ") in mcq.pairs[0][0] and fact.gold == mcq.gold
 
 
 def test_unknown_knowledge_task_lists_known():
@@ -110,3 +115,49 @@ def test_kv_rejects_bad_sizes():
 def test_fixture_subsets_are_seeded():
     assert tasks.load_mmlu("cpu", n=10, seed=1) == tasks.load_mmlu("cpu", n=10, seed=1)
     assert len(tasks.load_mmlu("cpu", n=10)) == 10
+
+
+def letter_rows():
+    return [json.loads(l) for l in (paths.data() / "letters" / "letters.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_letters_set_is_in_lm_evals_mmlu_and_arc_prompts(tmp_path, k):
+    rows = letter_rows()
+    subject = "elementary_mathematics"
+    test = [r for r in rows if r["subject"] == subject and r["split"] == "test"]
+    dev = [r for r in rows if r["subject"] == subject and r["split"] == "dev"]
+    mmlu = task("mmlu/default/_default_template_yaml", {"test": test, "dev": dev}, tmp_path,
+                task="letters_mmlu", test_split="test", fewshot_split="dev", description=tasks.mmlu_description(subject))
+    letters, cloze = tasks.load_letters(k=k)
+    every_test = [r for r in rows if r["split"] == "test"]
+    arc_docs = {"test": [{"id": r["id"], "question": r["question"], "answerKey": "ABCD"[r["answer"]],
+                          "choices": {"text": r["choices"], "label": list("ABCD")}} for r in test]}
+    (tmp_path / "arc").mkdir()
+    arc = task("arc/arc_easy.yaml", arc_docs, tmp_path / "arc", task="letters_cloze", test_split="test")
+    for doc, arc_doc in list(zip(test, arc_docs["test"]))[:5]:
+        i = every_test.index(doc)
+        assert list(letters[i].pairs) == requests(mmlu, doc, k) and letters[i].gold == doc["answer"]
+        assert list(cloze[i].pairs) == requests(arc, arc_doc, 0) and cloze[i].gold == doc["answer"]
+
+
+def test_letters_set_pairs_each_question_with_its_cloze_and_is_big_enough():
+    letters, cloze = tasks.load_letters()
+    assert len(letters) == len(cloze) >= 1000
+    for mcq, fact in zip(letters, cloze):
+        assert mcq.gold == fact.gold and fact.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:") in mcq.pairs[0][0]
+    sub_letters, sub_cloze = tasks.load_letters(n=50, seed=3)
+    assert [c.pairs for c in sub_cloze] == [cloze[letters.index(m)].pairs for m in sub_letters]
+    golds = [it.gold for it in letters]
+    assert min(golds.count(g) for g in range(4)) > 0.2 * len(golds)  # letters spread over A-D
+
+
+def test_letters_generator_rebuilds_the_committed_file(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("make_letters.py", "facts.json"):
+        shutil.copy(paths.data() / "letters" / name, tmp_path / name)
+    subprocess.run([sys.executable, str(tmp_path / "make_letters.py")], check=True, capture_output=True)
+    assert (tmp_path / "letters.jsonl").read_bytes() == (paths.data() / "letters" / "letters.jsonl").read_bytes()

@@ -443,6 +443,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "zamba2": Zamba2Adapter,
     "llamba": LlambaAdapter,
     "llama": LlamaAdapter,
+    "qwen2": LlamaAdapter,  # a Llama with biases on q, k, v: the same blocks and head site
     "conv_llama": ConvLlamaAdapter,
     "mamba2": Mamba2Adapter,
     "mamba": MambaAdapter,

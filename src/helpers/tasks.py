@@ -98,19 +98,37 @@ def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]
 
 
 def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> list[Item]:
-    """MMLU test items: `cais/mmlu` on the paper profile, the fixture set on the CPU profile.
-    `n` draws a seeded random subset (all when None)."""
+    """MMLU test items: `cais/mmlu` on the paper profile, the letter-selection set on the CPU
+    profile (`load_letters`). `n` draws a seeded random subset (all when None)."""
     _check_profile(profile)
     k = _integer(k, "k (shots)", low=0)
     n, seed = _check_subset(n, seed)
     if profile == "cpu":
-        rows = _jsonl(paths.data() / "fixtures" / "mmlu.jsonl")
-        test = [r for r in rows if r["split"] == "test"]
-        dev = [r for r in rows if r["split"] == "dev"]
+        return load_letters(k, n, seed)[0]
     else:
         ds = hub_dataset("cais/mmlu", "all")
         test, dev = list(ds["test"]), list(ds["dev"])
     return _subset(mmlu_items(test, dev, k), n, seed)
+
+
+@cache
+def _letter_sets(k: int) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
+    rows = _jsonl(paths.data() / "letters" / "letters.jsonl")
+    test = [r for r in rows if r["split"] == "test"]
+    letters = mmlu_items(test, [r for r in rows if r["split"] == "dev"], k)
+    cloze = [_choices(f"Question: {r['question']}\nAnswer:", r["choices"], r["answer"], r["table"]) for r in test]
+    return tuple(letters), tuple(cloze)
+
+
+def load_letters(k: int = 0, n: int | None = None, seed: int = 0) -> tuple[list[Item], list[Item]]:
+    """The CPU profile's letter-selection set (data/letters, 1,022 test facts): each test row as an
+    MMLU question in lm-eval's prompt (k-shot from its subject's dev rows) and, at the same index,
+    as a cloze question on the same four answer texts in ARC's prompt, so that "picks the letter"
+    and "knows the fact" are scored on the same facts. `n` draws the same seeded subset of both."""
+    k = _integer(k, "k (shots)", low=0)
+    n, seed = _check_subset(n, seed)
+    letters, cloze = _letter_sets(k)
+    return _subset(list(letters), n, seed), _subset(list(cloze), n, seed)
 
 
 # --- knowledge tasks ------------------------------------------------------------------------------
@@ -160,18 +178,19 @@ KNOWLEDGE_SOURCES = {
     "hellaswag": ("Rowan/hellaswag", None, "validation"),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "validation"),
 }
-# The CPU profile's self-written cloze sets, in ARC's schema and prompt.
+# The fixtures' self-written cloze sets, in ARC's schema and prompt (the rehearsal's mini-hub
+# serves them as the paper's knowledge tasks).
 FIXTURE_KNOWLEDGE = ("capitals", "symbols", "everyday")
+# The CPU profile's knowledge task: the letter set's facts as cloze questions.
+CPU_KNOWLEDGE = "facts (cloze)"
 
 
 def load_knowledge(profile: str, n: int | None = None, seed: int = 0) -> dict[str, list[Item]]:
     """Items per knowledge task; `n` draws a seeded subset of each task."""
     _check_profile(profile)
     n, seed = _check_subset(n, seed)
-    if profile == "cpu":
-        rows = _jsonl(paths.data() / "fixtures" / "knowledge.jsonl")
-        return {t: _subset([knowledge_item(t, r) for r in rows if r["task"] == t], n, seed)
-                for t in FIXTURE_KNOWLEDGE}
+    if profile == "cpu":  # the cloze of the letter set's facts: the same seeded draw as load_mmlu's
+        return {CPU_KNOWLEDGE: load_letters(0, n, seed)[1]}
     out = {}
     for task in PAPER_KNOWLEDGE:
         path, config, split = KNOWLEDGE_SOURCES[task]

@@ -9,6 +9,10 @@ Five outcomes, all of them real results:
 - not testable: the model cannot test the claim, e.g. it sits at chance on the task (zeroing a
   head cannot remove a skill the model does not have).
 
+A verdict is about one of the paper's claims (`kind="claim"`) or is a check of this book's own
+machinery (`kind="check"`, e.g. the toy zoo's records): checks are shown as checks, never
+counted among the paper's claims.
+
 The decision rules below are shared by every chapter, so that "kept" or "falls" means the same
 thing on every page; each returns the outcome together with the numbers that decided it.
 """
@@ -16,13 +20,15 @@ thing on every page; each returns the outcome together with the numbers that dec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from .stats import Score, difference
+from .stats import Score, TaskMean, difference, difference_in_differences, paired
 
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly reproduced", "not reproduced"
 INCONCLUSIVE, NOT_TESTABLE = "inconclusive", "not testable"
 OUTCOMES = (REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE)
+CLAIM, CHECK = "claim", "check"
+MARGIN = 0.05  # a loss or difference smaller than this counts as none, on every page
 
 
 @dataclass(frozen=True)
@@ -31,18 +37,47 @@ class Verdict:
     source: str  # where the paper makes it ("Fig. 2", "§3.4, Table 1")
     outcome: str  # one of OUTCOMES
     evidence: str  # the numbers that decided it, with their intervals and n
+    kind: str = CLAIM  # CLAIM: one of the paper's; CHECK: of this book's own machinery
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {self.outcome!r}; use one of {', '.join(OUTCOMES)}")
+        if self.kind not in (CLAIM, CHECK):
+            raise ValueError(f"unknown kind {self.kind!r}; use {CLAIM!r} or {CHECK!r}")
+
+
+def _judged(verdicts: Iterable[Verdict]) -> list[Verdict]:
+    """The verdicts a page's outcome is about: its claims, or its checks where it has no claim."""
+    verdicts = list(verdicts)
+    claims = [v for v in verdicts if v.kind == CLAIM]
+    return claims or verdicts
+
+
+def tested(verdicts: Iterable[Verdict]) -> tuple[int, int]:
+    """How many of a page's claims (its checks, where it has none) could be tested, of how many."""
+    judged = _judged(verdicts)
+    return sum(v.outcome != NOT_TESTABLE for v in judged), len(judged)
+
+
+def tested_note(verdicts: Iterable[Verdict]) -> str:
+    """"3 of 4 claims testable", for the page's verdict box and the book's summary."""
+    verdicts = list(verdicts)
+    k, n = tested(verdicts)
+    what = "claim" if any(v.kind == CLAIM for v in verdicts) or not verdicts else "check"
+    return f"{k} of {n} {what}{'s' if n != 1 else ''} testable"
 
 
 def overall(verdicts: Iterable[Verdict]) -> str:
-    """One outcome for a page: reproduced or not reproduced only when every testable claim
-    agrees; partly when they disagree; not testable when no claim could be tested."""
-    outcomes = {v.outcome for v in verdicts} - {NOT_TESTABLE}
-    if not outcomes:
+    """One outcome for a page, over its claims (checks count only on a page without claims).
+    Not testable unless at least half its claims were testable (one reproduced claim among three
+    untestable ones does not make a page "reproduced": `tested_note` says how many were); else
+    reproduced or not reproduced only when every testable claim agrees, not reproduced when the
+    others are only inconclusive, partly when they disagree."""
+    judged = _judged(verdicts)
+    k, n = tested(judged)
+    if k == 0 or 2 * k < n:
         return NOT_TESTABLE
+    outcomes = {v.outcome for v in judged} - {NOT_TESTABLE}
     if len(outcomes) == 1:
         return outcomes.pop()
     if outcomes <= {INCONCLUSIVE, NOT_REPRODUCED}:
@@ -51,7 +86,9 @@ def overall(verdicts: Iterable[Verdict]) -> str:
 
 
 def combine(parts: Iterable[str]) -> str:
-    """The outcome of a claim made of several parts (e.g. one per model or per head)."""
+    """The outcome of a claim that can hold in part (e.g. "retrieval collapses" over several
+    retrieval tasks): partly where some parts are reproduced and others are not. A claim made
+    of every part ("at every size", "for every model", "this AND that") is `every`'s."""
     parts = [p for p in parts if p != NOT_TESTABLE]
     if not parts:
         return NOT_TESTABLE
@@ -62,41 +99,77 @@ def combine(parts: Iterable[str]) -> str:
     return NOT_REPRODUCED if NOT_REPRODUCED in parts else INCONCLUSIVE
 
 
+def every(parts: Iterable[str]) -> str:
+    """The outcome of a universal claim, one that needs every testable part: not reproduced when
+    any part is not reproduced (or only partly), reproduced when all are, inconclusive when the
+    rest are inconclusive; not testable when no part was. 53 reproduced sizes and one that fails
+    is a claim "at every size" that fails."""
+    parts = [p for p in parts if p != NOT_TESTABLE]
+    if not parts:
+        return NOT_TESTABLE
+    if NOT_REPRODUCED in parts or PARTLY in parts:
+        return NOT_REPRODUCED
+    return REPRODUCED if all(p == REPRODUCED for p in parts) else INCONCLUSIVE
+
+
 # --- decision rules ---------------------------------------------------------------------------
 
-def testable(score: Score, chance: float) -> bool:
+Measured = Score | TaskMean  # an accuracy with its interval: one task's, or a mean over tasks
+
+
+def testable(score: Measured, chance: float) -> bool:
     """A model can test a claim about a task only if its whole interval clears chance."""
     return score.above(chance)
 
 
-def collapses(clean: Score, ablated: Score, chance: float) -> tuple[str, str]:
-    """Does the ablation take the model most of the way to chance? The line is halfway between
-    chance and the clean accuracy: reproduced when the ablated interval lies below it, not
-    reproduced when it lies above, inconclusive when it straddles it. Paired on the same items."""
-    if not testable(clean, chance):
-        return NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
-    line = (clean.acc + chance) / 2
-    outcome = REPRODUCED if ablated.hi < line else NOT_REPRODUCED if ablated.lo > line else INCONCLUSIVE
-    return outcome, f"{ablated} against clean {clean}; halfway to chance: {line:.1%}"
+def loss_line(clean: Measured, ablated: Measured, chance: float) -> tuple[str, str]:
+    """Does the ablation take accuracy most of the way to chance, i.e. is the paired loss
+    (clean - ablated, on the same items) more than half of what clean holds above chance? The
+    line moves with the clean accuracy, so its interval counts too: reproduced when the loss's
+    whole interval exceeds half the gap at clean's upper bound, not reproduced when it stays
+    below half the gap at clean's lower bound, inconclusive between."""
+    d = paired(clean, ablated)  # ablated - clean: the loss is -d
+    loss_lo, loss_hi = -d.hi, -d.lo
+    need_hi, need_lo = (clean.hi - chance) / 2, (clean.lo - chance) / 2
+    outcome = REPRODUCED if loss_lo > need_hi else NOT_REPRODUCED if loss_hi < need_lo else INCONCLUSIVE
+    return outcome, (f"{ablated} against clean {clean}: loss {100 * -d.delta:.1f} points "
+                     f"[{100 * loss_lo:.1f}, {100 * loss_hi:.1f}]; most of the way to chance {chance:.0%} needs more "
+                     f"than {100 * need_lo:.1f} to {100 * need_hi:.1f} points (half the clean interval's gap)")
 
 
-def falls(clean: Score, ablated: Score, chance: float, margin: float = 0.05) -> tuple[str, str]:
-    """Does the ablation lower accuracy at all? Reproduced when the paired difference's interval
-    lies below zero; not reproduced when it excludes any loss larger than `margin`."""
+def collapses(clean: Measured, ablated: Measured, chance: float) -> tuple[str, str]:
+    """Does the ablation take the model most of the way to chance (`loss_line`, paired)? Not
+    testable where clean accuracy does not clear chance."""
     if not testable(clean, chance):
         return NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
-    d = difference(clean, ablated)
+    return loss_line(clean, ablated, chance)
+
+
+def below(reference: Measured, other: Measured, margin: float = MARGIN) -> tuple[str, str]:
+    """Is `other` lower than `reference` (paired)? Reproduced when the difference's interval lies
+    below zero; not reproduced when it excludes any drop larger than `margin`; else inconclusive."""
+    d = paired(reference, other)
     outcome = REPRODUCED if d.hi < 0 else NOT_REPRODUCED if d.lo > -margin else INCONCLUSIVE
-    return outcome, f"{ablated} against clean {clean}: {d}"
+    return outcome, f"{other} against {reference}: {d}"
 
 
-def kept(reference: Score, other: Score, chance: float, margin: float = 0.05) -> tuple[str, str]:
-    """Is accuracy kept? Reproduced when the paired difference's interval excludes a loss larger
-    than `margin`; not reproduced when it shows a loss (interval below zero); inconclusive else."""
+def falls(clean: Measured, ablated: Measured, chance: float, margin: float = MARGIN) -> tuple[str, str]:
+    """Does the ablation lower accuracy at all (`below`, paired)? Not testable where clean
+    accuracy does not clear chance."""
+    if not testable(clean, chance):
+        return NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
+    return below(clean, ablated, margin)
+
+
+def kept(reference: Measured, other: Measured, chance: float, margin: float = MARGIN) -> tuple[str, str]:
+    """Is accuracy kept within `margin` (an equivalence test on the paired difference)? Kept
+    (reproduced) when the whole interval lies above -margin, not kept when the whole interval
+    lies below -margin, inconclusive when it straddles -margin: a loss the interval cannot tell
+    from one inside the margin is not a failure."""
     if not testable(reference, chance):
         return NOT_TESTABLE, f"reference {reference} does not clear chance {chance:.0%}"
-    d = difference(reference, other)
-    outcome = REPRODUCED if d.lo > -margin else NOT_REPRODUCED if d.hi < 0 else INCONCLUSIVE
+    d = paired(reference, other)
+    outcome = REPRODUCED if d.lo > -margin else NOT_REPRODUCED if d.hi < -margin else INCONCLUSIVE
     return outcome, f"{other} against {reference}: {d} (kept: no loss beyond {100 * margin:.0f} points)"
 
 
@@ -106,3 +179,48 @@ def lower(a: Score, b: Score, paired: bool = True) -> tuple[str, str]:
     d = difference(a, b, paired)
     outcome = REPRODUCED if d.hi < 0 else NOT_REPRODUCED if d.lo > 0 else INCONCLUSIVE
     return outcome, f"{b} against {a}: {d}"
+
+
+def beats_controls(clean: Measured, ablated: Measured, controls: Sequence[Measured], chance: float,
+                   margin: float = MARGIN) -> tuple[str, str]:
+    """Is an ablation a bottleneck: does it take accuracy most of the way to chance
+    (`collapses`) AND lower than every random control does (`below` against each draw, on the
+    same items)? A universal claim (`every`): an ablation no more harmful than some random heads
+    is not reproduced, not "partly"; with no control drawn it cannot be shown specific
+    (inconclusive at best)."""
+    outcome, evidence = collapses(clean, ablated, chance)
+    if outcome == NOT_TESTABLE:
+        return outcome, evidence
+    if not controls:
+        return (INCONCLUSIVE if outcome == REPRODUCED else outcome), evidence + "; no random control to beat"
+    against = [below(c, ablated, margin) for c in controls]
+    worst = min(range(len(controls)), key=lambda i: controls[i].acc)
+    specific = every(o for o, _ in against)
+    return every([outcome, specific]), (evidence + f"; below every random control ({len(controls)} draws): {specific} "
+                                        f"(against the most harmful draw: {against[worst][1]})")
+
+
+def kept_while_falls(x_ref: Measured, x_other: Measured, y_ref: Measured, y_other: Measured, x_chance: float,
+                     margin: float = MARGIN) -> tuple[str, str]:
+    """"X is kept while Y falls" (e.g. MMLU kept while knowledge falls): X kept (`kept`, paired
+    on X's items) AND X's change above Y's, the difference-in-differences (x_other - x_ref) -
+    (y_other - y_ref) with its interval (each change paired on its own items, X's and Y's items
+    independent: `stats.difference_in_differences`): reproduced when that interval lies above
+    zero, not reproduced when it excludes a gap larger than `margin`, else inconclusive."""
+    if not testable(x_ref, x_chance):
+        return NOT_TESTABLE, f"reference {x_ref} does not clear chance {x_chance:.0%}"
+    x_kept, x_evidence = kept(x_ref, x_other, x_chance, margin)
+    did = difference_in_differences(x_ref, x_other, y_ref, y_other)
+    gap = REPRODUCED if did.lo > 0 else NOT_REPRODUCED if did.hi < margin else INCONCLUSIVE
+    return every([x_kept, gap]), (f"kept: {x_evidence}; falls: {y_other} against {y_ref}: {paired(y_ref, y_other)}; "
+                                  f"X's change minus Y's: {did}")
+
+
+def another_mechanism(role: str, why: str, measured: bool) -> tuple[str, str]:
+    """The outcome where no head the ranking found behaves as `role` ("Gather", "Aggregate"):
+    the harmful heads do something else (previous-token, induction, value copying), which is
+    evidence against the mechanism here: not reproduced. Only where no candidate could be
+    measured at all is it not testable."""
+    if not measured:
+        return NOT_TESTABLE, why
+    return NOT_REPRODUCED, f"another mechanism: no {role} head among the most harmful heads; {why}"

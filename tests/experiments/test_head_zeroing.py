@@ -68,24 +68,35 @@ def test_heads_that_do_not_collapse_and_controls_that_do_are_not_the_paper():
     result = made_up(g=0.65, a=0.3, controls=[0.3, 0.7], only=0.4)
     gather, aggregate, controls, only, _ = chapter.verdicts(result)
     assert gather.outcome == v.NOT_REPRODUCED
-    assert aggregate.outcome == v.PARTLY and "below every random control" in aggregate.evidence
-    assert controls.outcome == v.PARTLY and only.outcome == v.NOT_REPRODUCED
+    # A collapses, but one random draw (0.3) does as much: no more harmful than random heads
+    assert aggregate.outcome == v.NOT_REPRODUCED and "below every random control" in aggregate.evidence
+    assert controls.outcome == v.NOT_REPRODUCED and only.outcome == v.NOT_REPRODUCED  # every draw must keep it
 
 
-def test_a_role_no_candidate_plays_is_not_testable_and_says_why():
+def test_a_head_that_collapses_beyond_every_random_control_is_a_bottleneck():
+    result = made_up(g=0.26, a=0.25, controls=[0.7, 0.5], only=0.7)
+    gather, aggregate, controls, *_ = chapter.verdicts(result)
+    assert gather.outcome == aggregate.outcome == v.REPRODUCED  # lower than the 0.5 draw too
+    assert controls.outcome == v.NOT_REPRODUCED  # but that draw does not do "little"
+
+
+def test_a_role_no_measured_candidate_plays_is_another_mechanism_and_says_why():
     found = {"G": None, "A": A}
     roles = chapter.Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found)
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=roles)
     result.scores.pop(chapter.zeroed("G")), result.scores.pop(chapter.kept_only("G", "A"))
     gather, aggregate, _, only = chapter.verdicts(result)
-    assert gather.outcome == only.outcome == v.NOT_TESTABLE
+    assert gather.outcome == only.outcome == v.NOT_REPRODUCED and gather.evidence.startswith("another mechanism")
     assert "no candidate behaves as a Gather head" in gather.evidence and "0.30" in gather.evidence
+    unmeasured = chapter.Roles({"G": (), "A": ()}, "behaviour", None, None)  # e.g. single SSM channels
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=unmeasured)
+    assert {x.outcome for x in chapter.verdicts(result)[:2]} == {v.NOT_TESTABLE}
 
 
 def test_the_papers_heads_that_do_not_behave_as_their_roles_are_said_to():
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, found={"G": Head(16, 3), "A": A})
     behave = chapter.verdicts(result)[-1]
-    assert behave.outcome == v.PARTLY and "by behaviour L16H3" in behave.evidence
+    assert behave.outcome == v.NOT_REPRODUCED and "by behaviour L16H3" in behave.evidence  # both must behave
 
 
 def test_a_model_at_chance_cannot_test_the_claims():

@@ -60,7 +60,7 @@ def test_run_at_smoke_size_scores_both_hybrids_under_every_condition():
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 
 
-def at(acc, n=200):
+def at(acc, n=500):  # Zamba2's 64.3% -> 34.9% is decided at 500 items (at 200 the paired loss [22.9, 35.6] meets the line)
     return Score.of(np.arange(n) < round(acc * n))
 
 

@@ -1,5 +1,7 @@
 """KV retrieval: the run at smoke size, and every verdict both ways on hand-built results."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -59,8 +61,22 @@ def test_accuracy_that_rises_and_heads_that_do_nothing_are_not_the_papers_pictur
     result = made_up(model=[0.6, 0.7, 0.9], gather=[0.6, 0.7, 0.9], aggregate=[0.2, 0.7, 0.9])
     trend, gather, aggregate, *_ = chapter.verdicts(result)
     assert trend.outcome == v.NOT_REPRODUCED
-    assert gather.outcome == v.INCONCLUSIVE  # identical scores: a paired interval around zero
-    assert aggregate.outcome == v.PARTLY and "lower at 1 of 3 sizes" in aggregate.evidence
+    assert gather.outcome == v.NOT_REPRODUCED  # identical scores: no loss beyond the margin
+    # lower at 2 keys only: "at every size" needs every size
+    assert aggregate.outcome == v.NOT_REPRODUCED and "lower at 1 of 3 sizes" in aggregate.evidence
+
+
+def test_a_role_no_measured_candidate_plays_is_another_mechanism():
+    import helpers.heads as hd
+    result = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05], source="behaviour")
+    local = pd.DataFrame({hd.GATHER_MEASURE: [0.9], hd.AGGREGATE_MEASURE: [0.9], hd.LOCAL_MEASURE: [0.95]},
+                         index=pd.Index([G]))  # a previous-token head, and no aggregating one
+    measured = Roles({"G": (), "A": ()}, "behaviour", local, {"G": None, "A": None})
+    gather = chapter.verdicts(dataclasses.replace(result, roles=measured))[1]
+    assert gather.outcome == v.NOT_REPRODUCED and gather.evidence.startswith("another mechanism")
+    assert "L16H22 reads the previous token" in gather.evidence
+    unmeasured = Roles({"G": (), "A": ()}, "behaviour")
+    assert chapter.verdicts(dataclasses.replace(result, roles=unmeasured))[1].outcome == v.NOT_TESTABLE
 
 
 def test_heads_ranked_low_are_not_top_ranked_and_heads_found_by_ranking_cannot_test_it():

@@ -54,3 +54,14 @@ def test_a_model_at_chance_on_mmlu_hands_over_to_kv_and_says_so():
 def test_bad_parameters_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="n_kv must be at least 1"):
         chapter.Config.for_profile("cpu", n_kv=-5)
+
+
+def test_knowledge_is_the_mean_over_tasks_not_the_pooled_items():
+    result = made_up(mmlu=[0.25, 0.66, 0.66], knowledge=[0.3, 0.4, 0.8], kv=[0.1] * 3)
+    big = {d: Score.of(np.arange(1000) < round(a * 1000)) for d, a in {1: 0.3, 2: 0.8, 3: 0.8}.items()}
+    result.scores["hellaswag"], result.roles["hellaswag"], result.chance["hellaswag"] = big, "knowledge", 0.25
+    # capitals (200 items) falls 0.8 -> 0.4 from 3 layers to 2, hellaswag (1000 items) stays at 0.8:
+    # pooled items would say -6.7 points, the release's mean says -20
+    assert result.knowledge(2).acc == pytest.approx((0.4 + 0.8) / 2) and result.knowledge(2).n == 1200
+    kept, *_ = chapter.verdicts(result)
+    assert kept.outcome == v.REPRODUCED and "-20.0 points" in kept.evidence

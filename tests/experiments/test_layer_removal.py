@@ -74,3 +74,11 @@ def test_on_the_papers_model_the_collapsing_layers_are_compared_with_its_own():
         "minimal_layers", "source", "probe", "full", "minimal", "removed", "roles", "chance", "provenance")])
     last = chapter.verdicts(result)[-1]
     assert last.claim == "The layers are the paper's (L16, L17)" and last.outcome == v.REPRODUCED
+
+
+def test_knowledge_must_stay_whichever_collapsing_layer_goes():
+    # L4 and L5 both collapse retrieval; knowledge stays without L4 but falls without L5: the claim
+    # is about every such layer, so it fails (not "partly")
+    result = made_up(kv=[0.8, 0.8, 0.8, 0.8, 0.15, 0.15], knowledge=[0.8, 0.8, 0.8, 0.8, 0.8, 0.3])
+    knowledge = chapter.verdicts(result)[2]
+    assert knowledge.outcome == v.NOT_REPRODUCED and "mean of 1 task," in knowledge.evidence

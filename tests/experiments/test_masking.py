@@ -53,13 +53,23 @@ def test_a_control_that_beats_the_aggregate_pattern_is_said_so():
     assert by_claim["G head masked to the hypothesised pattern: accuracy is kept"] == v.REPRODUCED
 
 
-def test_at_chance_or_without_an_aggregate_head_the_claims_are_not_testable():
+def test_at_chance_nothing_is_testable_and_without_an_aggregate_head_it_is_another_mechanism():
     assert {x.outcome for x in chapter.verdicts(made_up({"no mask": 0.13}))} == {v.NOT_TESTABLE}
     by_claim = {x.claim: x for x in chapter.verdicts(made_up(PAPERS, filled=False))}
     a = by_claim["A head masked to the hypothesised pattern: accuracy is kept"]
-    assert a.outcome == v.NOT_TESTABLE and "no top head behaves as the Aggregate head" in a.evidence
-    assert by_claim["G and A heads masked to the control patterns: accuracy falls"].outcome == v.NOT_TESTABLE
+    assert a.outcome == v.NOT_REPRODUCED and "no top head behaves as the Aggregate head" in a.evidence
+    assert a.evidence.startswith("llamba-8b: another mechanism")
+    assert by_claim["G and A heads masked to the control patterns: accuracy falls"].outcome == v.NOT_REPRODUCED
     assert by_claim["G head masked to the control pattern: accuracy falls"].outcome == v.REPRODUCED
+
+
+def test_a_pattern_keeps_accuracy_only_where_the_head_is_needed():
+    # zeroing G costs nothing (redundancy): G masked to its pattern "keeping" accuracy says nothing
+    idle = {x.claim: x for x in chapter.verdicts(made_up({**PAPERS, "G zeroed": 0.6}))}
+    g = idle["G head masked to the hypothesised pattern: accuracy is kept"]
+    assert g.outcome == v.NOT_TESTABLE and "zeroing Gather does not measurably lower accuracy" in g.evidence
+    assert idle["G and A heads masked to the hypothesised patterns: accuracy is kept"].outcome == v.NOT_TESTABLE
+    assert idle["A head masked to the hypothesised pattern: accuracy is kept"].outcome == v.REPRODUCED
 
 
 @pytest.mark.parametrize("kwargs, message", [

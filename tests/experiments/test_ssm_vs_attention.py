@@ -52,7 +52,8 @@ def at(acc: float, n: int = 200) -> Score:
     return Score.of(np.arange(n) < round(acc * n))
 
 
-def model(name, mixer, small, large, zeroed=0.1, a_ends=0.9, g_own=0.9, sharp=0.95, clean=1.0, ranked=True):
+def model(name, mixer, small, large, zeroed=0.1, a_ends=0.9, g_own=0.9, sharp=0.95, clean=1.0, ranked=True,
+          late_a_ends=None):
     """A ModelRun: accuracy `small` with 2 keys and `large` with 32; its top head zeroed gives
     `zeroed`; its A head (L1H0) puts `a_ends` of the final position on line ends and `sharp` on
     its heaviest line, its G head (L0H0) keeps `g_own` inside each line; 50 prompts."""
@@ -61,7 +62,9 @@ def model(name, mixer, small, large, zeroed=0.1, a_ends=0.9, g_own=0.9, sharp=0.
              chapter.SHARPNESS: s + rng.normal(0, 0.02)}
             for p in range(50) for h, a, g, s in (("L1H0", a_ends, 0.1, sharp), ("L0H0", 0.1, g_own, 0.3))]
     measures = pd.DataFrame(rows)
-    roles = chapter.assign_roles(chapter.means(measures))
+    if late_a_ends is not None:  # the A head's behaviour on the second half of the prompts only
+        measures.loc[(measures["head"] == "L1H0") & (measures.prompt >= 25), AGGREGATE_MEASURE] = late_a_ends
+    roles = chapter.assign_roles(chapter.means(chapter.halves(measures)[0]))  # as run_model names them
     top = Head(1, 0)
     return chapter.ModelRun(
         name, mixer, {2: at(small), 32: at(large)}, {2: 0.5, 32: 1 / 32}, {"2": "a", "32": "b", "held out": "c"},
@@ -114,3 +117,20 @@ def test_bad_parameters_fail_before_any_model_loads():
         chapter.Config.for_profile("cpu", models=["toy-hybrid"])
     paper = chapter.Config.for_profile("paper")
     assert paper.sizes == tuple(range(10, 55, 5)) and paper.n == 1000 and paper.models[0] == "llama-3.1-8b-instruct"
+
+
+def test_roles_are_named_on_half_the_prompts_and_judged_on_the_other_half():
+    run = model("t", "attention", 1.0, 0.95)
+    assert set(run.assigning.prompt) == set(range(25)) and set(run.testing.prompt) == set(range(25, 50))
+    # L1H0 aggregates on the prompts that named it, not on the held-out half: the role does not hold
+    fickle = model("t", "attention", 1.0, 0.95, late_a_ends=0.1)
+    assert fickle.roles["A"] == Head(1, 0)
+    outcome, evidence = chapter.roles_found(fickle)
+    assert outcome == v.NOT_REPRODUCED and "named on 25 prompts, judged on 25 others" in evidence
+    assert chapter.roles_found(run)[0] == v.REPRODUCED
+
+
+def test_a_claim_about_every_model_fails_with_one_model():
+    # the SSM's top head breaks retrieval, the Transformer's does not: "in every model" fails
+    found = outcomes(model("t", "attention", 1.0, 0.95, zeroed=1.0), model("s", "ssm", 1.0, 0.5, sharp=0.4))
+    assert found[1] == v.NOT_REPRODUCED

@@ -50,6 +50,7 @@ def test_the_verdict_allows_two_examples_and_no_more():
     assert exact.outcome == v.REPRODUCED and "all 4 cells (2 models) equal their records exactly" in exact.evidence
     (other_n,) = chapter.verdicts(made_up(0, n=100))
     assert other_n.outcome == v.NOT_TESTABLE
+    assert {x.kind for x in (ok, off, exact, other_n)} == {v.CHECK}  # a check, not one of the paper's claims
 
 
 def test_bad_parameters_fail_before_any_model_loads():

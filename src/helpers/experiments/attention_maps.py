@@ -208,14 +208,6 @@ def side(values, line: float, above: bool = True) -> str:
     return v.REPRODUCED if lo > line else v.NOT_REPRODUCED if hi < line else v.INCONCLUSIVE
 
 
-def conjunction(*outcomes: str) -> str:
-    """A claim that needs all its parts: reproduced when every part is, not reproduced when one
-    is not, inconclusive otherwise."""
-    if v.NOT_REPRODUCED in outcomes:
-        return v.NOT_REPRODUCED
-    return v.REPRODUCED if set(outcomes) == {v.REPRODUCED} else v.INCONCLUSIVE
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -302,7 +294,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
         inside, local = side(g[hd.GATHER_MEASURE], LINE), side(g[hd.LOCAL_MEASURE], hd.LOCAL, above=False)
         out.append(v.Verdict(
             f"{task}: the Gather head {roles.label('G')} keeps each segment end's attention inside its segment, "
-            "and is not a previous-token head", fig, conjunction(inside, local),
+            "and is not a previous-token head", fig, v.every([inside, local]),  # both parts
             f"{note['G']}share kept in the own segment {fmt(g[hd.GATHER_MEASURE])} (line {LINE}); share on "
             f"the end itself and the token before {fmt(g[hd.LOCAL_MEASURE])} (previous-token heads: above {hd.LOCAL})"))
         out.append(v.Verdict(

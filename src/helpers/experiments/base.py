@@ -319,8 +319,8 @@ def _shape(name: str, config_file: str | None):
         if s.toy:
             return zoo.adapter_of(zoo.recipe(name), zoo.build_model(zoo.recipe(name)))
         with quiet():
-            if s.profile == "cpu":
-                config = _smollm2_config()
+            if s.gguf:
+                config = _packaged_config(name)
             elif config_file is not None:  # read as `load` reads it: ours by our config class
                 from transformers import AutoConfig
 
@@ -332,12 +332,12 @@ def _shape(name: str, config_file: str | None):
         return adapter_for(models.model_from_config(config))
 
 
-def _smollm2_config():
+def _packaged_config(name: str):
     from transformers import AutoConfig
 
-    from ..models import smollm2_gguf
+    from .. import models
 
-    gguf = smollm2_gguf()
+    gguf = models.gguf_file(name)
     return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 

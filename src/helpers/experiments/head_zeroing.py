@@ -8,9 +8,14 @@ for the model, else by behaviour among the ranking's candidates: `heads.assign_r
 measures them on other prompts, disjoint from the screen's, beside random heads of the same
 layers and Table 1's "keep only" configurations.
 
-On the CPU profile the task is KV retrieval, screened by the book's shared KV ranking (SmolLM2
-picks MMLU letters at chance); on the paper profiles it is MMLU, split by a seeded shuffle into
-the screen's part and the check's part.
+The task is MMLU-format letter selection: on the CPU profile Qwen2.5-Coder-1.5B-Instruct (a real
+pretrained model that picks letters) on the book's letter set, on the paper profiles the paper's
+model on MMLU; the questions are split by a seeded shuffle into the screen's part and the
+check's. Knowledge (cloze questions: the letter set's facts on the CPU profile, the released
+code's six tasks on the paper profiles) is scored under every condition too, as the paper's
+headline says it hardly moves. KV retrieval (`task="kv"`) is screened by the book's shared KV
+ranking. Where no minimal model is published for the model, the minimal model is found on the
+screen's prompts (`layer_pruning.minimal_depth`: the shallowest cut that keeps the task).
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from ..errors import ConfigError
 from ..heads import Head, ablation
 from ..reference import paper
 from ..screen import attribution
-from ..stats import Score
+from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base, layer_removal, shared
+from . import base, layer_pruning, layer_removal, shared
 
 PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
+LETTER_MODEL = "qwen2.5-coder-1.5b-instruct"  # the CPU profile's model that picks MMLU letters
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 CONTROL_SIZE = 4  # heads per random control: more than any one role holds, so a null result means something
 MAX_SWEPT = 1024  # an exact sweep covers at most this many heads (Falcon-Mamba has 8192 one-channel heads a layer)
@@ -67,9 +73,15 @@ class Roles:
         if self.measures is None or self.measures.empty:
             return f"no {ROLE_NAMES[role]} head: no candidate could be measured"
         best = self.measures[column].astype(float)
-        return (f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: the highest "
-                f"'{column}' among {', '.join(str(Head(*h)) for h in best.index)} is "
-                f"{best.max():.2f} ({Head(*best.idxmax())}), at most 0.5 is not the behaviour")
+        local = self.measures.index[self.measures[hd.LOCAL_MEASURE].astype(float) > hd.LOCAL] if role == "G" else []
+        if len(local):  # previous-token heads stay inside their segment whatever they do: not a Gather head
+            best = best.drop(index=local)
+        why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f} "
+               f"({Head(*best.idxmax())}), at most 0.5 is not the behaviour" if len(best) else "")
+        if len(local):
+            why = "; ".join(filter(None, [f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
+                                          f"the previous token (local share above {hd.LOCAL})", why]))
+        return f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: {why}"
 
 
 def check_pair(gather, aggregate) -> None:
@@ -113,9 +125,10 @@ def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, b
 class Config(base.Config):
     model: str = base.model("attention", "ssm")
     task: str = base.one_of("kv", "mmlu")
-    layers_kept: int | None = base.count(optional=True)  # None: the published minimal model, else every layer
+    layers_kept: int | None = base.count(optional=True)  # None: the published minimal model, else found on the screen
     n_screen: int | None = base.count(optional=True)  # MMLU: None = half the test set
     n_check: int | None = base.count(optional=True)  # MMLU: None = the other half
+    n_knowledge: int | None = base.count(optional=True)  # knowledge items per task (None: all)
     kv_pairs: int = base.count()
     kv_query: str = base.one_of("paper", "repeat")
     top: int = base.count()
@@ -127,19 +140,22 @@ class Config(base.Config):
     seed: int = base.seed()
 
     chapter = "head_zeroing"
-    smoke_sizes = dict(n_screen=shared.SMOKE["n"], top=shared.SMOKE["top"], n_check=4, n_controls=1)
+    smoke_sizes = dict(n_screen=shared.SMOKE["n"], top=1, n_check=4, n_controls=1, n_knowledge=4)
 
     @classmethod
     def defaults(cls, profile):
         # The screen's settings are the shared KV ranking's, so that on KV the ranking is computed once for the book.
         s = shared.RANKING[profile]
-        common = dict(kv_pairs=s["pairs"], kv_query=s["query"], top=s["top"], screen_alpha=s["alpha"], sweep_layers=None,
+        common = dict(kv_pairs=s["pairs"], kv_query=s["query"], sweep_layers=None,
                       gather=None, aggregate=None, n_controls=5, seed=s["seed"], layers_kept=None)
         if profile == "cpu":
-            return dict(model="smollm2-135m-instruct", task="kv", n_screen=s["n"], n_check=200, **common)
+            # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), then the layers of its
+            # top heads swept exactly; sizes that fit the book's 15 minutes a chapter.
+            return dict(model=LETTER_MODEL, task="mmlu", n_screen=150, n_check=200, n_knowledge=200, top=6,
+                        screen_alpha=1.0, **common)
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
         return dict(model=PAPER_MODEL[profile], task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,
-                    **common)
+                    n_knowledge=500, top=s["top"], screen_alpha=s["alpha"], **common)
 
     def __post_init__(self):
         super().__post_init__()
@@ -172,6 +188,14 @@ class Result:
     controls: list[tuple[Head, ...]]
     chance: float
     provenance: dict
+    knowledge: dict[str, dict[str, Score]] = field(default_factory=dict)  # task -> condition -> score
+    knowledge_chance: dict[str, float] = field(default_factory=dict)  # task -> chance
+    depths: dict[int, Score] = field(default_factory=dict)  # the task on the screen's prompts by layers kept, where searched
+
+    def knowledge_under(self, condition: str) -> TaskMean:
+        """Knowledge under one condition: the unweighted mean over the tasks, as the release scores it."""
+        tasks = list(self.knowledge)
+        return TaskMean.of([self.knowledge[t][condition] for t in tasks], [self.knowledge_chance[t] for t in tasks])
 
     @property
     def clean(self) -> Score:
@@ -265,32 +289,53 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     n_layers = loaded.adapter.n_layers
-    kept = cfg.layers_kept or layer_removal.published_minimal(cfg.model) or n_layers
-    if kept > n_layers:
-        raise ConfigError(f"layers_kept must be at most {n_layers} for {cfg.model}, got {kept}")
+    if cfg.layers_kept and cfg.layers_kept > n_layers:
+        raise ConfigError(f"layers_kept must be at most {n_layers} for {cfg.model}, got {cfg.layers_kept}")
+    screen, check = prompts(cfg, loaded)
+    depths = {} if cfg.layers_kept or layer_removal.published_minimal(cfg.model) else by_depth(cfg, loaded, screen)
+    kept = cfg.layers_kept or layer_removal.published_minimal(cfg.model) or layer_pruning.minimal_depth(depths)
     layers = list(range(kept))
     named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
     sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}))
     if bad := [l for l in sweep_layers if l >= kept]:
         raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
-    screen, check = prompts(cfg, loaded)
+    knowledge = bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)
     screen_clean, ranking = rank(cfg, loaded, screen, layers, sweep_layers)
     candidates = hd.candidates(ranking) if len({h.layer for h in hd.measured(ranking)}) >= 2 else hd.measured(ranking)
     roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, screen, candidates)
     n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
     ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
 
+    sets = {b.name: b for b in [check, *knowledge]}
+
     def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, check.items)
+        engine = SweepEngine(loaded, loaded.tokenizer, sets[cell["benchmark"]].items)
         return {name: s.to_json() for name, s in engine.score_each(ablations, layers).items()}
 
     store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
-    cell = dict(model=cfg.model, task=cfg.task, n=len(check), seed=cfg.seed, layers=kept, kv_pairs=cfg.kv_pairs,
-                kv_query=cfg.kv_query, ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()})
-    row = sweep(store, [cell], compute, desc="heads zeroed on fresh prompts")[0]
-    scores = {name: Score.from_json(row[name]) for name in ablations}
-    return Result(cfg, kept, n_layers, screen_clean, ranking, roles, scores, controls, check.chance,
-                  base.record(cfg, [loaded], timer))
+    cells = [dict(model=cfg.model, task=cfg.task, benchmark=name, n=len(b), seed=cfg.seed, layers=kept,
+                  kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query,
+                  ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()})
+             for name, b in sets.items()]
+    rows = {r["benchmark"]: r for r in sweep(store, cells, compute, desc="heads zeroed on fresh prompts")}
+    scored = {name: {c: Score.from_json(rows[name][c]) for c in ablations} for name in sets}
+    return Result(cfg, kept, n_layers, screen_clean, ranking, roles, scored[check.name], controls, check.chance,
+                  base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
+                  {b.name: b.chance for b in knowledge}, depths)
+
+
+def by_depth(cfg: Config, loaded, screen: bm.Benchmark) -> dict[int, Score]:
+    """The task on the screen's prompts with the model cut to each depth (one walk up the
+    residual stream: `SweepEngine.score_by_depth`), to find the minimal model."""
+    depths = list(range(1, loaded.adapter.n_layers + 1))
+
+    def compute(cell):
+        return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, screen.items).score_by_depth(depths).items()}
+
+    store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
+    cell = dict(model=cfg.model, task=cfg.task, n=len(screen), seed=cfg.seed, kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query)
+    row = sweep(store, [cell], compute, desc="minimal model on the screen's prompts")[0]
+    return {d: Score.from_json(row[str(d)]) for d in depths}
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -300,35 +345,40 @@ def _task(result: Result) -> str:
 
 
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
-    """Does zeroing the role's heads take retrieval most of the way to chance (paired)? And, where
-    it does, is that specific to them: lower than every random control (paired)?"""
+    """Does zeroing the role's heads take retrieval most of the way to chance, and lower than
+    every random control (`verdicts.beats_controls`, paired on the check's prompts)? Where no
+    measured candidate plays the role, the harmful heads do something else: another mechanism."""
     if not result.roles.heads[role]:
-        return v.NOT_TESTABLE, result.roles.missing(role)
-    ablated = result.scores[zeroed(role)]
-    outcome, evidence = v.collapses(result.clean, ablated, result.chance)
-    if outcome == v.NOT_TESTABLE or not result.controls:
-        return outcome, evidence
-    below = [v.lower(c, ablated) for c in result.control_scores()]
-    lowest = min(range(len(below)), key=lambda i: result.control_scores()[i].acc)
-    controls = v.combine(o for o, _ in below)
-    evidence += f"; below every random control: {controls} (against the lowest control: {below[lowest][1]})"
-    return (v.combine([outcome, controls]) if outcome == v.REPRODUCED else outcome), evidence
+        return missing_role(result.roles, role, result.clean, result.chance)
+    return v.beats_controls(result.clean, result.scores[zeroed(role)], result.control_scores(), result.chance)
+
+
+def missing_role(roles: Roles, role: str, clean: Score, chance: float) -> tuple[str, str]:
+    """A role no candidate plays: not reproduced (`verdicts.another_mechanism`) where the model can
+    do the task (`clean` clears `chance`) and the candidates were measured; not testable where it
+    cannot or they were not (every chapter that zeroes or masks a role's heads says this)."""
+    if not v.testable(clean, chance):
+        return v.NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
+    measured = roles.measures is not None and not roles.measures.empty
+    return v.another_mechanism(ROLE_NAMES[role], roles.missing(role), measured)
 
 
 def controls_do_little(result: Result) -> tuple[str, str]:
+    """Every random draw keeps accuracy (`verdicts.kept` for each, `verdicts.every` over them)."""
     if not result.controls:
         return v.NOT_TESTABLE, "no random controls were drawn"
     parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
     lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
-    return v.combine(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of the roles' layers; "
-                                            f"the lowest, {', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
+    return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of the roles' layers; "
+                                          f"the lowest, {', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
 
 
 def only_roles_kept(result: Result) -> tuple[str, str]:
     name = kept_only("G", "A")
     if name not in result.scores:
         missing = [r for r in ROLE_NAMES if not result.roles.heads[r]]
-        return v.NOT_TESTABLE, "; ".join(result.roles.missing(r) for r in missing)
+        parts = [missing_role(result.roles, r, result.clean, result.chance) for r in missing]
+        return v.every(o for o, _ in parts), "; ".join(e for _, e in parts)
     return v.kept(result.clean, result.scores[name], result.chance)
 
 
@@ -343,13 +393,26 @@ def behave(result: Result) -> tuple[str, str]:
         parts.append(v.REPRODUCED if found[r] in result.roles.heads[r] else v.NOT_REPRODUCED)
         notes.append(f"{ROLE_NAMES[r]}: the paper's {result.roles.label(r)}, by behaviour "
                      f"{found[r] or 'none of the candidates'}")
-    return v.combine(parts), "; ".join(notes)
+    return v.every(parts), "; ".join(notes)  # both of the paper's heads must behave
+
+
+def knowledge_kept(result: Result, role: str) -> tuple[str, str]:
+    """Is knowledge kept with the role's heads zeroed (`verdicts.kept` on the unweighted mean over
+    the knowledge tasks, each task paired across conditions)?"""
+    if not result.roles.heads[role]:
+        return v.NOT_TESTABLE, f"no {ROLE_NAMES[role]} head to zero: {result.roles.missing(role)}"
+    if not result.knowledge:
+        return v.NOT_TESTABLE, "no knowledge task was scored"
+    clean = result.knowledge_under(NONE)
+    return v.kept(clean, result.knowledge_under(zeroed(role)), clean.chance)
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
     task = _task(result)
     out = [v.Verdict(f"Zeroing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) alone takes {task} most of the way "
                      "to chance", "§3.4, abstract", *bottleneck(result, r)) for r in ROLE_NAMES]
+    out += [v.Verdict(f"Knowledge is kept with the {ROLE_NAMES[r]} head zeroed", "§3.4, abstract",
+                      *knowledge_kept(result, r)) for r in ROLE_NAMES]
     out.append(v.Verdict(f"Zeroing {CONTROL_SIZE} random heads of the same layers does little", "§3.4",
                          *controls_do_little(result)))
     out.append(v.Verdict("Keeping only G and A in their layers keeps accuracy", "Table 1", *only_roles_kept(result)))
@@ -371,10 +434,12 @@ def _describe(result: Result, name: str, short: bool = False) -> str:
     return name.replace(" kept in its layers", " kept").replace(" kept in their layers", " kept") if short else name
 
 
-def conditions_table(result: Result, short: bool = False) -> pd.DataFrame:
-    """One row per condition of the check: what was zeroed, acc, lo, hi, n."""
-    return pd.DataFrame([dict(zeroed=_describe(result, k, short), acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
-                         for k, s in result.scores.items()])
+def conditions_table(result: Result, short: bool = False, knowledge: bool = False) -> pd.DataFrame:
+    """One row per condition of the check: what was zeroed, acc, lo, hi, n (of the task, or with
+    `knowledge` of the knowledge tasks' unweighted mean)."""
+    score = (lambda k: result.knowledge_under(k)) if knowledge else (lambda k: result.scores[k])
+    return pd.DataFrame([dict(zeroed=_describe(result, k, short), acc=score(k).acc, lo=score(k).lo, hi=score(k).hi,
+                              n=score(k).n) for k in result.scores])
 
 
 def roles_table(result: Result) -> pd.DataFrame:
@@ -400,7 +465,7 @@ def comparison(result: Result) -> pd.DataFrame:
     return base.comparison_table([
         ("model", f"Llama-3.1-8B-Instruct, layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value}",
          "same (cells 23-31)", f"{result.cfg.model}, layers 0-{result.layers_kept - 1} of {result.n_layers} "
-                               f"({result.cfg.profile} profile)"),
+                               f"({result.cfg.profile} profile; {minimal_source(result)})"),
         ("task", f"MMLU, {paper('released_settings', 'num_fewshot').value}-shot",
          f"lm-eval {paper('released_settings', 'lm_eval_version').value}",
          f"{_task(result)}, fresh prompts disjoint from the screen's"),
@@ -412,10 +477,24 @@ def comparison(result: Result) -> pd.DataFrame:
         (f"{CONTROL_SIZE} random heads zeroed", "little change (§3.4)", "-",
          f"{min(c.acc for c in controls):.1%} to {max(c.acc for c in controls):.1%} over {len(controls)} draws"
          if controls else "-"),
+        ("knowledge, no head / G / A zeroed", "hardly moves (abstract)", "-", knowledge_row(result)),
         ("only G and A kept in their layers", "accuracy kept (Table 1)", "cells 23-24", fmt(kept_only("G", "A"))),
         ("only G kept / only A kept", "Table 1 (not read)", "cells 27 / 25 (labels swapped)",
          f"{fmt(kept_only('G'))} / {fmt(kept_only('A'))}"),
     ])
+
+
+def minimal_source(result: Result) -> str:
+    if result.depths:
+        return "the shallowest cut that keeps the task on the screen's prompts"
+    return "as set" if result.cfg.layers_kept else "the published minimal model"
+
+
+def knowledge_row(result: Result) -> str:
+    if not result.knowledge:
+        return "-"
+    cond = [NONE] + [zeroed(r) for r in ROLE_NAMES if zeroed(r) in result.scores]
+    return " / ".join(result.knowledge_under(c).brief for c in cond) + f" ({', '.join(result.knowledge)})"
 
 
 def subject(result: Result) -> str:
@@ -449,22 +528,27 @@ def sweep_figure(result: Result):
 
 
 def conditions_figure(result: Result):
-    """Accuracy on the check's prompts under each condition, with 95% intervals, the clean
-    model's accuracy and chance as lines."""
+    """Accuracy under each condition with 95% intervals, on the check's prompts and (beside it,
+    where scored) on the knowledge tasks; the clean accuracy and chance as lines."""
     import matplotlib.pyplot as plt
 
     from .. import plots
 
     plots.style()
-    table = conditions_table(result, short=True)
-    fig, ax = plt.subplots(figsize=(0.75 * plots.WIDTH, 1.2 + 0.32 * len(table)))
-    y = np.arange(len(table))[::-1]
-    colours = ["0.45" if z.startswith("random") else "tab:blue" for z in table.zeroed]
-    ax.barh(y, 100 * table.acc, xerr=[100 * (table.acc - table.lo), 100 * (table.hi - table.acc)], color=colours,
-            capsize=2, height=0.6)
-    ax.set_yticks(y, table.zeroed)
-    ax.axvline(100 * result.chance, ls=":", color="0.2", lw=1.5, label=f"chance ({result.chance:.0%})")
-    ax.axvline(100 * result.clean.acc, ls="--", color="0.4", lw=1, label=f"no head zeroed ({result.clean.acc:.0%})")
-    ax.set(xlabel="accuracy (%)", xlim=(0, 102), title=f"{_task(result)} on {result.clean.n} fresh prompts")
-    plots.legend_below(ax, ncols=2)
+    panels = [(conditions_table(result, short=True), f"{_task(result)} ({result.clean.n} fresh prompts)", result.chance)]
+    if result.knowledge:
+        clean = result.knowledge_under(NONE)
+        panels.append((conditions_table(result, short=True, knowledge=True), f"knowledge ({clean.n} items)", clean.chance))
+    n = len(panels[0][0])
+    fig, axes = plt.subplots(1, len(panels), figsize=(plots.WIDTH, 1.6 + 0.32 * n), sharey=True, squeeze=False)
+    for ax, (table, title, chance) in zip(axes[0], panels):
+        y = np.arange(len(table))[::-1]
+        colours = ["0.45" if z.startswith("random") else "tab:blue" for z in table.zeroed]
+        ax.barh(y, 100 * table.acc, xerr=[100 * (table.acc - table.lo), 100 * (table.hi - table.acc)], color=colours,
+                capsize=2, height=0.6)
+        ax.set_yticks(y, table.zeroed)
+        ax.axvline(100 * chance, ls=":", color="0.2", lw=1.5, label="chance")
+        ax.axvline(100 * table.acc.iloc[0], ls="--", color="0.4", lw=1, label="no head zeroed")
+        ax.set(xlabel="accuracy (%)", xlim=(0, 102), title=title)
+    plots.legend_below(axes[0][0], ncols=2)
     return fig

@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..evaluate import score
 from ..interventions import swap_layers, zero_heads
 from ..reference import paper
-from ..stats import Score, difference, mean_of
+from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
 from . import base, hybrid_swap
 from .hybrid_swap import knowledge_name
@@ -184,16 +184,15 @@ class Result(base.ByRole):
     chance: dict[str, float]
     provenance: dict
 
-    def knowledge(self, hybrid: str, condition: str) -> Score:
-        """Every knowledge item under one condition, pooled (for paired tests)."""
+    def knowledge(self, hybrid: str, condition: str) -> TaskMean:
+        """Knowledge under one condition as the release scores it: the unweighted mean over the
+        knowledge tasks (paired across conditions task by task)."""
         by = self.scores[hybrid][condition]
-        return Score.of(np.concatenate([by[t].correct for t in self.knowledge_tasks]))
+        return TaskMean.of([by[t] for t in self.knowledge_tasks], [self.chance[t] for t in self.knowledge_tasks])
 
     @property
     def knowledge_chance(self) -> float:
-        first = next(iter(self.scores.values()))[AS_IS]
-        return float(np.average([self.chance[t] for t in self.knowledge_tasks],
-                                weights=[first[t].n for t in self.knowledge_tasks]))
+        return float(np.mean([self.chance[t] for t in self.knowledge_tasks]))
 
     def controls(self, hybrid: str) -> list[str]:
         return [c for c in self.conditions[hybrid] if c.startswith(CONTROL)]
@@ -294,8 +293,8 @@ def control_verdict(result: Result, h: str) -> v.Verdict:
                             f"({by[ZEROED][b]} against {by[AS_IS][b]}), so there is no loss to attribute")
             parts.append(v.NOT_TESTABLE)
             continue
-        draws = [v.lower(by[c][b], by[ZEROED][b]) for c in controls]
-        parts.append(v.combine(o for o, _ in draws))
+        draws = [v.below(by[c][b], by[ZEROED][b]) for c in controls]
+        parts.append(v.every(o for o, _ in draws))  # lower than every draw: one as harmful is not specific
         worst = min(controls, key=lambda c: by[c][b].acc)
         evidence.append(f"{b}: attention zeroed {by[ZEROED][b]}; {len(controls)} Mamba draws from "
                         f"{min(by[c][b].acc for c in controls):.1%} to {max(by[c][b].acc for c in controls):.1%}; "
@@ -375,7 +374,11 @@ def side_by_side(result: Result) -> pd.DataFrame:
 def comparison(result: Result) -> pd.DataFrame:
     mcq = result.retrieval[0]
     ref = {q: paper("hybrid_models", q, "zamba2-7b") for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")}
-    rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores))]
+    heads = [paper("hybrid_models", q, "zamba2-7b") for q in ("heads_ablated", "heads_ablated_other_summary")]
+    rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores)),
+            ("attention heads ablated", f"{heads[0].value} or {heads[1].value} (secondary summaries disagree)",
+             "every shared block's last query row masked, all heads (cell 35)",
+             "every attention head zeroed, or the last row masked as released")]
     for i, (h, by) in enumerate(result.scores.items()):
         n = by[AS_IS][mcq].n
         reference = [("not verified", str(ref["mmlu"])), ("not verified", str(ref["mmlu_attention_ablated"])),

@@ -29,7 +29,7 @@ from ..evaluate import score
 from ..heads import Head
 from ..interventions import swap_layers
 from ..reference import paper, table
-from ..stats import Score, difference
+from ..stats import Score, TaskMean, difference
 from ..sweep import sweep
 from . import base, shared
 
@@ -160,14 +160,15 @@ class Result(base.ByRole):
     chance: dict[str, float]
     provenance: dict
 
-    def knowledge(self, condition: str) -> Score:
-        """Every knowledge item under one condition, pooled (for paired tests)."""
-        return Score.of(np.concatenate([self.scores[t][condition].correct for t in self.knowledge_tasks]))
+    def knowledge(self, condition: str) -> TaskMean:
+        """Knowledge under one condition as the release scores it: the unweighted mean over the
+        knowledge tasks (paired across conditions task by task)."""
+        return TaskMean.of([self.scores[t][condition] for t in self.knowledge_tasks],
+                           [self.chance[t] for t in self.knowledge_tasks])
 
     @property
     def knowledge_chance(self) -> float:
-        ns = [self.scores[t][STUDENT].n for t in self.knowledge_tasks]
-        return float(np.average([self.chance[t] for t in self.knowledge_tasks], weights=ns))
+        return float(np.mean([self.chance[t] for t in self.knowledge_tasks]))
 
 
 def try_swaps(student, teacher, layers) -> None:
@@ -251,7 +252,7 @@ def best_swap_verdict(result: Result, b: str) -> v.Verdict:
     ties = [l for l, d in others.items() if d.lo <= 0 <= d.hi]
     evidence += (f"; the best other swap, L{rival}: {scores[swapped(rival)]}, L{L} ahead by {others[rival]}"
                  + (f"; not told apart from L{L}: {', '.join(f'L{l}' for l in ties)}" if ties else ""))
-    return v.Verdict(claim, "Fig. 7", v.combine([over_student, above_all]), evidence)
+    return v.Verdict(claim, "Fig. 7", v.every([over_student, above_all]), evidence)  # above the student AND every other swap
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
@@ -266,15 +267,15 @@ def verdicts(result: Result) -> list[v.Verdict]:
 
 
 def knowledge_name(result) -> str:
-    """Knowledge as the verdicts test it: the tasks' items pooled."""
+    """Knowledge as the verdicts test it: the unweighted mean of the tasks, as the release scores it."""
     tasks = result.knowledge_tasks
-    return tasks[0] if len(tasks) == 1 else f"knowledge (pooled over {', '.join(tasks)})"
+    return tasks[0] if len(tasks) == 1 else f"knowledge (mean of {', '.join(tasks)})"
 
 
 # --- tables and figures --------------------------------------------------------------------------
 
 def swap_table(result: Result) -> pd.DataFrame:
-    """Every condition's accuracy on each retrieval task and on knowledge, its tasks pooled
+    """Every condition's accuracy on each retrieval task and on knowledge, the mean of its tasks
     (scored for the student, the teacher and the aggregating layer's swap)."""
     rows = []
     for c in [STUDENT, TEACHER, *map(swapped, result.layers)]:

@@ -121,20 +121,23 @@ def trend(result: Result) -> tuple[str, str]:
 
 
 def lowered_at_every_size(result: Result, role: str) -> tuple[str, str]:
-    """Is accuracy lower with the role's heads zeroed, at each size (paired on the size's
-    prompts)? Sizes where the model is at chance have nothing to remove and are left out."""
+    """Is accuracy lower with the role's heads zeroed at every size (`verdicts.falls`, paired on
+    the size's prompts; `verdicts.every` over the sizes)? Sizes where the model is at chance have
+    nothing to remove and are left out. A role no candidate plays is another mechanism."""
+    model = result.scores["model"]
     if not result.roles.heads[role]:
-        return v.NOT_TESTABLE, result.roles.missing(role)
+        best = max(model, key=lambda k: model[k].lo - result.chance(k))  # the size the model does best above chance
+        return head_zeroing.missing_role(result.roles, role, model[best], result.chance(best))
     removed = result.scores[condition(role)]
-    parts = {k: v.lower(result.scores["model"][k], removed[k]) for k in result.sizes
-             if result.scores["model"][k].above(result.chance(k))}
+    parts = {k: v.falls(model[k], removed[k], result.chance(k)) for k in result.sizes if model[k].above(result.chance(k))}
     if not parts:
         return v.NOT_TESTABLE, "the model is at chance at every size"
     by = {o: [k for k, (x, _) in parts.items() if x == o] for o in (v.REPRODUCED, v.INCONCLUSIVE, v.NOT_REPRODUCED)}
-    worst = max(parts, key=lambda k: removed[k].acc - result.scores["model"][k].acc)
-    return v.combine(o for o, _ in parts.values()), (
+    worst = max(parts, key=lambda k: removed[k].acc - model[k].acc)
+    return v.every(o for o, _ in parts.values()), (
         f"lower at {len(by[v.REPRODUCED])} of {len(parts)} sizes above chance; not decided at {by[v.INCONCLUSIVE] or 'none'}; "
-        f"not lower at {by[v.NOT_REPRODUCED] or 'none'}; smallest change, at {worst} keys: {parts[worst][1]}")
+        f"no loss beyond {100 * v.MARGIN:.0f} points at {by[v.NOT_REPRODUCED] or 'none'}; smallest change, at {worst} "
+        f"keys: {parts[worst][1]}")
 
 
 def in_top(result: Result, role: str) -> tuple[str, str]:
@@ -164,7 +167,7 @@ def in_top(result: Result, role: str) -> tuple[str, str]:
             parts.append(v.REPRODUCED if rank < TOP else v.INCONCLUSIVE if exact.lo[rank] <= cut.hi else v.NOT_REPRODUCED)
             notes.append(f"{label}: rank {rank + 1}, {exact.acc[rank]:.1%} [{exact.lo[rank]:.1%}, {exact.hi[rank]:.1%}] "
                          f"zeroed (rank {TOP}: {cut.acc:.1%})")
-    return v.combine(parts), "; ".join(notes)
+    return v.every(parts), "; ".join(notes)  # in the top of both rankings
 
 
 def _screen_rank(table: pd.DataFrame, head: Head) -> str:
@@ -236,7 +239,8 @@ def comparison(result: Result) -> pd.DataFrame:
          f"{result.cfg.n_per_size} (seed {result.cfg.seed}, {result.cfg.kv_query} query)"),
         ("accuracy against size", "falls as the dictionary grows (Fig. 4)", "-",
          f"{sizes[0]} keys {model[sizes[0]]}; {sizes[-1]} keys {model[sizes[-1]]}"),
-        ("head removed", f"{paper('kv_retrieval', 'head_ablated').value} (Fig. 4)", "L17H24, o_proj columns zeroed in place",
+        ("head removed", " or ".join(map(str, paper("kv_retrieval", "head_ablated_summary").heads)) + " (Fig. 4; secondary summary)",
+         f"{paper('kv_retrieval', 'head_ablated').value} only, o_proj columns zeroed in place",
          f"{removed or 'none found'} (heads: {result.roles.describe()})"),
         ("top-ranked heads", "the G and A heads (Table 5)", "-",
          f"{top} ({settings['pairs']} keys, n={settings['n']}; G/A: {result.roles.label('G')}, {result.roles.label('A')})"),

@@ -21,7 +21,7 @@ from .. import verdicts as v
 from ..engine import SweepEngine
 from ..evaluate import mean_over_tasks
 from ..reference import paper
-from ..stats import Score, brief
+from ..stats import Score, TaskMean, brief
 from ..sweep import sweep
 from . import base
 
@@ -43,7 +43,7 @@ class Config(base.BenchmarkConfig):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(model="smollm2-135m-instruct", n_mmlu=None, k_shot=0, n_knowledge=None, n_kv=100, kv_pairs=8,
+            return dict(model="smollm2-135m-instruct", n_mmlu=200, k_shot=0, n_knowledge=200, n_kv=100, kv_pairs=8,
                         kv_query="repeat", seed=0)
         return dict(model=PAPER_MODEL[profile], n_mmlu=None, k_shot=paper("released_settings", "num_fewshot").integer,
                     n_knowledge=None, n_kv=500, kv_pairs=8, kv_query="paper", seed=0)
@@ -66,9 +66,11 @@ class Result(base.ByRole):
     def kv(self) -> str:
         return next(b for b in self.scores if b.startswith("KV"))
 
-    def knowledge(self, depth: int) -> Score:
-        """All knowledge items at one depth, pooled (for paired tests across depths)."""
-        return Score.of([c for t in self.knowledge_tasks for c in self.scores[t][depth].correct])
+    def knowledge(self, depth: int) -> TaskMean:
+        """Knowledge at one depth as the release scores it: the unweighted mean over the
+        knowledge tasks (paired across depths task by task: `stats.mean_difference`)."""
+        return TaskMean.of([self.scores[t][depth] for t in self.knowledge_tasks],
+                           [self.chance[t] for t in self.knowledge_tasks])
 
 
 def run(cfg: Config) -> Result:
@@ -140,9 +142,10 @@ def verdicts(result: Result) -> list[v.Verdict]:
         outcome, evidence = v.kept(by_depth[top], by_depth[top - 1], chance)
         out.append(v.Verdict(f"{label} is kept when the top layer is pruned", "Fig. 2", outcome, evidence))
         return out
-    outcome, evidence = v.falls(result.knowledge(top), result.knowledge(d), 0.0)
+    # X = the probe, Y = knowledge (the mean over its tasks); each paired on its own items
+    outcome, evidence = v.kept_while_falls(by_depth[top], by_depth[d], result.knowledge(top), result.knowledge(d), chance)
     out.append(v.Verdict(f"At the minimal model ({d} of {top} layers) {label} is kept while knowledge falls",
-                         "Fig. 2", outcome, f"{label} {by_depth[d]} against {by_depth[top]} (full); knowledge pooled: "
+                         "Fig. 2", outcome, f"X = {label}, Y = knowledge (mean of {len(result.knowledge_tasks)} tasks): "
                          + evidence))
     outcome, evidence = v.collapses(by_depth[top], by_depth[d - 1], chance) if d > 1 else (v.NOT_TESTABLE, "")
     out.append(v.Verdict(f"One layer fewer ({d - 1}) and {label} collapses towards chance", "Fig. 2", outcome, evidence))
@@ -156,13 +159,14 @@ def comparison(result: Result) -> pd.DataFrame:
     fmt = lambda r: brief(r.acc, r.lo, r.hi)
     return base.comparison_table([
         ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
-        ("MMLU, full model", str(paper("layer_pruning", "mmlu_while_pruning")), f"{result.cfg.k_shot}-shot",
+        ("MMLU, full model", "not stated in the sources read (Fig. 2 not read)", f"{result.cfg.k_shot}-shot",
          f"{result.scores[result.mmlu][top]} ({result.cfg.k_shot}-shot, chance {result.chance[result.mmlu]:.0%})"),
         ("knowledge, full model", "falls as layers go (Fig. 2)", "mean acc of 6 tasks",
          f"{fmt(know.loc[('knowledge (mean)', top)])} (mean of {', '.join(result.knowledge_tasks)})"),
         ("minimal model", f"layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value} (Fig. 3)", "layers 0-17",
          f"layers 0-{d - 1}: the shallowest cut that keeps {name}"),
-        ("retrieval at the minimal model", str(paper("head_zeroing", "mmlu_minimal")), "-",
+        ("retrieval at the minimal model", f"MMLU {paper('layer_pruning', 'mmlu_minimal_model')}; "
+                                            f"{paper('head_zeroing', 'mmlu_minimal_summary')}", "-",
          f"{name}: {result.scores[name][d]}"),
         ("knowledge at the minimal model", "lower than the full model (Fig. 2)", "-",
          fmt(know.loc[("knowledge (mean)", d)])),

@@ -25,7 +25,7 @@ from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..evaluate import mean_over_tasks
 from ..reference import paper
-from ..stats import Score
+from ..stats import Score, TaskMean
 from ..sweep import sweep
 from . import base, layer_pruning, shared
 
@@ -79,15 +79,15 @@ class Result(base.ByRole):
     chance: dict[str, float]
     provenance: dict
 
-    def knowledge(self, layer: int | None = None) -> Score:
-        """Every knowledge item pooled, with `layer` removed (None: the minimal model)."""
+    def knowledge(self, layer: int | None = None) -> TaskMean:
+        """Knowledge as the release scores it, the unweighted mean over the knowledge tasks, with
+        `layer` removed (None: the minimal model)."""
         pick = (lambda t: self.minimal[t]) if layer is None else (lambda t: self.removed[t][layer])
-        return Score.of([c for t in self.knowledge_tasks for c in pick(t).correct])
+        return TaskMean.of([pick(t) for t in self.knowledge_tasks], [self.chance[t] for t in self.knowledge_tasks])
 
     @property
     def knowledge_chance(self) -> float:
-        n = {t: self.minimal[t].n for t in self.knowledge_tasks}
-        return sum(self.chance[t] * n[t] for t in n) / sum(n.values())
+        return self.knowledge().chance
 
     def collapse(self, layer: int) -> tuple[str, str]:
         """Does removing `layer` take the probe most of the way to chance (paired, against the
@@ -164,12 +164,13 @@ def only_a_few(result: Result) -> tuple[str, str]:
 
 
 def knowledge_stays(result: Result) -> tuple[str, str]:
-    """Is pooled knowledge kept (paired) when each collapsing layer goes?"""
+    """Is knowledge (the mean over its tasks) kept, paired, when each collapsing layer goes
+    (`verdicts.every`: when every one of them goes)?"""
     parts = {l: v.kept(result.knowledge(), result.knowledge(l), result.knowledge_chance) for l in result.collapsing()[0]}
     if not parts:
         return v.NOT_TESTABLE, "no layer's removal takes retrieval below the line: nothing to contrast knowledge with"
     evidence = "; ".join(f"without L{l}: {e}" for l, (_, e) in parts.items())
-    return v.combine(o for o, _ in parts.values()), (f"knowledge pooled over {len(result.knowledge_tasks)} tasks, chance "
+    return v.every(o for o, _ in parts.values()), (f"knowledge, the mean over {', '.join(result.knowledge_tasks)}, chance "
                                                       f"{result.knowledge_chance:.0%}: {evidence}")
 
 
@@ -232,7 +233,7 @@ def comparison(result: Result) -> pd.DataFrame:
         ("retrieval without the most harmful layer", "near chance (size not stated)", "-",
          f"without L{worst}: {result.removed[name][worst]} (chance {result.chance[name]:.0%})"),
         ("knowledge when one layer goes", "changes little (Fig. 3)", "mean acc of 6 tasks",
-         f"pooled {min(know):.1%} to {max(know):.1%} over the {d} removals; minimal model {result.knowledge()}"),
+         f"mean of the tasks {min(know):.1%} to {max(know):.1%} over the {d} removals; minimal model {result.knowledge()}"),
     ])
 
 

@@ -188,9 +188,13 @@ def roles_of(which: str) -> list[str]:
     return ["G", "A"] if which == BOTH else [which]
 
 
-def compare(r: ModelRun, which: str, rule, a: str, b: str) -> tuple[str, str]:
-    """One model's part of a claim about role(s) `which`: `rule(scores[a], scores[b], chance)`,
-    not testable where the model is at chance or a role was not found by behaviour."""
+def compare(r: ModelRun, which: str, rule, a: str, b: str, needs_harm: bool = False) -> tuple[str, str]:
+    """One model's part of a claim about role(s) `which`: `rule(scores[a], scores[b], chance)`.
+    Not testable where the model is at chance; not reproduced where no top head behaves as a
+    role (`verdicts.another_mechanism`: the closest head says nothing about the paper's). With
+    `needs_harm` (a pattern "keeps" accuracy), judged only where zeroing each role's heads lowers
+    accuracy (`verdicts.falls`): a mask cannot show that a head needs only its pattern when the
+    model does not need the head at all."""
     clean = r.scores["no mask"]
     if not clean.above(r.chance):
         return v.NOT_TESTABLE, (f"{r.model}: no mask does not clear chance ({clean}, chance {r.chance:.0%}), "
@@ -198,17 +202,24 @@ def compare(r: ModelRun, which: str, rule, a: str, b: str) -> tuple[str, str]:
     missing = [x for x in roles_of(which) if not r.roles.filled[x]]
     if missing:
         names = " or ".join(ROLE_NAMES[x] for x in missing)
-        return v.NOT_TESTABLE, (f"{r.model}: no top head behaves as the {names} head; the closest "
-                                f"({', '.join(r.roles.label(x) for x in missing)}) says nothing about the paper's: "
-                                f"{b}: {r.scores[b]} against {a}: {r.scores[a]}")
+        outcome, why = v.another_mechanism(names, f"no top head behaves as the {names} head; the closest "
+                                           f"({', '.join(r.roles.label(x) for x in missing)}) says nothing about the "
+                                           f"paper's: {b}: {r.scores[b]} against {a}: {r.scores[a]}", measured=True)
+        return outcome, f"{r.model}: {why}"
+    if needs_harm:
+        harm = {x: v.falls(clean, r.scores[f"{x} zeroed"], r.chance) for x in roles_of(which)}
+        if idle := [x for x, (o, _) in harm.items() if o != v.REPRODUCED]:
+            return v.NOT_TESTABLE, (f"{r.model}: zeroing {' and '.join(ROLE_NAMES[x] for x in idle)} does not "
+                                    f"measurably lower accuracy, so a mask keeping it says nothing: "
+                                    + "; ".join(f"{x} zeroed: {harm[x][1]}" for x in idle))
     outcome, evidence = rule(r.scores[a], r.scores[b], r.chance)
     return outcome, f"{r.model}: {evidence}"
 
 
-def verdict(result: Result, claim: str, which: str, rule, a: str, b: str) -> v.Verdict:
-    """A claim over every model of the run, each model's part decided by `compare`."""
-    parts = [compare(r, which, rule, a, b) for r in result.runs]
-    return v.Verdict(claim, "Fig. 6, §4.3", v.combine(o for o, _ in parts), "; ".join(e for _, e in parts))
+def verdict(result: Result, claim: str, which: str, rule, a: str, b: str, needs_harm: bool = False) -> v.Verdict:
+    """A claim over every model of the run (`verdicts.every`), each model's part decided by `compare`."""
+    parts = [compare(r, which, rule, a, b, needs_harm) for r in result.runs]
+    return v.Verdict(claim, "Fig. 6, §4.3", v.every(o for o, _ in parts), "; ".join(e for _, e in parts))
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
@@ -217,7 +228,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
     for which in ("G", "A", BOTH):
         heads = f"{which} head{'s' if which == BOTH else ''}"
         out += [verdict(result, f"{heads} masked to the hypothesised pattern{'s' if which == BOTH else ''}: "
-                                "accuracy is kept", which, kept, "no mask", PATTERN_OF[which]),
+                                "accuracy is kept", which, kept, "no mask", PATTERN_OF[which], needs_harm=True),
                 verdict(result, f"{heads} masked to the control pattern{'s' if which == BOTH else ''}: accuracy falls",
                         which, falls, "no mask", CONTROL_OF[which]),
                 verdict(result, f"{heads}: the control scores below the hypothesised pattern", which, lower,

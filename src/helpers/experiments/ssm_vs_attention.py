@@ -48,7 +48,7 @@ logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERRO
 PAPER_MODELS = {"paper": ("llama-3.1-8b-instruct", "llamba-8b", "falcon-mamba-7b-instruct"),
                 "paper-3b": ("llama-3.2-3b-instruct", "llamba-3b")}
 SWEEP_LIMIT = 256  # heads per layer the ranking sweeps exactly; Falcon-Mamba's layers have 8192 channels
-MARGIN = 0.05  # a loss or difference smaller than this counts as none (as in verdicts.falls)
+MARGIN = v.MARGIN  # a loss or difference smaller than this counts as none, as on every page
 SHARPNESS = "top segment share"  # from the final position: share of the in-segment mass on its heaviest line
 
 
@@ -123,10 +123,21 @@ class ModelRun:
         """What part 2's verdict zeroes: the ranking's most harmful head, or the paper's sets."""
         return [str(self.candidates[0])] if self.ranking is not None else [f"paper {r}" for r in self.paper_sets]
 
+    @property
+    def assigning(self) -> pd.DataFrame:
+        """The measures the roles were assigned on (the first half of the held-out prompts)."""
+        return halves(self.measures)[0]
+
+    @property
+    def testing(self) -> pd.DataFrame:
+        """The measures the role verdicts read (the other half: a head is not named and judged
+        on the same prompts)."""
+        return halves(self.measures)[1]
+
     def role_values(self, role: str, column: str = SHARPNESS) -> pd.Series:
-        """A measure of the role's head, one value per held-out prompt (indexed by prompt)."""
+        """A measure of the role's head, one value per testing prompt (indexed by prompt)."""
         head = self.roles[role]
-        rows = self.measures[self.measures["head"] == str(head)]
+        rows = self.testing[self.testing["head"] == str(head)]
         return rows.set_index("prompt")[column].dropna()
 
 
@@ -205,8 +216,9 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
 
     cell = dict(setting, n=cfg.n_maps, keys=keys, heads=[str(h) for h in measured])
     measures = pd.DataFrame(sweep(store, [cell], measure, desc=f"{name}: attention measures")[0]["rows"])
-    roles = assign_roles(means(measures))
-    shown = {role: h for role, h in weighed(measures, roles).items() if h is not None}
+    assigning = halves(measures)[0]  # roles named on these prompts, judged on the others
+    roles = assign_roles(means(assigning))
+    shown = {role: h for role, h in weighed(assigning, roles).items() if h is not None}
     ids = tok(items[0].pairs[0][0], return_tensors="pt").input_ids
     layer_maps = attention_maps(loaded, ids, sorted({h.layer for h in shown.values()}))
     maps = {role: (h, layer_maps[h.layer][0, h.head].numpy()) for role, h in shown.items()}
@@ -214,6 +226,15 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
                     {**{str(k): digest(s.items) for k, s in sets.items()}, "held out": digest(items)},
                     ranking, measured, paper_sets, zeroed, measures, roles, maps, kv.segments(items[0]),
                     zoo.TRAIN_SIZES["kv"][1] if registry.spec(name).toy else None)
+
+
+def halves(measures: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-prompt measures cut in two by prompt: the first half assigns the roles, the second
+    tests them (disjoint prompts, as head zeroing's screen and check are)."""
+    prompts = sorted(measures["prompt"].unique())
+    first = set(prompts[:max(1, len(prompts) // 2)])
+    inside = measures["prompt"].isin(first)
+    return measures[inside], measures[~inside]
 
 
 def weighed(measures: pd.DataFrame, roles: dict[str, Head | None]) -> dict[str, Head | None]:
@@ -297,7 +318,7 @@ def bottleneck(r: ModelRun, chance: float) -> tuple[str, str]:
     halfway to chance or further, on held-out prompts?"""
     parts = [v.collapses(r.clean, r.zeroed[label], chance) for label in r.tested]
     what = "the ranking's top head" if r.ranking is not None else "the paper's channel sets (not ranked)"
-    return v.combine(o for o, _ in parts), f"{r.name}, {what}: " + "; ".join(
+    return v.every(o for o, _ in parts), f"{r.name}, {what}: " + "; ".join(
         f"{label} zeroed: {e}" for label, (_, e) in zip(r.tested, parts))
 
 
@@ -306,19 +327,19 @@ def roles_found(r: ModelRun) -> tuple[str, str]:
     its mass (the `assign_roles` line), with the interval over prompts on that side of it."""
     parts, said = [], []
     for role, column in (("G", GATHER_MEASURE), ("A", AGGREGATE_MEASURE)):
-        head = weighed(r.measures, r.roles)[role]
+        head = weighed(r.assigning, r.roles)[role]
         if head is None:
             parts.append(v.NOT_REPRODUCED)
             said.append(f"no {role}: every other candidate is a previous-token head")
             continue
-        rows = r.measures[r.measures["head"] == str(head)][column].dropna()
+        rows = r.testing[r.testing["head"] == str(head)][column].dropna()
         m, lo, hi = mean_interval(rows)
-        if r.roles[role] is not None:
-            parts.append(v.REPRODUCED if lo > 0.5 else v.INCONCLUSIVE)
-        else:
-            parts.append(v.NOT_REPRODUCED if hi < 0.5 else v.INCONCLUSIVE)
+        # judged on the testing prompts; a head the naming prompts turned down cannot be reproduced
+        below_line = v.NOT_REPRODUCED if hi < 0.5 else v.INCONCLUSIVE
+        parts.append(v.REPRODUCED if lo > 0.5 and r.roles[role] is not None else below_line if lo <= 0.5 else v.INCONCLUSIVE)
         said.append(f"{role} {head if r.roles[role] else f'none (best {head})'}: {column} {m:.2f} [{lo:.2f}, {hi:.2f}]")
-    return v.combine(parts), f"{r.name}: " + "; ".join(said) + f" (n={len(r.measures.prompt.unique())} prompts)"
+    return v.every(parts), f"{r.name}: " + "; ".join(said) + (
+        f" (roles named on {r.assigning.prompt.nunique()} prompts, judged on {r.testing.prompt.nunique()} others)")
 
 
 def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
@@ -326,9 +347,9 @@ def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
     the Transformer's (a lower share on its heaviest line), prompt by prompt?"""
     for r in (t, s):
         if r.roles["A"] is None:
-            best = weighed(r.measures, r.roles)["A"]
+            best = weighed(r.assigning, r.roles)["A"]
             return v.NOT_TESTABLE, (f"{r.name} has no Aggregate head among its candidates (closest: {best}, whose final "
-                                    f"position puts {means(r.measures).loc[[best], AGGREGATE_MEASURE].iloc[0]:.2f} of its "
+                                    f"position puts {means(r.assigning).loc[[best], AGGREGATE_MEASURE].iloc[0]:.2f} of its "
                                     "in-segment read on line ends)")
     a, b = t.role_values("A"), s.role_values("A")
     if t.prompts["held out"] == s.prompts["held out"]:
@@ -374,9 +395,10 @@ def verdicts(result: Result) -> list[v.Verdict]:
 
 
 def combine(parts: list[tuple[str, str]]) -> str:
-    """One outcome from (outcome, evidence) parts; not testable with none (no pair of a
-    Transformer and an SSM)."""
-    return v.combine(o for o, _ in parts)
+    """One outcome from (outcome, evidence) parts, one per model or per Transformer-SSM pair:
+    each claim is about every model (every pair), so every part must hold (`verdicts.every`);
+    not testable with none."""
+    return v.every(o for o, _ in parts)
 
 
 def join(parts: list[tuple[str, str]]) -> str:

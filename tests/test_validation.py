@@ -258,14 +258,14 @@ from helpers.experiments import (base, head_zeroing, hybrid_models, hybrid_swap,
 
 
 @pytest.mark.parametrize("chapter, kwargs, message", [
-    (head_zeroing, dict(gather=[[3, -1]], aggregate=["L4H0"]),
+    (head_zeroing, dict(model="smollm2-135m-instruct", gather=[[3, -1]], aggregate=["L4H0"]),
      r"gather: cannot read \[3, -1\] as a head: layer and head are indices >= 0"),
-    (head_zeroing, dict(gather=["L3H9"], aggregate=["L4H0"]),
+    (head_zeroing, dict(model="smollm2-135m-instruct", gather=["L3H9"], aggregate=["L4H0"]),
      r"gather: smollm2-135m-instruct has no head L3H9 \(layer 3 of this llama model has heads 0..8\)"),
-    (head_zeroing, dict(gather=["L3H0"], aggregate=["L12H0"], layers_kept=10),
+    (head_zeroing, dict(model="smollm2-135m-instruct", gather=["L3H0"], aggregate=["L12H0"], layers_kept=10),
      r"aggregate: smollm2-135m-instruct has no head L12H0 \(of its 30 layers the run keeps 0..9\)"),
-    (head_zeroing, dict(sweep_layers=[2, 30]), r"sweep_layers: smollm2-135m-instruct has no layer 30: its layers are 0..29"),
-    (head_zeroing, dict(model="toy-mamba2", kv_pairs=40), "kv_pairs: a KV dictionary for toy-mamba2 holds at most 32 keys"),
+    (head_zeroing, dict(model="smollm2-135m-instruct", sweep_layers=[2, 30]), r"sweep_layers: smollm2-135m-instruct has no layer 30: its layers are 0..29"),
+    (head_zeroing, dict(model="toy-mamba2", task="kv", kv_pairs=40), "kv_pairs: a KV dictionary for toy-mamba2 holds at most 32 keys"),
     (layer_pruning, dict(kv_pairs=101), r"kv_pairs: a KV dictionary for smollm2-135m-instruct holds at most 100 keys"),
     (layer_pruning, dict(model="toy-mamba2"), "model: layer_pruning scores MMLU and the knowledge tasks, which the toy "
                                               "model toy-mamba2 does not read .*use one of smollm2-135m-instruct"),
@@ -479,7 +479,7 @@ def test_the_offline_message_mentions_gated_models_only_for_metas(tmp_path, monk
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     cpu = torch.device("cpu")
-    with pytest.raises(models.ModelUnavailable, match=r"`hf download tiiuae/falcon-mamba-7b-instruct` where the hub is reachable, or unset") as e:
+    with pytest.raises(models.ModelUnavailable, match=r"`hf download tiiuae/falcon-mamba-7b-instruct` where the hub is reachable, or let the run download it") as e:
         models.check_paper_model(models.spec("falcon-mamba-7b-instruct"), cpu, torch.float32)
     assert "gated" not in str(e.value) and "huggingface-cli" not in str(e.value)
     with pytest.raises(models.ModelUnavailable, match=r"`hf download meta-llama/Llama-3.1-8B-Instruct` where .*gated.*hf auth login"):

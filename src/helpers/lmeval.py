@@ -27,6 +27,8 @@ lm-eval batches requests of many lengths).
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import argparse
 import difflib
 import json
@@ -272,6 +274,7 @@ def evaluate(model: str | Loaded, tasks: str | Sequence[str], *, zero=None, keep
                   "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size,
                   "apply_chat_template": apply_chat_template}
     results["provenance"] = provenance.record([model], parameters)
+    results["provenance"]["versions"]["lm-eval"] = version("lm-eval")  # the harness that computed these numbers
     return results
 
 

@@ -128,6 +128,7 @@ def load_letters(k: int = 0, n: int | None = None, seed: int = 0) -> tuple[list[
     k = _integer(k, "k (shots)", low=0)
     n, seed = _check_subset(n, seed)
     letters, cloze = _letter_sets(k)
+    _record_committed(paths.data() / "letters" / "letters.jsonl")  # each run's record, not only the first
     return _subset(list(letters), n, seed), _subset(list(cloze), n, seed)
 
 
@@ -280,13 +281,21 @@ def hub_dataset(path: str, config: str | None = None, split: str | None = None):
 
 
 def _jsonl(path: Path) -> list[dict]:
-    text = path.read_text()
-    if path.parent.name == "fixtures":  # the CPU profile's datasets: recorded like the hub's
-        import hashlib
+    _record_committed(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-        DATASETS[f"data/fixtures/{path.name}"] = {"revision": "committed with the code",
-                                                  "fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16]}
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+def _record_committed(path: Path) -> None:
+    """The CPU profile's datasets (committed under data/) are recorded like the hub's."""
+    DATASETS[path.relative_to(paths.data().parent).as_posix()] = {"revision": "committed with the code",
+                                                                 "fingerprint": _fingerprint(path)}
+
+
+@cache
+def _fingerprint(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _subset(items: list[Item], n: int | None, seed: int) -> list[Item]:

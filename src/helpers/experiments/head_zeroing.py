@@ -289,11 +289,10 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     n_layers = loaded.adapter.n_layers
-    if cfg.layers_kept and cfg.layers_kept > n_layers:
-        raise ConfigError(f"layers_kept must be at most {n_layers} for {cfg.model}, got {cfg.layers_kept}")
     screen, check = prompts(cfg, loaded)
     depths = {} if cfg.layers_kept or layer_removal.published_minimal(cfg.model) else by_depth(cfg, loaded, screen)
     kept = cfg.layers_kept or layer_removal.published_minimal(cfg.model) or layer_pruning.minimal_depth(depths)
+    shared.check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
     layers = list(range(kept))
     named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
     sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}))

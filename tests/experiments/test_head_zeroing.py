@@ -49,24 +49,40 @@ def measures(gather_share, aggregate_share):
                          hd.LOCAL_MEASURE: [0.3, 0.2]}, index=pd.Index([G, A]))
 
 
-def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25):
+def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25, knowledge=(0.9, 0.9, 0.9)):
+    """A made-up run; `knowledge` is the knowledge task's accuracy with no head, G and A zeroed
+    (two tasks, each the same: their mean is the same number)."""
     scores = {chapter.NONE: at(clean), chapter.zeroed("G"): at(g, offset=3), chapter.zeroed("A"): at(a, offset=5),
               chapter.kept_only("G", "A"): at(only, offset=7),
               **{chapter.control(i): at(c, offset=i) for i, c in enumerate(controls)}}
     roles = roles or chapter.Roles({"G": (G,), "A": (A,)}, "paper", measures(0.9, 0.8), found or {"G": G, "A": A})
     ranked = hd.ranking_table({G: -2.0, A: -1.0}, {})
+    k_clean, k_g, k_a = knowledge
+    per_condition = {c: at(k_clean) for c in scores} | {chapter.zeroed("G"): at(k_g), chapter.zeroed("A"): at(k_a)}
     return chapter.Result(chapter.Config.for_profile("paper"), 18, 32, at(clean), ranked, roles, scores,
-                          [(Head(16, i), Head(17, i)) for i in range(len(controls))], chance, {})
+                          [(Head(16, i), Head(17, i)) for i in range(len(controls))], chance, {},
+                          {"arc_easy": per_condition, "piqa": dict(per_condition)}, {"arc_easy": 0.25, "piqa": 0.5})
 
 
 def test_the_papers_table_1_is_reproduced():
     result = made_up(g=0.26, a=0.25, controls=[0.7, 0.69, 0.7], only=0.7)
-    assert [x.outcome for x in chapter.verdicts(result)] == [v.REPRODUCED] * 5
+    assert [x.outcome for x in chapter.verdicts(result)] == [v.REPRODUCED] * 7
+
+
+def test_knowledge_that_falls_with_a_head_zeroed_is_not_kept_and_one_within_the_margin_is():
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, knowledge=(0.9, 0.6, 0.89))
+    by_claim = {x.claim: x for x in chapter.verdicts(result)}
+    gather = by_claim["Knowledge is kept with the Gather head zeroed"]
+    assert gather.outcome == v.NOT_REPRODUCED and "mean of 2 tasks" in gather.evidence
+    assert by_claim["Knowledge is kept with the Aggregate head zeroed"].outcome == v.REPRODUCED
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, knowledge=(0.9, 0.9, 0.9))
+    result.knowledge.clear()
+    assert {x.outcome for x in chapter.verdicts(result) if x.claim.startswith("Knowledge")} == {v.NOT_TESTABLE}
 
 
 def test_heads_that_do_not_collapse_and_controls_that_do_are_not_the_paper():
     result = made_up(g=0.65, a=0.3, controls=[0.3, 0.7], only=0.4)
-    gather, aggregate, controls, only, _ = chapter.verdicts(result)
+    gather, aggregate, controls, only, *_ = chapter.verdicts(result)
     assert gather.outcome == v.NOT_REPRODUCED
     # A collapses, but one random draw (0.3) does as much: no more harmful than random heads
     assert aggregate.outcome == v.NOT_REPRODUCED and "below every random control" in aggregate.evidence
@@ -85,7 +101,7 @@ def test_a_role_no_measured_candidate_plays_is_another_mechanism_and_says_why():
     roles = chapter.Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found)
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=roles)
     result.scores.pop(chapter.zeroed("G")), result.scores.pop(chapter.kept_only("G", "A"))
-    gather, aggregate, _, only = chapter.verdicts(result)
+    gather, aggregate, _, only, *_ = chapter.verdicts(result)
     assert gather.outcome == only.outcome == v.NOT_REPRODUCED and gather.evidence.startswith("another mechanism")
     assert "no candidate behaves as a Gather head" in gather.evidence and "0.30" in gather.evidence
     unmeasured = chapter.Roles({"G": (), "A": ()}, "behaviour", None, None)  # e.g. single SSM channels

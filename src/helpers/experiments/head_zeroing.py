@@ -410,11 +410,11 @@ def verdicts(result: Result) -> list[v.Verdict]:
     task = _task(result)
     out = [v.Verdict(f"Zeroing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) alone takes {task} most of the way "
                      "to chance", "§3.4, abstract", *bottleneck(result, r)) for r in ROLE_NAMES]
-    out += [v.Verdict(f"Knowledge is kept with the {ROLE_NAMES[r]} head zeroed", "§3.4, abstract",
-                      *knowledge_kept(result, r)) for r in ROLE_NAMES]
     out.append(v.Verdict(f"Zeroing {CONTROL_SIZE} random heads of the same layers does little", "§3.4",
                          *controls_do_little(result)))
     out.append(v.Verdict("Keeping only G and A in their layers keeps accuracy", "Table 1", *only_roles_kept(result)))
+    out += [v.Verdict(f"Knowledge is kept with the {ROLE_NAMES[r]} head zeroed", "§3.4, abstract",
+                      *knowledge_kept(result, r)) for r in ROLE_NAMES]
     if result.roles.source == "paper":
         out.append(v.Verdict("The paper's heads behave as Gather and Aggregate here", "§3.4", *behave(result)))
     return out

@@ -33,7 +33,7 @@ from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..heads import Head, ablation
 from ..reference import paper
-from ..screen import attribution
+from ..screen import attribution, gradient_batch_tokens
 from ..stats import Score, TaskMean
 from ..sweep import sweep
 from . import base, layer_pruning, layer_removal, shared
@@ -247,7 +247,7 @@ def rank(cfg: Config, loaded, screen: bm.Benchmark, layers: list[int], sweep_lay
         return ranking.clean, ranking.table
 
     def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, screen.items)
+        engine = SweepEngine(loaded, loaded.tokenizer, screen.items, batch_tokens=gradient_batch_tokens(loaded.model))
         estimate = attribution(engine, layers, cfg.screen_alpha)
         chosen = sweep_layers or hd.layers_to_sweep(estimate, cfg.top)
         if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:

@@ -68,7 +68,7 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(model="smollm2-135m-instruct", gather=None, aggregate=None, n_prompts=60, n_mmlu=None,
+            return dict(model="smollm2-135m-instruct", gather=None, aggregate=None, n_prompts=60, n_mmlu=60,
                         kv_pairs=8, kv_query="repeat", seed=0)
         return dict(model={"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}[profile],
                     gather=None, aggregate=None, n_prompts=500, n_mmlu=500, kv_pairs=8, kv_query="paper", seed=0)

@@ -22,7 +22,7 @@ class CharTokenizer:
 
 @pytest.fixture(scope="module")
 def kv(smol):
-    return helpers.kv_items(5, 6, seed=2, query="paper")  # multi-token continuations (" 42")
+    return helpers.kv_items(5, 6, seed=2, query="paper", form="spaced")  # multi-token continuations (" 42")
 
 
 def plain(smol, items, ablation):

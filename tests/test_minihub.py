@@ -157,3 +157,25 @@ def test_full_shapes_are_the_published_model(name):
 def test_a_distilled_ssm_and_its_teacher_keep_one_width_so_their_layers_swap(student, teacher):
     tokenizer = minihub.smollm2_tokenizer()
     assert minihub.hub_fields(student, tokenizer)["d_model"] == minihub.hub_fields(teacher, tokenizer)["hidden_size"]
+
+
+def test_the_three_kv_forms_under_llama3s_tokenizer():
+    """Released ("is42") against spaced ("is" + " 42") and trailing ("is " + "42"): the released
+    form is other tokens; spaced and trailing are one model input, the spaced continuation only
+    adding the space token every candidate shares, so their candidate rankings are one."""
+    from helpers import tasks
+    from helpers.experiments.kv_retrieval import same_tokens
+    from helpers.packing import encode_pair
+
+    tok = minihub.llama3_tokenizer()
+    items = {form: tasks.kv_items(8, 3, seed=0, form=form) for form in tasks.KV_FORMS}
+    for released, spaced, trailing in zip(*items.values()):
+        for r, s, t in zip(released.pairs, spaced.pairs, trailing.pairs):
+            (rc, rx), (sc, sx), (tc, tx) = (encode_pair(tok, c, x, it.verbatim)
+                                            for (c, x), it in ((r, released), (s, spaced), (t, trailing)))
+            assert tok.convert_ids_to_tokens(rc[-1:] + rx[:1]) == ["Ġis", r[1]]  # ' is', '42'
+            assert tok.convert_ids_to_tokens(sc[-1:] + sx[:2]) == ["Ġis", "Ġ", s[1][1:]]  # ' is', ' ', '42'
+            assert sc + sx == tc + tx and rc + rx != sc + sx  # spaced = trailing as model input
+            assert tc == sc + sx[:1] and tx == sx[1:]  # the shared space: scored by spaced, context for trailing
+    assert same_tokens(tok, "paper") == {("released", "spaced"): False, ("released", "trailing"): False,
+                                        ("spaced", "trailing"): True}

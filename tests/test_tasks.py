@@ -98,11 +98,15 @@ def test_kv_item_format():
     keys, values = [k for k, _ in pairs], [v for _, v in pairs]
     assert len(set(values)) == 4 and all(0 <= int(v) < 100 for v in values)
     assert lines[5] == f"The value of the key '{keys[item.gold]}' is"
-    assert [c for _, c in item.pairs] == [f" {v}" for v in values]
+    assert [c for _, c in item.pairs] == values and not item.verbatim  # released: "is42"
+    spaced = tasks.kv_items(4, 1, seed=0, form="spaced")[0]
+    assert spaced.pairs[0][0] == ctx and [c for _, c in spaced.pairs] == [f" {v}" for v in values]
+    trailing = tasks.kv_items(4, 1, seed=0, form="trailing")[0]
+    assert trailing.verbatim and trailing.pairs[0][0] == ctx + " " and trailing.pairs[0][1] == values[0]
     repeat = tasks.kv_items(4, 1, seed=0, query="repeat")[0]
     assert repeat.pairs[0][0].endswith(f"\n{keys[repeat.gold]}:") and repeat.pairs[0][1] == values[0]
-    spaced = tasks.kv_items(4, 1, seed=0, trailing_space=True)[0]
-    assert spaced.verbatim and spaced.pairs[0][0].endswith("is ") and spaced.pairs[0][1] == values[0]
+    with pytest.raises(ValueError, match="unknown KV form 'spaces'; use one of 'released', 'spaced', 'trailing'"):
+        tasks.kv_items(4, 1, form="spaces")
 
 
 def test_kv_rejects_bad_sizes():

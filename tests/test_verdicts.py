@@ -201,3 +201,14 @@ def test_harmful_heads_that_are_not_gather_or_aggregate_are_another_mechanism():
     outcome, evidence = v.another_mechanism("Gather", "the best is a previous-token head (L16H0)", measured=True)
     assert outcome == v.NOT_REPRODUCED and evidence.startswith("another mechanism")
     assert v.another_mechanism("Gather", "single SSM channels", measured=False)[0] == v.NOT_TESTABLE
+
+
+# --- a ranking is read past the chance and ceiling checks ------------------------------------------
+
+def test_a_ranking_needs_a_model_above_chance_and_a_head_that_moves_it():
+    clean = right(200, (0, 180))
+    assert v.ranking_readable(clean, (0.40, 0.33, 0.47), 0.125) == (True, "")
+    readable, why = v.ranking_readable(clean, (0.90, 0.85, 0.93), 0.125)  # the top head leaves 90%: ties
+    assert not readable and why.startswith("at ceiling")
+    readable, why = v.ranking_readable(right(200, (0, 26)), (0.10, 0.06, 0.15), 0.125)
+    assert not readable and "at chance" in why

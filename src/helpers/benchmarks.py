@@ -47,14 +47,14 @@ def _rng(*seed: int) -> np.random.Generator:
 
 
 def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "paper",
-       trailing_space: bool = False) -> Benchmark:
+       form: str = "released") -> Benchmark:
     """KV retrieval with `pairs` keys: the release's prompt (`tasks.kv_items`; `query` picks the
-    question's form, `trailing_space` the appendix's variant), or the zoo's token task for a toy
-    model (two-token keys; no query forms)."""
+    question's form, `form` how the value follows it, `tasks.KV_FORMS`), or the zoo's token task
+    for a toy model (two-token keys; no query forms)."""
     name = f"KV retrieval ({pairs} keys)"
     if _toy(model):
         return Benchmark(name, RETRIEVAL, synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))), synthetic.segments)
-    return Benchmark(name, RETRIEVAL, tasks.kv_items(pairs, n, seed=seed, query=query, trailing_space=trailing_space),
+    return Benchmark(name, RETRIEVAL, tasks.kv_items(pairs, n, seed=seed, query=query, form=form),
                      lambda item: kv_segments(tokenizer, item.pairs[0][0]))
 
 

@@ -206,6 +206,39 @@ def write_tokenizer_repo_config(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, indent=2) + "\n")
 
 
+# Llama-3's pre-tokenizer, as Meta's tokenizer (`pat_str`, the same as tiktoken's cl100k_base)
+# and its tokenizer.json (a Split, then byte-level BPE) have it: numbers in runs of up to three
+# digits with no leading space, a space before a digit a token of its own.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_BOS, LLAMA3_EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+
+def llama3_tokenizer(vocab_size: int = 2000):
+    """A tokenizer built as Llama-3's is (its pre-tokenizer, byte-level BPE, a BOS on every
+    encoding), with a small vocabulary trained here on KV-retrieval prompts, deterministically:
+    how Llama-3 splits a prompt (`' is', ' ', '42'`) without Meta's vocabulary, which no package
+    ships. Not written into the hub: the paper models there keep SmolLM2's tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .tasks import kv_items
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    corpus = [c + x for items in (kv_items(k, 50, seed=k, query=q, form=f) for k in (4, 8, 16) for q in ("paper", "repeat")
+                                  for f in ("released", "spaced")) for it in items for c, x in it.pairs[:1]]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[LLAMA3_BOS, LLAMA3_EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    bos = tok.token_to_id(LLAMA3_BOS)
+    tok.post_processor = processors.TemplateProcessing(single=f"{LLAMA3_BOS} $A", special_tokens=[(LLAMA3_BOS, bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=LLAMA3_BOS, eos_token=LLAMA3_EOS)
+
+
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 

@@ -73,11 +73,13 @@ def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alph
 
 
 def rank_heads(engine: SweepEngine, top: int = 10, layers: list[int] | None = None,
-               model_layers: list[int] | None = None, alpha: float = 0.5, progress: bool = True) -> pd.DataFrame:
+               model_layers: list[int] | None = None, alpha: float = 0.5, progress: bool = True,
+               also: list[int] = ()) -> pd.DataFrame:
     """Heads ranked by ablation: the screen estimates every head, then the layers of its `top`
-    heads (at least two; or `layers`) are swept exactly, every head of them. One row per head,
-    the exactly measured ones first, most harmful first (`heads.ranking_table`)."""
+    heads (at least two; or `layers`), and the layers in `also` whatever the screen says, are
+    swept exactly, every head of them. One row per head, the exactly measured ones first, most
+    harmful first (`heads.ranking_table`)."""
     estimate = attribution(engine, model_layers, alpha, progress)
-    layers = sorted(layers) if layers else layers_to_sweep(estimate, top)
+    layers = sorted(set(layers if layers else layers_to_sweep(estimate, top)) | set(also))
     exact = engine.head_sweep(layers=layers, model_layers=model_layers, progress=progress)
     return ranking_table(estimate, exact)

@@ -217,47 +217,57 @@ def kv_words() -> tuple[str, ...]:
     return tuple(sorted(words))
 
 
-def kv_item(rng: random.Random, n_pairs: int, query: str = "paper", trailing_space: bool = False) -> Item:
+# How the candidate value follows the question (`query`): "released" appends it with no space, as
+# the released code scores it (`... is` + `42`, "is42"; App. A.5's deliberate choice) - the
+# default; "spaced" puts lm-eval's delimiter before it (`... is` + ` 42`); "trailing" ends the
+# prompt with a space and scores the value verbatim after it (`... is ` + `42`). Under Llama-3's
+# tokenizer "spaced" and "trailing" give the same tokens (`' is', ' ', '42'`) and the same
+# ranking of candidates; "released" gives `' is', '42'` (`tests/test_tasks.py`).
+KV_FORMS = ("released", "spaced", "trailing")
+
+
+def kv_item(rng: random.Random, n_pairs: int, query: str = "paper", form: str = "released") -> Item:
     """One dictionary of `n_pairs` word:number lines (numbers 0-99 without replacement) and a
     query for one key; the candidates are all the values in the dictionary.
 
-    query="paper": the release's `The value of the key 'X' is`, candidates ` 42` (the release
-    appends no space, one of its slips; lm-eval's delimiter is a space);
-    query="repeat": the key repeated as it stands in the list, `X:`, candidates `42`.
-    trailing_space: end the prompt with a space (the paper appendix's variant) and drop the
-    candidates' leading space; the item is scored verbatim, since lm-eval's convention would
-    move that space back into the candidates and undo the variant.
+    query="paper": the release's `The value of the key 'X' is`; query="repeat": the key repeated
+    as it stands in the list, `X:`. `form` (one of KV_FORMS) says how each candidate value
+    follows the query. A "trailing" item is scored verbatim, since lm-eval's convention would
+    move the prompt's trailing space back into the candidates and make it "spaced" again.
     """
-    n_pairs, trailing_space = _check_kv(n_pairs, query, trailing_space)  # before any draw from rng
+    n_pairs = _check_kv(n_pairs, query, form)  # before any draw from rng
     keys = rng.sample(kv_words(), n_pairs)
     values = rng.sample(range(100), n_pairs)
     target = rng.randrange(n_pairs)
     lines = "\n".join(f"{k}:{v}" for k, v in zip(keys, values))
     if query == "paper":  # else "repeat" (checked above)
-        ctx, sep = f"{KV_HEADER}{lines}\nThe value of the key '{keys[target]}' is", TARGET_DELIMITER
+        ctx = f"{KV_HEADER}{lines}\nThe value of the key '{keys[target]}' is"
     else:
-        ctx, sep = f"{KV_HEADER}{lines}\n{keys[target]}:", ""
-    if trailing_space:
-        ctx, sep = ctx + " ", ""
-    return Item(tuple((ctx, f"{sep}{v}") for v in values), target, f"kv{n_pairs}", verbatim=trailing_space)
+        ctx = f"{KV_HEADER}{lines}\n{keys[target]}:"
+    sep = TARGET_DELIMITER if form == "spaced" else ""
+    if form == "trailing":
+        ctx += " "
+    return Item(tuple((ctx, f"{sep}{v}") for v in values), target, f"kv{n_pairs}", verbatim=form == "trailing")
 
 
-def kv_items(n_pairs: int, n: int, seed: int = 0, query: str = "paper", trailing_space: bool = False) -> list[Item]:
+def kv_items(n_pairs: int, n: int, seed: int = 0, query: str = "paper", form: str = "released") -> list[Item]:
     """`n` KV prompts of one dictionary size; the same (n_pairs, seed) always gives the same
-    prompts, and a larger n extends a smaller one."""
-    n_pairs, trailing_space = _check_kv(n_pairs, query, trailing_space)
+    prompts (whatever the form: only how the value follows differs), and a larger n extends a
+    smaller one."""
+    n_pairs = _check_kv(n_pairs, query, form)
     n, seed = _integer(n, "n (prompts)", low=1), _integer(seed, "seed")
     rng = random.Random(f"kv-{seed}-{n_pairs}")
-    return [kv_item(rng, n_pairs, query, trailing_space) for _ in range(n)]
+    return [kv_item(rng, n_pairs, query, form) for _ in range(n)]
 
 
-def _check_kv(n_pairs: int, query: str, trailing_space: bool) -> tuple[int, bool]:
+def _check_kv(n_pairs: int, query: str, form: str) -> int:
     n_pairs = _integer(n_pairs, "n_pairs (values are the numbers 0-99)", low=1, high=100)
     if query not in ("paper", "repeat"):
         raise ConfigError(f"unknown KV query style {query!r}; use 'paper' or 'repeat'")
-    if not isinstance(trailing_space, bool) and "bool" not in str(getattr(trailing_space, "dtype", "")):
-        raise ConfigError(f"trailing_space is True or False, got {trailing_space!r}")
-    return n_pairs, bool(trailing_space)
+    if form not in KV_FORMS:
+        raise ConfigError(f"unknown KV form {form!r}; use one of {', '.join(map(repr, KV_FORMS))} "
+                          "('released': the value right after the query, as the released code scores it)")
+    return n_pairs
 
 
 # --- utilities ------------------------------------------------------------------------------------

@@ -224,3 +224,18 @@ def another_mechanism(role: str, why: str, measured: bool) -> tuple[str, str]:
     if not measured:
         return NOT_TESTABLE, why
     return NOT_REPRODUCED, f"another mechanism: no {role} head among the most harmful heads; {why}"
+
+
+def ranking_readable(clean: Score, most_harmful: tuple[float, float, float], chance: float) -> tuple[bool, str]:
+    """Can a ranking of heads by accuracy-when-zeroed be read? Two checks before any head's
+    rank counts: chance (the clean model's interval clears it: there is retrieval to remove) and
+    ceiling (zeroing the most harmful head takes accuracy below the clean model's, its interval
+    `most_harmful` = (acc, lo, hi) under the clean point: where no single head moves a saturated
+    model, every head ties and the order is only the screen's estimate)."""
+    acc, lo, hi = most_harmful
+    if not testable(clean, chance):
+        return False, f"the model is at chance on the ranking's prompts ({clean}, chance {chance:.0%})"
+    if not hi < clean.acc:
+        return False, (f"at ceiling: zeroing the most harmful head leaves {acc:.1%} [{lo:.1%}, {hi:.1%}] against "
+                       f"{clean.acc:.1%} clean, so no head's zeroing is told apart and the order is the screen's")
+    return True, ""

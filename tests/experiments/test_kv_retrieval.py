@@ -21,12 +21,12 @@ def test_run_at_smoke_size_scores_every_size_and_both_rankings():
     # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
     # two shared rankings of seconds rather than minutes.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert result.sizes == [2, 8] and set(result.rankings) == {False, True}
+    assert result.sizes == [2, 8] and set(result.rankings) == {"released"}  # the zoo's token task: no query forms
     assert {len(s.correct) for by_size in result.scores.values() for s in by_size.values()} == {3}
     assert set(result.scores) == {"model"} | {f"{r} removed" for r in "GA" if result.roles.heads[r]}
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
-    assert set(chapter.top_heads(result)["prompt ends"]) == {"as released", "with a space"}
+    assert set(chapter.top_heads(result)["value follows"]) == {"with no space (released)"}
 
 
 def at(acc, n=200):
@@ -49,7 +49,8 @@ def made_up(model, gather, aggregate, source="paper", order=(G, A, Head(3, 1), H
               "A removed": {k: at(a) for k, a in zip(sizes, aggregate)}}
     roles = Roles({"G": (G,), "A": (A,)}, source)
     ranked = ranking(list(order))
-    return chapter.Result(chapter.Config.for_profile("paper"), scores, roles, {False: ranked, True: ranked}, {})
+    return chapter.Result(chapter.Config.for_profile("paper"), scores, roles, {"released": ranked, "spaced": ranked}, {},
+                          {("released", "spaced"): False, ("spaced", "trailing"): True})
 
 
 def test_the_papers_fig_4_is_reproduced():
@@ -84,7 +85,8 @@ def test_heads_ranked_low_are_not_top_ranked_and_heads_found_by_ranking_cannot_t
     low = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05], order=others + [G, A])
     assert [x.outcome for x in chapter.verdicts(low)][3:] == [v.NOT_REPRODUCED] * 2
     unswept = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05], order=others)
-    assert "was not swept" in chapter.verdicts(unswept)[3].evidence
+    assert chapter.verdicts(unswept)[3].outcome == v.NOT_TESTABLE  # not read as "not reproduced"
+    assert "was not swept exactly" in chapter.verdicts(unswept)[3].evidence
     ours = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05], source="behaviour")
     assert [x.outcome for x in chapter.verdicts(ours)][3:] == [v.NOT_TESTABLE] * 2
 
@@ -104,3 +106,44 @@ def test_a_model_at_chance_cannot_lose_what_it_does_not_have():
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         chapter.Config.for_profile("cpu", **kwargs)
+
+
+def test_a_ranking_is_read_only_past_the_chance_and_the_ceiling_checks():
+    result = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05])
+    flat = ranking([G, A, Head(3, 1), Head(5, 2), Head(8, 0)], accs=[0.9] * 5)  # no head moves the clean 90%
+    at_ceiling = dataclasses.replace(result, rankings={"released": flat, "spaced": flat})
+    top_g = chapter.verdicts(at_ceiling)[3]
+    assert top_g.outcome == v.NOT_TESTABLE and "at ceiling" in top_g.evidence
+    at_chance = dataclasses.replace(flat, clean=at(0.12), table=ranking([G, A]).table)
+    assert "at chance" in chapter.verdicts(dataclasses.replace(result, rankings={"released": at_chance}))[3].evidence
+    assert chapter.verdicts(result)[3].outcome == v.REPRODUCED  # the readable ranking of the paper's picture
+
+
+def test_the_released_form_is_compared_with_the_spaced_one_unless_they_are_the_same_tokens():
+    result = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05])
+    note = chapter.forms_note(result)
+    assert note.startswith("released against spaced, same top 4: yes") and "same tokens as the spaced form" in note
+    same = dataclasses.replace(result, same_tokens={("released", "spaced"): True, ("spaced", "trailing"): True})
+    assert "same tokens on this tokenizer, one computation" in chapter.forms_note(same)
+
+
+def test_the_paper_heads_layers_are_swept_exactly_whatever_the_screen_says():
+    from types import SimpleNamespace
+
+    import helpers
+    from helpers.engine import SweepEngine
+    from helpers.experiments import shared
+    from helpers.screen import rank_heads
+
+    def fake(name, width):
+        return SimpleNamespace(name=name, adapter=SimpleNamespace(n_heads=lambda layer: width))
+
+    assert shared.paper_layers(fake("llama-3.1-8b-instruct", 32)) == [16, 17]
+    assert shared.paper_layers(fake("falcon-mamba-7b-instruct", 8192)) == []  # too wide to sweep one by one
+    assert shared.paper_layers(fake("smollm2-135m-instruct", 9)) == []  # the release names no heads of it
+    loaded = helpers.load("toy-transformer")
+    engine = SweepEngine(loaded, loaded.tokenizer, chapter.bm.kv("toy-transformer", None, 4, 4, 0).items)
+    swept = lambda table: sorted(set(table.dropna(subset=["acc"]).layer.astype(int)))
+    screened = swept(rank_heads(engine, top=1, progress=False))
+    (left_out,) = set(range(loaded.adapter.n_layers)) - set(screened)
+    assert swept(rank_heads(engine, top=1, progress=False, also=[left_out])) == sorted(screened + [left_out])

@@ -241,7 +241,8 @@ def rank(cfg: Config, loaded, screen: bm.Benchmark, layers: list[int], sweep_lay
     """The screen's ranking on its prompts: the shared KV ranking where this is the same
     computation, else the screen here, through this chapter's store."""
     settings = shared.ranking_settings(cfg.profile, cfg.smoke)
-    mine = dict(pairs=cfg.kv_pairs, n=cfg.n_screen, query=cfg.kv_query, top=cfg.top, alpha=cfg.screen_alpha, seed=cfg.seed)
+    mine = dict(pairs=cfg.kv_pairs, n=cfg.n_screen, query=cfg.kv_query, form="released", top=cfg.top,
+                alpha=cfg.screen_alpha, seed=cfg.seed)  # `prompts` draws the released form (bm.kv's default)
     if cfg.task == "kv" and len(layers) == loaded.adapter.n_layers and not sweep_layers and mine == settings:
         ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         return ranking.clean, ranking.table

@@ -8,23 +8,27 @@ its Aggregate head zeroed, all three on the same prompts (side by side in the sw
 that each size gives a paired comparison.
 
 The heads are ranked with the book's shared KV ranking (`shared.kv_ranking`: the screen, then
-an exact sweep of the layers it points to), with and without the trailing space of the paper's
-appendix. The Gather and Aggregate heads are the paper's where it names them for the model,
+an exact sweep of the layers it points to and of the paper heads' layers) in two forms of the
+query (`tasks.KV_FORMS`): the released scoring, the value right after the query ("is42"), and the
+book's spaced form ("is 42"). The trailing-space form ("is " + "42") is the spaced form's tokens
+under Llama-3's tokenizer, so it is compared only where the tokenizer tells them apart. The Gather and Aggregate heads are the paper's where it names them for the model,
 else the ranking's candidates that behave as them (`head_zeroing.find_roles`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation, measured
 from ..reference import paper
 from ..stats import Score, brief
+from ..tasks import KV_FORMS, kv_items
 from ..sweep import sweep
 from . import base, head_zeroing, shared
 from .head_zeroing import ROLE_NAMES, Roles
@@ -63,13 +67,17 @@ class Config(base.Config):
         shared.check_roles_of(self.model, self.gather, self.aggregate)
 
 
+FORMS = ("released", "spaced")  # the rankings compared: the released scoring, and the book's spaced form
+
+
 @dataclass(frozen=True)
 class Result:
     cfg: Config
     scores: dict[str, dict[int, Score]]  # condition ("model", "G removed", "A removed") -> size -> score
     roles: Roles
-    rankings: dict[bool, shared.Ranking]  # trailing space -> the shared ranking
+    rankings: dict[str, shared.Ranking]  # form (`FORMS`; only "released" for a toy task) -> the shared ranking
     provenance: dict
+    same_tokens: dict[tuple[str, str], bool] = field(default_factory=dict)  # (form, form) -> same model input
 
     @property
     def sizes(self) -> list[int]:
@@ -87,7 +95,9 @@ def condition(role: str) -> str:
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
-    rankings = {ts: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, trailing_space=ts) for ts in (False, True)}
+    toy = registry.spec(cfg.model).toy  # the zoo's token task has no query forms
+    rankings = {form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form) for form in (FORMS[:1] if toy else FORMS)}
+    same = {} if toy else same_tokens(loaded.tokenizer, shared.RANKING[cfg.profile]["query"])
     roles = head_zeroing.find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
     conditions = {"model": {}, **{condition(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
 
@@ -102,7 +112,19 @@ def run(cfg: Config) -> Result:
              for k in cfg.sizes]
     rows = sweep(store, cells, compute, desc="dictionary sizes")
     scores = {c: {r["pairs"]: Score.from_json(r[c]) for r in rows} for c in conditions}
-    return Result(cfg, scores, roles, rankings, base.record(cfg, [loaded], timer))
+    return Result(cfg, scores, roles, rankings, base.record(cfg, [loaded], timer), same)
+
+
+def same_tokens(tokenizer, query: str, n: int = 4) -> dict[tuple[str, str], bool]:
+    """For each pair of forms, whether they give the model the same input for every candidate
+    of `n` prompts (`packing.encode_pair`, as scored): then their rankings are one computation."""
+    from ..packing import encode_pair
+
+    def inputs(form):
+        return [sum(encode_pair(tokenizer, c, x, it.verbatim), []) for it in kv_items(8, n, 0, query, form) for c, x in it.pairs]
+
+    seen = {form: inputs(form) for form in KV_FORMS}
+    return {(a, b): seen[a] == seen[b] for i, a in enumerate(KV_FORMS) for b in KV_FORMS[i + 1:]}
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -141,26 +163,28 @@ def lowered_at_every_size(result: Result, role: str) -> tuple[str, str]:
 
 
 def in_top(result: Result, role: str) -> tuple[str, str]:
-    """Are the role's heads among the `TOP` heads of both rankings (with and without the trailing
-    space)? A head ranked lower counts as undecided while its interval overlaps the last top
-    head's."""
+    """Are the role's heads among the `TOP` heads of every ranking (each form of the query)? A head
+    ranked lower counts as undecided while its interval overlaps the last top head's. Read only
+    past the chance and ceiling checks (`verdicts.ranking_readable`)."""
     heads = result.roles.heads[role]
     if result.roles.source != "paper" or not heads:
         return v.NOT_TESTABLE, (f"{ROLE_NAMES[role]} heads found by behaviour among the ranking's top heads cannot "
                                 "test the ranking; the paper profile tests it with the paper's heads")
     parts, notes = [], []
-    for ts, ranking in result.rankings.items():
-        chance = 1 / ranking.settings["pairs"]
-        if not ranking.clean.above(chance):
-            return v.NOT_TESTABLE, (f"on the ranking's prompts the model is at chance ({ranking.clean}, chance "
-                                    f"{chance:.0%}): zeroing a head cannot show what it carries")
-        order = measured(ranking.table)
+    for form, ranking in result.rankings.items():
         exact = ranking.table.dropna(subset=["acc"]).reset_index(drop=True)
+        if exact.empty:
+            return v.NOT_TESTABLE, f"the {form} ranking measured no head exactly"
+        # the chance and ceiling checks, before any rank is read
+        readable, why = v.ranking_readable(ranking.clean, tuple(exact.loc[0, ["acc", "lo", "hi"]]), 1 / ranking.settings["pairs"])
+        if not readable:
+            return v.NOT_TESTABLE, f"{form} form: {why}"
+        order = measured(ranking.table)
         for h in heads:
-            label = f"{h} {'with' if ts else 'without'} the trailing space"
-            if h not in order:
-                parts.append(v.NOT_REPRODUCED)
-                notes.append(f"{label}: its layer was not swept (screen rank {_screen_rank(ranking.table, h)})")
+            label = f"{h}, {form} form"
+            if h not in order:  # the paper heads' layers are always swept: only a layer too wide to sweep
+                parts.append(v.NOT_TESTABLE)
+                notes.append(f"{label}: its layer was not swept exactly (screen rank {_screen_rank(ranking.table, h)})")
                 continue
             rank = order.index(h)
             cut = exact.iloc[min(TOP, len(exact)) - 1]
@@ -204,14 +228,18 @@ def _legend(result: Result, name: str) -> str:
 def top_heads(result: Result, k: int = 5) -> pd.DataFrame:
     """Table 5's view: the `k` most harmful heads of each ranking, accuracy with each zeroed."""
     rows = []
-    for ts, ranking in result.rankings.items():
+    for form, ranking in result.rankings.items():
         exact = ranking.table.dropna(subset=["acc"]).head(k)
         for rank, r in enumerate(exact.itertuples(), start=1):
-            rows.append({"prompt ends": "with a space" if ts else "as released", "rank": rank,
+            rows.append({"value follows": FORM_LABELS[form], "rank": rank,
                          "head": str(Head(int(r.layer), int(r.head))), "role": result.roles.role_of(Head(int(r.layer), int(r.head))),
                          "zeroed": brief(r.acc, r.lo, r.hi),
                          "none zeroed": f"{ranking.clean.acc:.1%}", "n": int(r.n)})
     return pd.DataFrame(rows)
+
+
+FORM_LABELS = {"released": "with no space (released)", "spaced": "after a space (book)",
+               "trailing": "after the prompt's trailing space"}
 
 
 def _sizes(sizes: list[int]) -> str:
@@ -223,12 +251,12 @@ def _sizes(sizes: list[int]) -> str:
 def comparison(result: Result) -> pd.DataFrame:
     sizes = result.sizes
     model = result.scores["model"]
-    settings = result.rankings[False].settings
+    settings = result.rankings["released"].settings
     removed = "; ".join(
         f"{ROLE_NAMES[r]} {result.roles.label(r)}: " + ", ".join(f"{k} keys {result.scores[condition(r)][k].acc:.0%}"
                                                                   for k in (sizes[0], sizes[-1]))
         for r in ROLE_NAMES if result.roles.heads[r])
-    top = ", ".join(top_heads(result, TOP).query("`prompt ends` == 'as released'")["head"])
+    top = ", ".join(top_heads(result, TOP).query(f"`value follows` == '{FORM_LABELS['released']}'")["head"])
     released = paper("kv_retrieval", "released_dictionary_sizes")
     return base.comparison_table([
         ("model", "Llama-3.1-8B (caption; the code loads -Instruct)", "Llama-3.1-8B-Instruct",
@@ -244,13 +272,28 @@ def comparison(result: Result) -> pd.DataFrame:
          f"{removed or 'none found'} (heads: {result.roles.describe()})"),
         ("top-ranked heads", "the G and A heads (Table 5)", "-",
          f"{top} ({settings['pairs']} keys, n={settings['n']}; G/A: {result.roles.label('G')}, {result.roles.label('A')})"),
-        ("trailing space", "used in App. A.5", "no", f"same top {TOP} either way: {same_top(result)}"),
+        ("how the value follows the query", "no space, a deliberate probe choice (App. A.5; secondary summary)",
+         "no space ('is42')", forms_note(result)),
     ])
 
 
 def same_top(result: Result) -> str:
+    """Whether the two forms' rankings share their top `TOP` heads."""
+    if len(result.rankings) < 2:
+        return "one form only (the zoo's token task has no query forms)"
     tops = [set(measured(r.table)[:TOP]) for r in result.rankings.values()]
     return "yes" if tops[0] == tops[1] else f"no ({', '.join(sorted(map(str, tops[0] ^ tops[1])))} differ)"
+
+
+def forms_note(result: Result) -> str:
+    """The released form against the spaced one, and what the tokenizer makes of the trailing space."""
+    if len(result.rankings) < 2:
+        return "the released form only (the zoo's token task has no query forms)"
+    trailing = ("same tokens as the spaced form here, so not ranked apart" if result.same_tokens.get(("spaced", "trailing"))
+                else "other tokens than the spaced form here (not ranked)")
+    if result.same_tokens.get(("released", "spaced")):
+        return f"released and spaced: same tokens on this tokenizer, one computation; the trailing-space form: {trailing}"
+    return f"released against spaced, same top {TOP}: {same_top(result)}; the trailing-space form: {trailing}"
 
 
 def subject(result: Result) -> str:

@@ -149,9 +149,9 @@ def collapse(result: Result) -> tuple[str, str]:
     lowest = sorted(result.removed[name], key=lambda l: result.removed[name][l].acc)[:3]
     shown = "; ".join(f"without L{l}: {result.removed[name][l]}" for l in dict.fromkeys(collapsing + lowest))
     outcome = v.REPRODUCED if collapsing else v.INCONCLUSIVE if unclear else v.NOT_REPRODUCED
-    return outcome, (f"minimal model (layers 0-{result.minimal_layers - 1}) {base_score}; {shown}; halfway to chance: "
-                     f"{(base_score.acc + result.chance[name]) / 2:.1%}; layers below it: {_layers(collapsing)}; "
-                     f"not decided: {_layers(unclear)}")
+    return outcome, (f"minimal model (layers 0-{result.minimal_layers - 1}) {base_score}; {shown}; the line: a paired "
+                     f"loss beyond half the gap to chance {result.chance[name]:.0%} (`verdicts.collapses`); layers past "
+                     f"it: {_layers(collapsing)}; not decided: {_layers(unclear)}")
 
 
 def only_a_few(result: Result) -> tuple[str, str]:
@@ -229,7 +229,7 @@ def comparison(result: Result) -> pd.DataFrame:
          f"{name}: {result.minimal[name]} (whole model {result.full[name]})"),
         ("layers whose removal takes retrieval to chance",
          f"{_layers(critical)} ({paper('layer_removal', 'critical_layers').source})", "L16 only (cell 22)",
-         f"{_layers(collapsing)} (paired, below halfway to chance); not decided: {_layers(unclear)}"),
+         f"{_layers(collapsing)} (paired, past the line most of the way to chance); not decided: {_layers(unclear)}"),
         ("retrieval without the most harmful layer", "near chance (size not stated)", "-",
          f"without L{worst}: {result.removed[name][worst]} (chance {result.chance[name]:.0%})"),
         ("knowledge when one layer goes", "changes little (Fig. 3)", "mean acc of 6 tasks",

@@ -25,11 +25,13 @@ from . import base
 # The screen's setting: a layer's gradient taken with its heads at half strength finds heads
 # that the clean gradient misses (DESIGN.md section 4); on the paper profiles the chapters
 # sweep their layers exactly anyway, and the midpoint costs one pass per layer on every prompt.
+# The form is the released scoring's (the value right after the query, `tasks.KV_FORMS`).
 RANKING = {
-    "cpu": dict(pairs=8, n=40, query="repeat", top=10, alpha=0.5, seed=0),
-    "paper": dict(pairs=8, n=200, query="paper", top=10, alpha=1.0, seed=0),
-    "paper-3b": dict(pairs=8, n=200, query="paper", top=10, alpha=0.5, seed=0),
+    "cpu": dict(pairs=8, n=40, query="repeat", form="released", top=10, alpha=0.5, seed=0),
+    "paper": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=1.0, seed=0),
+    "paper-3b": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=0.5, seed=0),
 }
+SWEEP_WIDEST = 256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
 SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
 
 
@@ -64,16 +66,28 @@ def ranking_settings(profile: str, smoke: bool) -> dict:
     return {**RANKING[profile], **(SMOKE if smoke else {})}
 
 
-def kv_ranking(loaded, profile: str, smoke: bool, trailing_space: bool = False) -> Ranking:
+def paper_layers(loaded) -> list[int]:
+    """The layers of the release's heads of this model (none for a model it names none of), those
+    narrow enough to sweep exactly: every ranking sweeps them, whatever its screen says, so that a
+    verdict on the paper's heads never rests on the screen alone (at alpha = 1 it can rank the
+    most harmful head near last)."""
+    named = paper_heads(loaded.name) or {}
+    layers = sorted({h.layer for hs in named.values() for h in hs})
+    return [l for l in layers if loaded.adapter.n_heads(l) <= SWEEP_WIDEST]
+
+
+def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None) -> Ranking:
     """The model's heads ranked by what zeroing each does to KV retrieval (the screen, then the
-    layers it points to swept exactly), through the results store."""
-    settings = {**ranking_settings(profile, smoke), "trailing_space": trailing_space}
+    layers it points to and the paper heads' layers swept exactly), through the results store.
+    `form`: how the value follows the query (`tasks.KV_FORMS`; None: the profile's)."""
+    settings = ranking_settings(profile, smoke)
+    settings = {**settings, "form": form or settings["form"], "paper_layers": paper_layers(loaded)}
 
     def compute(cell):
         items = bm.kv(loaded.name, loaded.tokenizer, settings["pairs"], settings["n"], settings["seed"],
-                      settings["query"], trailing_space).items
+                      settings["query"], settings["form"]).items
         engine = SweepEngine(loaded, loaded.tokenizer, items)
-        table = rank_heads(engine, settings["top"], alpha=settings["alpha"])
+        table = rank_heads(engine, settings["top"], alpha=settings["alpha"], also=settings["paper_layers"])
         return {"clean": engine.score().to_json(), "table": table.to_dict("records")}
 
     store = base.open_store("head_ranking", profile, "kv", [loaded])

@@ -33,8 +33,25 @@ def brief(acc: float, lo: float, hi: float) -> str:
     return f"{acc:.1%} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+class Accuracy:
+    """What a Score and a TaskMean share: an accuracy `acc` with its 95% interval `lo`, `hi`."""
+
+    def __str__(self) -> str:
+        return format(self)
+
+    @property
+    def brief(self) -> str:
+        """"68.0% [58.3, 76.3]": the accuracy and its interval, as table cells show them."""
+        return brief(self.acc, self.lo, self.hi)
+
+    def above(self, chance: float) -> bool:
+        """Whether the whole interval clears `chance`: only then can the model test a claim
+        about the task (a model at chance has nothing an ablation could remove)."""
+        return self.lo > chance
+
+
 @dataclass(frozen=True, eq=False)
-class Score:
+class Score(Accuracy):
     """Accuracy over `n` items with a 95% Wilson interval; `correct` says which items were right
     (in item order), for paired comparisons."""
 
@@ -53,19 +70,6 @@ class Score:
     def __format__(self, spec: str) -> str:
         spec = spec or ".1%"
         return f"{self.acc:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}], n={self.n}"
-
-    def __str__(self) -> str:
-        return format(self)
-
-    @property
-    def brief(self) -> str:
-        """"68.0% [58.3, 76.3]": the accuracy and its interval, as table cells show them."""
-        return brief(self.acc, self.lo, self.hi)
-
-    def above(self, chance: float) -> bool:
-        """Whether the whole interval clears `chance`: only then can the model test a claim
-        about the task (a model at chance has nothing an ablation could remove)."""
-        return self.lo > chance
 
     def to_json(self) -> dict:
         return {"correct": "".join("1" if c else "0" for c in self.correct)}
@@ -150,7 +154,7 @@ def mean_of(accs: Sequence[float], ns: Sequence[int]) -> tuple[float, float, flo
 
 
 @dataclass(frozen=True, eq=False)
-class TaskMean:
+class TaskMean(Accuracy):
     """The unweighted mean of several tasks' accuracies, as the released code scores knowledge
     (each task counts once, however many items it has), with `mean_of`'s interval. `chance` is
     the tasks' chance levels averaged the same way. Formats and compares like a `Score`."""
@@ -180,16 +184,6 @@ class TaskMean:
     def __format__(self, spec: str) -> str:
         spec = spec or ".1%"
         return f"{self.acc:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}], mean of {len(self.tasks)} task{'s' if len(self.tasks) != 1 else ''}, n={self.n}"
-
-    def __str__(self) -> str:
-        return format(self)
-
-    @property
-    def brief(self) -> str:
-        return brief(self.acc, self.lo, self.hi)
-
-    def above(self, chance: float) -> bool:
-        return self.lo > chance
 
 
 def mean_difference(a: TaskMean, b: TaskMean) -> Difference:

@@ -25,8 +25,10 @@ def style() -> None:
 def legend_below(ax, ncols: int = 3) -> None:
     """The axes' legend under the plot, where it covers nothing."""
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=min(ncols, len(labels)),
-              frameon=False)
+    # Below the x label: half an inch under the axes, however short they are.
+    height = ax.get_position().height * ax.figure.get_figheight()
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -max(0.16, 0.5 / height)),
+              ncols=min(ncols, len(labels)), frameon=False)
 
 
 def accuracy_curves(table: pd.DataFrame, x: str, hue: str, title: str, xlabel: str,

@@ -151,7 +151,7 @@ class Config(base.Config):
         if profile == "cpu":
             # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), then the layers of its
             # top heads swept exactly; sizes that fit the book's 15 minutes a chapter.
-            return dict(model=LETTER_MODEL, task="mmlu", n_screen=150, n_check=200, n_knowledge=200, top=6,
+            return dict(model=LETTER_MODEL, task="mmlu", n_screen=100, n_check=200, n_knowledge=200, top=2,
                         screen_alpha=1.0, **common)
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
         return dict(model=PAPER_MODEL[profile], task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,

@@ -22,19 +22,19 @@ from .heads import Head, layers_to_sweep, ranking_table
 from .packing import default_batch_tokens
 
 
-GRAPH_BYTES = 2 * 1024**3  # a gradient pass's activations per batch on CPU (a 1.5B model: ~1,000 tokens)
+GRAPH_BYTES = 2 * 1024**3  # a gradient pass's activations per batch on CPU (a 1.5B model: ~350 tokens)
 
 
 def gradient_batch_tokens(model) -> int:
-    """Tokens per batch for a forward and backward pass through every layer: about a dozen
-    float32 activations per hidden unit per layer are kept for the backward pass (attention and
-    MLP inputs, the MLP's wider hidden layer), so the budget is split by layers x width. On a GPU,
-    the engine's own budget (a share of free memory) stands."""
+    """Tokens per batch for a forward and backward pass through every layer: some three dozen
+    float32 activations per hidden unit per layer are kept for the backward pass (attention's
+    inputs and outputs, a gated MLP's four tensors of about six times the width), so the budget
+    is split by layers x width. On a GPU, the engine's own budget (a share of free memory) stands."""
     device = next(model.parameters()).device
     if device.type == "cuda":
         return default_batch_tokens(device)
     c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    per_token = 12 * 4 * c.num_hidden_layers * c.hidden_size
+    per_token = 36 * 4 * c.num_hidden_layers * c.hidden_size
     return int(max(64, min(default_batch_tokens(device), GRAPH_BYTES // per_token)))
 
 

@@ -296,7 +296,11 @@ def run(cfg: Config) -> Result:
     shared.check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
     layers = list(range(kept))
     named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
-    sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}))
+    # Swept exactly: as set; else the paper's heads' layers; else, where the minimal model was found
+    # here on MMLU, its last two layers (the paper's minimal model ends with its Aggregate layer, and
+    # only its last two layers matter for MMLU, Fig. 3); else the layers the screen points to.
+    found = [kept - 2, kept - 1] if depths and cfg.task == "mmlu" and kept >= 2 else []
+    sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}) or found)
     if bad := [l for l in sweep_layers if l >= kept]:
         raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
     knowledge = bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)

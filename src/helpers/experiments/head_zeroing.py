@@ -498,7 +498,7 @@ def knowledge_row(result: Result) -> str:
     if not result.knowledge:
         return "-"
     cond = [NONE] + [zeroed(r) for r in ROLE_NAMES if zeroed(r) in result.scores]
-    return " / ".join(result.knowledge_under(c).brief for c in cond) + f" ({', '.join(result.knowledge)})"
+    return " / ".join(result.knowledge_under(c).brief for c in cond) + f"; tasks: {', '.join(result.knowledge)}"
 
 
 def subject(result: Result) -> str:

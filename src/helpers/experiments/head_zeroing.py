@@ -149,8 +149,8 @@ class Config(base.Config):
         common = dict(kv_pairs=s["pairs"], kv_query=s["query"], sweep_layers=None,
                       gather=None, aggregate=None, n_controls=5, seed=s["seed"], layers_kept=None)
         if profile == "cpu":
-            # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), then the layers of its
-            # top heads swept exactly; sizes that fit the book's 15 minutes a chapter.
+            # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), the found minimal
+            # model's last two layers swept exactly (see `run`); sizes that fit the book's 15 minutes a chapter.
             return dict(model=LETTER_MODEL, task="mmlu", n_screen=100, n_check=200, n_knowledge=200, top=2,
                         screen_alpha=1.0, **common)
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
@@ -291,8 +291,9 @@ def run(cfg: Config) -> Result:
     loaded = base.load(cfg.model)
     n_layers = loaded.adapter.n_layers
     screen, check = prompts(cfg, loaded)
-    depths = {} if cfg.layers_kept or layer_removal.published_minimal(cfg.model) else by_depth(cfg, loaded, screen)
-    kept = cfg.layers_kept or layer_removal.published_minimal(cfg.model) or layer_pruning.minimal_depth(depths)
+    given = cfg.layers_kept or layer_removal.published_minimal(cfg.model)
+    depths = {} if given else by_depth(cfg, loaded, screen)
+    kept = given or layer_pruning.minimal_depth(depths)
     shared.check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
     layers = list(range(kept))
     named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}

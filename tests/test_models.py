@@ -99,6 +99,23 @@ def test_split_gguf_is_assembled_in_order_once_outside_the_repository(monkeypatc
     assert models.gguf_file("fake-split").stat().st_mtime_ns == stamp  # not written again
 
 
+def test_a_verified_gguf_is_not_hashed_again_until_it_changes(monkeypatch, tmp_path):
+    import os
+
+    _split_model(monkeypatch, tmp_path, [b"GGUF", b"tail"])
+    hashed = []
+    real = models.file_sha256
+    monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
+    path = models.gguf_file("fake-split")
+    assert len(hashed) == 2  # the assembled part, then the file in place
+    models.gguf_file("fake-split")
+    assert len(hashed) == 2
+    path.write_bytes(b"GGUFtaiL")  # same size, other bytes, a later modification time
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
+    with pytest.raises(helpers.ModelUnavailable, match="SHA-256 differs"):
+        models.gguf_file("fake-split")
+
+
 def test_split_gguf_with_the_wrong_hash_is_refused_and_not_kept(monkeypatch, tmp_path):
     _split_model(monkeypatch, tmp_path, [b"GGUF", b"tail"], sha="0" * 64)
     with pytest.raises(helpers.ModelUnavailable, match="SHA-256 differs.*--force-reinstall fake-part1==1.0 fake-part2==1.0"):

@@ -70,13 +70,23 @@ def _package_file(source, package: str, number: int) -> Path:
 
 
 def _checked(path: Path, source, name: str, remove: Path | None = None) -> Path:
-    if file_sha256(path) != source.sha256:
-        if remove is not None:
-            remove.unlink()
-        raise ModelUnavailable(f"{path} is not the GGUF file of {name} (SHA-256 differs): reinstall its packages "
-                               f"with `{source.pip_command().replace('--no-deps', '--no-deps --force-reinstall')}`"
-                               + ("" if remove is not None or not source.split else f" and delete {path}"))
-    return path
+    # Hashing 1.1 GB takes seconds and every chapter asks twice (its shape, then its weights), so a
+    # match is remembered in the cache folder for this file's path, size and modification time:
+    # a file rewritten or replaced since is hashed again.
+    stat = path.stat()
+    seen = f"{path.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}\n{source.sha256}\n"
+    stamp = paths.cache_dir() / f"{source.sha256[:12]}.verified"
+    if remove is None and stamp.exists() and stamp.read_text() == seen:
+        return path
+    if file_sha256(path) == source.sha256:
+        if remove is None:
+            stamp.write_text(seen)
+        return path
+    if remove is not None:
+        remove.unlink()
+    raise ModelUnavailable(f"{path} is not the GGUF file of {name} (SHA-256 differs): reinstall its packages "
+                           f"with `{source.pip_command().replace('--no-deps', '--no-deps --force-reinstall')}`"
+                           + ("" if remove is not None or not source.split else f" and delete {path}"))
 
 
 def _hub_offline() -> bool:

@@ -73,7 +73,10 @@ def test_wilson_known_answers():
 
 def test_mean_of_tasks_known_answer():
     m, lo, hi = mean_of([0.5, 1.0], [100, 100])
-    assert m == 0.75 and hi - m == pytest.approx(1.96 * (0.25 / 100) ** 0.5 / 2, rel=1e-3)
+    # Each variance at (k + 2) / (n + 4): the task at 100% is not exact.
+    variance = 0.5 * 0.5 / 104 + (102 / 104) * (2 / 104) / 104
+    assert m == 0.75 and hi - m == pytest.approx(1.96 * variance ** 0.5 / 2, rel=1e-3)
+    assert mean_of([1.0], [4]) == (1.0, *wilson(4, 4))  # one task: its own Wilson interval, not [100%, 100%]
 
 
 def test_mean_over_tasks_is_the_unweighted_mean_per_group():

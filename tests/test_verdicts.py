@@ -201,6 +201,8 @@ def test_harmful_heads_that_are_not_gather_or_aggregate_are_another_mechanism():
     outcome, evidence = v.another_mechanism("Gather", "the best is a previous-token head (L16H0)", measured=True)
     assert outcome == v.NOT_REPRODUCED and evidence.startswith("another mechanism")
     assert v.another_mechanism("Gather", "single SSM channels", measured=False)[0] == v.NOT_TESTABLE
+    outcome, evidence = v.another_mechanism("Gather", "the best is 0.46 [0.31, 0.62]", measured=True, sure=False)
+    assert outcome == v.INCONCLUSIVE and "reaches the line" in evidence
 
 
 # --- a ranking is read past the chance and ceiling checks ------------------------------------------

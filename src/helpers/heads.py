@@ -102,12 +102,26 @@ def candidates(ranking: pd.DataFrame, k: int = 4) -> list[Head]:
     return chosen
 
 
+def boundary_ties(ranking: pd.DataFrame, chosen: list[Head]) -> list[Head]:
+    """The measured heads left out of `chosen` that are exactly as harmful as the last head
+    chosen (the same accuracy on the same prompts): the ranking's order among them is the
+    screen's estimate, which a page must say rather than break the tie in silence."""
+    rows = ranking.dropna(subset=["acc"])
+    acc = {Head(int(l), int(h)): a for l, h, a in zip(rows.layer, rows["head"], rows.acc)}
+    if not chosen or chosen[-1] not in acc:
+        return []
+    return [h for h in acc if h not in chosen and acc[h] == acc[chosen[-1]]]
+
+
 # --- roles, by behaviour ------------------------------------------------------------------------
 
 GATHER_MEASURE = "segment end: own-segment share"
 AGGREGATE_MEASURE = "final position: share on segment ends"
 LOCAL_MEASURE = "segment ends: share on themselves and the previous token"
 LOCAL = 0.8  # above this a head is a previous-token head: staying inside a segment says little
+
+
+ROLE_MEASURES = (GATHER_MEASURE, AGGREGATE_MEASURE)
 
 
 def assign_roles(measures: pd.DataFrame) -> dict[str, Head | None]:

@@ -22,7 +22,7 @@ from typing import Iterable
 from urllib.parse import quote
 
 import pandas as pd
-from IPython.display import HTML, display
+from IPython.display import HTML, Markdown, display
 
 from .stats import brief
 from .verdicts import CHECK, Verdict, overall, tested_note
@@ -118,6 +118,11 @@ def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
     out["accuracy [95% interval]"] = [brief(a, lo, hi) for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)]
     out["n"] = frame.n.astype(int)
     return out
+
+
+def note(text: str) -> None:
+    """A sentence computed by the run, shown as a paragraph of the page."""
+    display(Markdown(text))
 
 
 def provenance(record: dict) -> None:

@@ -146,11 +146,28 @@ def difference(a: Score, b: Score, paired: bool = True) -> Difference:
 
 def mean_of(accs: Sequence[float], ns: Sequence[int]) -> tuple[float, float, float]:
     """Unweighted mean of accuracies over `ns` items each (the released code's knowledge score)
-    with a normal 95% interval from their binomial variances."""
+    with a 95% interval: one task's Wilson interval; for several, a normal interval from their
+    binomial variances, each taken at (k + 2) / (n + 4) (Agresti and Caffo's adjustment), so that a
+    task at 0% or 100% still counts as uncertain rather than exact."""
     accs, ns = np.asarray(accs, dtype=float), np.asarray(ns, dtype=float)
-    half = Z95 * math.sqrt((accs * (1 - accs) / ns).sum() / len(accs) ** 2)
+    if len(accs) == 1:
+        return (float(accs[0]), *wilson(round(accs[0] * ns[0]), int(ns[0])))
+    adjusted = (accs * ns + 2) / (ns + 4)
+    half = Z95 * math.sqrt((adjusted * (1 - adjusted) / (ns + 4)).sum() / len(accs) ** 2)
     m = float(accs.mean())
     return m, max(0.0, m - half), min(1.0, m + half)
+
+
+def mean_interval(values: Sequence[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """The mean of per-prompt measurements with a 95% percentile-bootstrap interval (a fixed
+    generator: the same values give the same interval); with fewer than two values the interval is
+    unknown (nan)."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    if len(x) < 2:
+        return (float(x.mean()) if len(x) else float("nan")), float("nan"), float("nan")
+    means = x[np.random.default_rng(0).integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+    return float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
 @dataclass(frozen=True, eq=False)

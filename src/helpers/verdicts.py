@@ -216,13 +216,16 @@ def kept_while_falls(x_ref: Measured, x_other: Measured, y_ref: Measured, y_othe
                                   f"X's change minus Y's: {did}")
 
 
-def another_mechanism(role: str, why: str, measured: bool) -> tuple[str, str]:
+def another_mechanism(role: str, why: str, measured: bool, sure: bool = True) -> tuple[str, str]:
     """The outcome where no head the ranking found behaves as `role` ("Gather", "Aggregate"):
     the harmful heads do something else (previous-token, induction, value copying), which is
     evidence against the mechanism here: not reproduced. Only where no candidate could be
-    measured at all is it not testable."""
+    measured at all is it not testable; where a candidate's measure is under the line but its
+    interval over the prompts reaches it (`sure` False), too few prompts decide: inconclusive."""
     if not measured:
         return NOT_TESTABLE, why
+    if not sure:
+        return INCONCLUSIVE, f"no {role} head for sure: {why}, but a candidate's interval reaches the line"
     return NOT_REPRODUCED, f"another mechanism: no {role} head among the most harmful heads; {why}"
 
 

@@ -104,6 +104,13 @@ def test_a_role_no_measured_candidate_plays_is_another_mechanism_and_says_why():
     gather, aggregate, _, only, *_ = chapter.verdicts(result)
     assert gather.outcome == only.outcome == v.NOT_REPRODUCED and gather.evidence.startswith("another mechanism")
     assert "no candidate behaves as a Gather head" in gather.evidence and "0.30" in gather.evidence
+    # The same best measure, but its interval over the prompts reaches the line: too few prompts decide.
+    noisy = measures(0.3, 0.8).assign(**{f"{hd.GATHER_MEASURE} lo": [0.1, 0.1], f"{hd.GATHER_MEASURE} hi": [0.55, 0.3]})
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=chapter.Roles({"G": (), "A": (A,)}, "behaviour", noisy, found))
+    assert chapter.verdicts(result)[0].outcome == v.INCONCLUSIVE and "[0.10, 0.55]" in chapter.verdicts(result)[0].evidence
+    sure = noisy.assign(**{f"{hd.GATHER_MEASURE} hi": [0.45, 0.3]})
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=chapter.Roles({"G": (), "A": (A,)}, "behaviour", sure, found))
+    assert chapter.verdicts(result)[0].outcome == v.NOT_REPRODUCED
     unmeasured = chapter.Roles({"G": (), "A": ()}, "behaviour", None, None)  # e.g. single SSM channels
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=unmeasured)
     assert {x.outcome for x in chapter.verdicts(result)[:2]} == {v.NOT_TESTABLE}
@@ -130,3 +137,35 @@ def test_a_model_at_chance_cannot_test_the_claims():
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         chapter.Config.for_profile(**{"profile": "cpu", **kwargs})
+
+
+def test_random_controls_are_different_sets_drawn_from_the_seed():
+    pool = [Head(16, h) for h in range(6)]
+    draws = chapter.distinct_draws(pool, 4, 5, seed=3)
+    assert len(set(draws)) == 5 and all(len(set(d)) == 4 for d in draws)
+    assert draws == chapter.distinct_draws(pool, 4, 5, seed=3) != chapter.distinct_draws(pool, 4, 5, seed=4)
+    assert len(chapter.distinct_draws(pool[:5], 4, 10, seed=0)) == 5  # only five sets of four exist
+
+
+def test_a_tie_at_the_candidates_boundary_is_reported_and_none_is_not():
+    exact = {Head(16, 0): 0.3, Head(16, 1): 0.4, Head(17, 0): 0.5, Head(17, 1): 0.6, Head(17, 2): 0.6, Head(16, 2): 0.6}
+    n = 100
+    ranking = hd.ranking_table({h: -i for i, h in enumerate(exact)}, {h: Score.of(np.arange(n) < a * n) for h, a in exact.items()})
+    chosen = chapter.screen_candidates(ranking)
+    tied = hd.boundary_ties(ranking, chosen)
+    assert len(chosen) == 4 and len(tied) == 2 and set(tied) | {chosen[-1]} == {Head(17, 1), Head(17, 2), Head(16, 2)}
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7)
+    untied = chapter.draws(result)
+    assert "Seed 0 drew" in untied and "tie" not in untied
+    tied_text = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": ranking}))
+    assert "A tie at the candidates' boundary: 2 more heads" in tied_text and "60%" in tied_text
+
+
+def test_the_verdicts_at_smoke_size_are_the_same_at_two_further_seeds():
+    # Every draw follows `seed`; on the toy Transformer the outcomes must not depend on which one.
+    outcomes = {}
+    for seed in (0, 1, 2):
+        result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=seed))
+        outcomes[seed] = [x.outcome for x in chapter.verdicts(result)]
+        assert f"Seed {seed} drew" in chapter.draws(result)
+    assert outcomes[0] == outcomes[1] == outcomes[2]

@@ -20,6 +20,7 @@ screen's prompts (`layer_pruning.minimal_depth`: the shallowest cut that keeps t
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -67,17 +68,34 @@ class Roles:
     def role_of(self, head: Head) -> str:
         return next((r for r in ROLE_NAMES if head in self.heads[r]), "")
 
+    def _eligible(self, role: str) -> tuple[pd.DataFrame, list]:
+        """The measured candidates that could play the role, and the previous-token heads left out
+        (they stay inside their segment whatever they do: not a Gather head)."""
+        m = self.measures
+        local = list(m.index[m[hd.LOCAL_MEASURE].astype(float) > hd.LOCAL]) if role == "G" else []
+        return m.drop(index=local), local
+
+    def surely_missing(self, role: str) -> bool:
+        """No eligible candidate can play the role: even the top of each one's interval (over the
+        prompts) stays at or under the line. A measure without its interval counts as exact."""
+        column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
+        eligible, _ = self._eligible(role)
+        top = eligible[f"{column} hi"] if f"{column} hi" in eligible else eligible[column]
+        return bool((top.astype(float) <= 0.5).all())
+
     def missing(self, role: str) -> str:
-        """Why a role has no head: the best candidate's measure against the line."""
+        """Why a role has no head: the best candidate's measure (and its interval) against the line."""
         column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
         if self.measures is None or self.measures.empty:
             return f"no {ROLE_NAMES[role]} head: no candidate could be measured"
-        best = self.measures[column].astype(float)
-        local = self.measures.index[self.measures[hd.LOCAL_MEASURE].astype(float) > hd.LOCAL] if role == "G" else []
-        if len(local):  # previous-token heads stay inside their segment whatever they do: not a Gather head
-            best = best.drop(index=local)
-        why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f} "
-               f"({Head(*best.idxmax())}), at most 0.5 is not the behaviour" if len(best) else "")
+        eligible, local = self._eligible(role)
+        best = eligible[column].astype(float)
+        interval = ""
+        if len(best) and f"{column} hi" in eligible:
+            top = Head(*best.idxmax())
+            interval = f" [{eligible.loc[[top], f'{column} lo'].iloc[0]:.2f}, {eligible.loc[[top], f'{column} hi'].iloc[0]:.2f}]"
+        why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f}"
+               f"{interval} ({Head(*best.idxmax())}), at most 0.5 is not the behaviour" if len(best) else "")
         if len(local):
             why = "; ".join(filter(None, [f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
                                           f"the previous token (local share above {hd.LOCAL})", why]))
@@ -279,11 +297,28 @@ def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_c
             out[kept_only(*kept)] = {l: [h for h in range(n_heads[l]) if Head(l, h) not in keep] for l in layers}
     taken = set(g + a) | set(hd.measured(ranking)[:5])
     pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
-    rng = np.random.default_rng(seed)
-    controls = [tuple(sorted(pool[i] for i in rng.choice(len(pool), CONTROL_SIZE, replace=False)))
-                for _ in range(n_controls)] if len(pool) >= CONTROL_SIZE else []
+    controls = distinct_draws(pool, CONTROL_SIZE, n_controls, seed)
     out |= {control(i): ablation(c) for i, c in enumerate(controls)}
     return out, controls
+
+
+def distinct_draws(pool: list[Head], size: int, n: int, seed: int) -> list[tuple[Head, ...]]:
+    """`n` different sets of `size` heads from `pool`, drawn with `seed` (a set drawn twice would
+    count twice among the controls; fewer than `n` where the pool has fewer sets)."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[Head, ...]] = []
+    possible = math.comb(len(pool), size) if len(pool) >= size else 0
+    while len(out) < min(n, possible):
+        draw = tuple(sorted(pool[i] for i in rng.choice(len(pool), size, replace=False)))
+        if draw not in out:
+            out.append(draw)
+    return out
+
+
+def screen_candidates(ranking: pd.DataFrame) -> list[Head]:
+    """The heads whose roles are measured: the ranking's candidates where two or more layers were
+    swept, else every head measured."""
+    return hd.candidates(ranking) if len({h.layer for h in hd.measured(ranking)}) >= 2 else hd.measured(ranking)
 
 
 def run(cfg: Config) -> Result:
@@ -306,8 +341,7 @@ def run(cfg: Config) -> Result:
         raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
     knowledge = bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)
     screen_clean, ranking = rank(cfg, loaded, screen, layers, sweep_layers)
-    candidates = hd.candidates(ranking) if len({h.layer for h in hd.measured(ranking)}) >= 2 else hd.measured(ranking)
-    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, screen, candidates)
+    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, screen, screen_candidates(ranking))
     n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
     ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
 
@@ -365,7 +399,7 @@ def missing_role(roles: Roles, role: str, clean: Score, chance: float) -> tuple[
     if not v.testable(clean, chance):
         return v.NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
     measured = roles.measures is not None and not roles.measures.empty
-    return v.another_mechanism(ROLE_NAMES[role], roles.missing(role), measured)
+    return v.another_mechanism(ROLE_NAMES[role], roles.missing(role), measured, measured and roles.surely_missing(role))
 
 
 def controls_do_little(result: Result) -> tuple[str, str]:
@@ -405,7 +439,9 @@ def knowledge_kept(result: Result, role: str) -> tuple[str, str]:
     """Is knowledge kept with the role's heads zeroed (`verdicts.kept` on the unweighted mean over
     the knowledge tasks, each task paired across conditions)?"""
     if not result.roles.heads[role]:
-        return v.NOT_TESTABLE, f"no {ROLE_NAMES[role]} head to zero: {result.roles.missing(role)}"
+        roles = result.roles
+        unsure = roles.measures is not None and not roles.measures.empty and not roles.surely_missing(role)
+        return (v.INCONCLUSIVE if unsure else v.NOT_TESTABLE), f"no {ROLE_NAMES[role]} head to zero: {roles.missing(role)}"
     if not result.knowledge:
         return v.NOT_TESTABLE, "no knowledge task was scored"
     clean = result.knowledge_under(NONE)
@@ -500,6 +536,28 @@ def knowledge_row(result: Result) -> str:
         return "-"
     cond = [NONE] + [zeroed(r) for r in ROLE_NAMES if zeroed(r) in result.scores]
     return " / ".join(result.knowledge_under(c).brief for c in cond) + f"; tasks: {', '.join(result.knowledge)}"
+
+
+def draws(result: Result) -> str:
+    """What `seed` drew on this page, and the ties the ranking's order broke among the heads
+    whose roles were measured."""
+    cfg = result.cfg
+    if cfg.task == "kv":
+        prompts_drawn = f"the screen's KV dictionaries (seed {cfg.seed}) and the check's (seed {cfg.seed + 1})"
+    else:
+        prompts_drawn = (f"the split of the letter questions into the screen's {result.screen_clean.n} and the "
+                         f"check's {result.clean.n}")
+    knowledge = f", the {sum(next(iter(s.values())).n for s in result.knowledge.values())} knowledge items" if result.knowledge else ""
+    text = f"Seed {cfg.seed} drew {prompts_drawn}{knowledge} and the {len(result.controls)} random control sets (all different)."
+    chosen = screen_candidates(result.ranking)
+    tied = hd.boundary_ties(result.ranking, chosen)
+    if tied:
+        last, r = chosen[-1], result.ranking
+        acc = r[(r.layer == last.layer) & (r["head"] == last.head)].acc.iloc[0]
+        text += (f" A tie at the candidates' boundary: {len(tied)} more heads ({', '.join(map(str, tied[:6]))}"
+                 f"{', ...' if len(tied) > 6 else ''}) leave the screen exactly where {last} does ({acc:.0%}); "
+                 "the screen's estimate ordered them, so another seed may measure other candidates.")
+    return text
 
 
 def subject(result: Result) -> str:

@@ -14,11 +14,11 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
-from ..heads import Head, assign_roles, candidates
+from ..heads import ROLE_MEASURES, Head, assign_roles, candidates
 from ..reference import paper
 from ..screen import rank_heads
 from ..segments import measure_heads
-from ..stats import Score
+from ..stats import Score, mean_interval
 from ..sweep import sweep
 from . import base
 
@@ -96,10 +96,22 @@ def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None) -> Ra
 
 
 def roles(loaded, benchmark: bm.Benchmark, heads: list[Head], n: int) -> tuple[pd.DataFrame, dict]:
-    """What `heads` do on `n` prompts of `benchmark` (`segments.head_measures`, averaged), and
+    """What `heads` do on `n` prompts of `benchmark` (`segments.head_measures`, `averaged`), and
     which of them act as the Gather and the Aggregate head (`heads.assign_roles`)."""
-    measures = measure_heads(loaded, benchmark.items[:n], benchmark.segments, heads)
+    measures = averaged(measure_heads(loaded, benchmark.items[:n], benchmark.segments, heads, average=False))
     return measures, assign_roles(measures)
+
+
+def averaged(per_prompt: pd.DataFrame) -> pd.DataFrame:
+    """`segments.measure_heads(..., average=False)` averaged over prompts, one row per head, with
+    the 95% interval of each role measure over the prompts (columns "<measure> lo" / "hi"), so
+    that a role's absence can be told from a measure too noisy to decide."""
+    means = per_prompt.drop(columns="prompt").groupby("head", sort=False).mean()
+    for m in ROLE_MEASURES:
+        bounds = {h: mean_interval(g[m].to_numpy())[1:] for h, g in per_prompt.groupby("head", sort=False)}
+        means[f"{m} lo"] = [bounds[h][0] for h in means.index]
+        means[f"{m} hi"] = [bounds[h][1] for h in means.index]
+    return means
 
 
 def ranked_roles(loaded, profile: str, smoke: bool, n: int) -> tuple[Ranking, pd.DataFrame, dict]:

@@ -120,6 +120,12 @@ def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
     return out
 
 
+def verdict_rows(verdicts: list[Verdict]) -> pd.DataFrame:
+    """Verdicts as table rows (claim, source, outcome, evidence), for a second subject on a page
+    whose box at the top holds the first."""
+    return pd.DataFrame([dict(claim=v.claim, source=v.source, outcome=v.outcome, evidence=v.evidence) for v in verdicts])
+
+
 def note(text: str) -> None:
     """A sentence computed by the run, shown as a paragraph of the page."""
     display(Markdown(text))

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from helpers import heads as hd
+from helpers import page
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import head_zeroing as chapter
@@ -169,3 +170,12 @@ def test_the_verdicts_at_smoke_size_are_the_same_at_two_further_seeds():
         outcomes[seed] = [x.outcome for x in chapter.verdicts(result)]
         assert f"Seed {seed} drew" in chapter.draws(result)
     assert outcomes[0] == outcomes[1] == outcomes[2]
+
+
+def test_the_pages_toy_ssm_is_swept_whole_with_controls_from_every_layer():
+    cfg = chapter.Config.for_profile("paper", smoke=True)
+    toy = chapter.run(chapter.toy_config(cfg))  # the toy runs at CPU sizes on every profile
+    assert toy.cfg.model == chapter.SSM_TOY and toy.cfg.profile == "cpu" and toy.task_name.startswith("letter MCQ")
+    assert {h.layer for h in hd.measured(toy.ranking)} == set(range(toy.layers_kept))  # layer 0's heads too
+    rows = page.verdict_rows(chapter.verdicts(toy))
+    assert list(rows.columns) == ["claim", "source", "outcome", "evidence"] and "letter MCQ" in rows.claim[0]

@@ -41,8 +41,10 @@ from . import base, layer_pruning, layer_removal, shared
 
 PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
 LETTER_MODEL = "qwen2.5-coder-1.5b-instruct"  # the CPU profile's model that picks MMLU letters
+SSM_TOY = "toy-mamba2"  # the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 CONTROL_SIZE = 4  # heads per random control: more than any one role holds, so a null result means something
+SWEEP_ALL = 64  # a minimal model with at most this many heads is swept whole
 MAX_SWEPT = 1024  # an exact sweep covers at most this many heads (Falcon-Mamba has 8192 one-channel heads a layer)
 
 
@@ -209,6 +211,7 @@ class Result:
     knowledge: dict[str, dict[str, Score]] = field(default_factory=dict)  # task -> condition -> score
     knowledge_chance: dict[str, float] = field(default_factory=dict)  # task -> chance
     depths: dict[int, Score] = field(default_factory=dict)  # the task on the screen's prompts by layers kept, where searched
+    task_name: str = ""  # the check's benchmark (a toy's letter MCQ is not MMLU)
 
     def knowledge_under(self, condition: str) -> TaskMean:
         """Knowledge under one condition: the unweighted mean over the tasks, as the release scores it."""
@@ -236,6 +239,12 @@ def kept_only(*roles: str) -> str:
 
 def control(i: int) -> str:
     return f"random {CONTROL_SIZE} heads #{i + 1}"
+
+
+def toy_config(cfg: Config) -> Config:
+    """The page's SSM side: the toy Mamba-2 through the same protocol on its letter MCQ and
+    knowledge task, at the CPU profile's sizes (seconds on any machine), with the page's seed."""
+    return Config.for_profile("cpu", cfg.smoke, model=SSM_TOY, task="mmlu", seed=cfg.seed)
 
 
 def prompts(cfg: Config, loaded) -> tuple[bm.Benchmark, bm.Benchmark]:
@@ -285,7 +294,8 @@ def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_c
                seed: int) -> tuple[dict[str, dict[int, list[int]]], list[tuple[Head, ...]]]:
     """What is zeroed on the check's prompts: each role's heads, both, Table 1's "keep only"
     configurations in the roles' layers, and random heads of the same layers (other than the
-    roles' and the screen's top heads)."""
+    roles' and the screen's top heads; of every layer in `n_heads` where those layers hold too
+    few others for `n_controls` different sets)."""
     g, a = roles.heads["G"], roles.heads["A"]
     out = {NONE: {}, **{zeroed(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
     if g and a:
@@ -297,6 +307,8 @@ def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_c
             out[kept_only(*kept)] = {l: [h for h in range(n_heads[l]) if Head(l, h) not in keep] for l in layers}
     taken = set(g + a) | set(hd.measured(ranking)[:5])
     pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
+    if math.comb(len(pool), CONTROL_SIZE) < n_controls:  # a toy's few heads a layer: draw from every layer kept
+        pool = [Head(l, h) for l in sorted(n_heads) for h in range(n_heads[l]) if Head(l, h) not in taken]
     controls = distinct_draws(pool, CONTROL_SIZE, n_controls, seed)
     out |= {control(i): ablation(c) for i, c in enumerate(controls)}
     return out, controls
@@ -336,6 +348,8 @@ def run(cfg: Config) -> Result:
     # here on MMLU, its last two layers (the paper's minimal model ends with its Aggregate layer, and
     # only its last two layers matter for MMLU, Fig. 3); else the layers the screen points to.
     found = [kept - 2, kept - 1] if depths and cfg.task == "mmlu" and kept >= 2 else []
+    if found and sum(loaded.adapter.n_heads(l) for l in range(kept)) <= SWEEP_ALL:
+        found = list(range(kept))  # a toy: every head is swept exactly, the first layer's too
     sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}) or found)
     if bad := [l for l in sweep_layers if l >= kept]:
         raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
@@ -360,7 +374,7 @@ def run(cfg: Config) -> Result:
     scored = {name: {c: Score.from_json(rows[name][c]) for c in ablations} for name in sets}
     return Result(cfg, kept, n_layers, screen_clean, ranking, roles, scored[check.name], controls, check.chance,
                   base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
-                  {b.name: b.chance for b in knowledge}, depths)
+                  {b.name: b.chance for b in knowledge}, depths, check.name)
 
 
 def by_depth(cfg: Config, loaded, screen: bm.Benchmark) -> dict[int, Score]:
@@ -380,7 +394,9 @@ def by_depth(cfg: Config, loaded, screen: bm.Benchmark) -> dict[int, Score]:
 # --- verdicts ----------------------------------------------------------------------------------
 
 def _task(result: Result) -> str:
-    return "MMLU" if result.cfg.task == "mmlu" else "KV retrieval"
+    if result.cfg.task == "kv":
+        return "KV retrieval"
+    return "MMLU" if result.task_name.startswith("MMLU") or not result.task_name else result.task_name
 
 
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
@@ -408,8 +424,10 @@ def controls_do_little(result: Result) -> tuple[str, str]:
         return v.NOT_TESTABLE, "no random controls were drawn"
     parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
     lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
-    return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of the roles' layers; "
-                                          f"the lowest, {', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
+    drawn = sorted({h.layer for c in result.controls for h in c})
+    return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of layer{'s' if len(drawn) > 1 else ''} "
+                                          f"{', '.join(map(str, drawn))}; the lowest, "
+                                          f"{', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
 
 
 def only_roles_kept(result: Result) -> tuple[str, str]:
@@ -548,7 +566,9 @@ def draws(result: Result) -> str:
         prompts_drawn = (f"the split of the letter questions into the screen's {result.screen_clean.n} and the "
                          f"check's {result.clean.n}")
     knowledge = f", the {sum(next(iter(s.values())).n for s in result.knowledge.values())} knowledge items" if result.knowledge else ""
-    text = f"Seed {cfg.seed} drew {prompts_drawn}{knowledge} and the {len(result.controls)} random control sets (all different)."
+    controls = (f"the {len(result.controls)} random control sets (all different)" if result.controls
+                else "no random control set (too few heads outside the candidates)")
+    text = f"Seed {cfg.seed} drew {prompts_drawn}{knowledge} and {controls}."
     chosen = screen_candidates(result.ranking)
     tied = hd.boundary_ties(result.ranking, chosen)
     if tied:

@@ -434,12 +434,14 @@ def load(name: str):
 
 def open_store(chapter: str, profile: str, part: str, loaded: list, module: str | None = None) -> Store:
     """The results store of one part of a chapter's run. Its file name carries the version of
-    the code and data its cells are computed by (`provenance.measurement_version` of `module`,
+    the code and data its cells are computed by (`provenance.measurement_version` of `module`:
     by default the module that opens the store, with what it imports; from outside the package,
     a test or a notebook that may call anything, the whole package's `provenance.code_version`),
-    so results of other code are never mixed in, and editing a figure, a table or the prose
-    recomputes nothing. A cell's key is its settings, so what a compute reads from a setting must
-    be in its cell. A sidecar (`<part>.models.json`) records the models' revisions, and a store
+    so results of other code are never mixed in, and editing `plots`, `page`, the verdict rules
+    or a chapter's prose recomputes nothing. A cell's key is its settings, so what a compute
+    reads from a setting must be in its cell, and the code it runs must be the opening module's
+    or what that imports (a function handed in by a caller is neither: pass that caller as
+    `module`). A sidecar (`<part>.models.json`) records the models' revisions, and a store
     written with other weights under the same names stops the run with the fix. The sidecar is
     checked and written holding the store's lock, swapped in whole (a full disk leaves the old
     one) and only when it changes. A store without its sidecar is not trusted: nothing says

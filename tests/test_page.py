@@ -54,11 +54,12 @@ def test_staged_notebook_shows_the_png_and_links_the_svg_and_the_results(tmp_pat
                                                            "text/plain": "<Figure>"})
     results = tmp_path / "results" / "toy_zoo"
     results.mkdir(parents=True)
-    for name in ("zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json", "zoo-cpu-old.jsonl", "zoo-paper-abc.jsonl"):
+    for name in ("zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json", "zoo-cpu-abc.jsonl.lock", "zoo-cpu-old.jsonl",
+                 "zoo-paper-abc.jsonl"):
         (results / name).write_text('{"cell": 1}\n')
     monkeypatch.setenv("GA_RESULTS", str(tmp_path / "results"))
-    stores = book.run_stores({"chapter": "toy_zoo", "provenance": {"profile": "cpu", "code": "abc"}})
-    assert [p.name for p in stores] == ["zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json"]  # this run's only
+    stores = book.run_stores({"chapter": "toy_zoo", "provenance": {"stores": ["zoo-cpu-abc.jsonl", "gone-cpu-abc.jsonl"]}})
+    assert [p.name for p in stores] == ["zoo-cpu-abc.jsonl", "zoo-cpu-abc.models.json"]  # the run's, with its sidecar
     assert book.run_stores({"chapter": "toy_zoo", "provenance": {}}) == []
     target = tmp_path / "stage" / "book" / "toy_zoo.ipynb"
     target.parent.mkdir(parents=True)

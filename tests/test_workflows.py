@@ -393,6 +393,21 @@ def test_book_cache_keeps_the_execution_keys_with_the_results():
         assert set(step["with"]["path"].split()) == {"results", executed, times}
 
 
+def test_book_cache_falls_back_to_other_code_but_never_to_other_libraries():
+    # A store's name carries the measurement version and an executed chapter's key the code
+    # version, so an entry of other code is safe to restore (nothing in it is read unless it
+    # was computed by the same code); the names carry no library versions, so every entry
+    # restored has the run's own pyproject.toml.
+    steps = load(WORKFLOW_DIR / "book.yml")["jobs"]["build"]["steps"]
+    restore = next(s for s in steps if s.get("uses", "").startswith("actions/cache/restore@"))
+    save = next(s for s in steps if s.get("uses", "").startswith("actions/cache/save@"))
+    key, fallbacks = restore["with"]["key"], restore["with"]["restore-keys"].splitlines()
+    libraries = "results-${{ hashFiles('pyproject.toml') }}-"
+    assert key.startswith(libraries) and "src/**" in key and key.endswith("-${{ github.run_id }}")
+    assert all(key.startswith(k) for k in fallbacks) and fallbacks[-1] == libraries
+    assert save["with"]["key"] == f"${{{{ steps.{restore['id']}.outputs.cache-primary-key }}}}"
+
+
 def test_book_publishes_the_paper_book_at_paper():
     workflow = load(WORKFLOW_DIR / "book.yml")
     steps = workflow["jobs"]["build"]["steps"]

@@ -227,8 +227,11 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
 
 
 def key(md: Path, parameters: dict) -> str:
-    """What an executed chapter depends on: its source, the package and data (the code
-    version), the parameters and the environment variables that choose models and data."""
+    """What an executed chapter depends on: its source, the package and data (the whole code
+    version: a caption or page edit re-executes the page, so that it renders with the new code;
+    its numbers it finds in the results stores, whose names carry only what the measurements
+    read, `provenance.measurement_version`), the parameters and the environment variables that
+    choose models and data."""
     env = {k: os.environ.get(k, "") for k in ("HF_HOME", "GA_DEVICE", "GA_DATA")}
     text = json.dumps([md.read_text(), provenance.code_version(), parameters, env], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -388,15 +391,16 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile
 
 
 def run_stores(record: dict) -> list[Path]:
-    """The results stores a chapter's run read and wrote: those of its chapter, profile and code
-    version (`experiments.base.open_store` names them `<part>-<profile>-<code>.jsonl`), with the
-    sidecars that record the models' revisions."""
-    chapter, p = record.get("chapter"), record.get("provenance", {})
-    if not (chapter and p.get("profile") and p.get("code")):
+    """The results stores a chapter's run read and wrote: those of its own folder that its
+    record names (`experiments.base.record`'s "stores"; their names carry the measurement
+    version, `experiments.base.open_store`), with the sidecars that record the models' revisions."""
+    chapter, names = record.get("chapter"), record.get("provenance", {}).get("stores", [])
+    if not (chapter and names):
         return []
     # where paths.results_dir puts them for the chapters' kernels, which start in ROOT
     folder = Path(os.environ.get("GA_RESULTS", ROOT / "results")) / chapter
-    return sorted(folder.glob(f"*-{p['profile']}-{p['code']}.*")) if folder.is_dir() else []
+    stores = [folder / name for name in names]
+    return sorted(p for s in stores for p in (s, s.with_suffix(".models.json")) if p.exists())
 
 
 def staged_notebook(executed: Path, target: Path, stores: list[Path] = ()) -> None:

@@ -1,11 +1,15 @@
 """What made a number: the code, the model's weights, the machine and the package versions.
 
 Every results store and every executed page carries these, so that numbers from different code
-or different weights never mix, and a reader can see how a page was made.
+or different weights never mix, and a reader can see how a page was made. A store's file name
+carries the version of the code its measurements read (`measurement_version`), an executed
+page's key the version of the whole package (`code_version`): editing a caption re-renders a
+page without recomputing a number.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import platform
 import shutil
@@ -23,6 +27,8 @@ from .registry import MODELS
 # The libraries that compute a page's numbers (lm-eval is not one: the tests compare our scores
 # with it, the chapters do not run it). The kernels and accelerate are in `kernels.status`.
 PACKAGES = ("torch", "transformers", "datasets", "huggingface_hub", "numpy")
+PACKAGE = Path(__file__).parent  # the package whose source the versions below read
+TOP = __name__.partition(".")[0]  # its import name ("helpers")
 
 
 @cache
@@ -35,18 +41,149 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-@cache
-def code_version() -> str:
-    """A hash of everything that can change a number: the package's source and the data folder
+def code_version(package: Path | None = None, data: Path | None = None) -> str:
+    """A hash of everything that can change a page: the package's source and the data folder
     (fixtures, reference numbers, configs, zoo checkpoints). Two runs with the same code
-    version computed their numbers with the same code."""
+    version ran the same code (the book's execution key, `helpers.book.key`). `package` and
+    `data` default to the installed package (`PACKAGE`) and `paths.data()`; computed once per
+    process."""
+    return _code_version(package or PACKAGE, data or paths.data())
+
+
+@cache
+def _code_version(package: Path, data: Path) -> str:
     digest = hashlib.sha256()
-    package = Path(__file__).parent
-    for root, pattern in ((package, "**/*.py"), (paths.data(), "**/*")):
+    for root, pattern in ((package, "**/*.py"), (data, "**/*")):
         for path in sorted(p for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+# --- what a measurement reads ------------------------------------------------------------------
+
+# The package's modules that never change a number a results store holds, decided by reading
+# them: nothing their functions return reaches a `compute` except through a cell's key, which is
+# stored with the cell (so a change there makes new cells anyway). Figures (`plots`), pages
+# (`page`), the book's build and check (`book`, `bookcheck`), progress bars (`progress`), this
+# module (it names stores and describes runs); the verdict rules (`verdicts`: they decide from
+# stored numbers, and where one picks what is measured next, as the minimal model's depth does,
+# the pick is in the next cells' keys); the paper's numbers (`reference`: the settings a profile
+# takes from them, dictionary sizes, shots, heads, reach a measurement as config fields and
+# heads, which every cell's key names). A chapter's own verdict, table and figure code sits in
+# its module, so editing it does recompute that chapter (and the chapters importing it).
+PRESENTATION = frozenset({"book", "bookcheck", "page", "plots", "progress", "provenance", "reference", "verdicts"})
+# The data folders no measurement reads: the paper's numbers, read through `reference` (above).
+PRESENTATION_DATA = frozenset({"reference"})
+
+
+def measurement_version(module: str, package: Path | None = None, data: Path | None = None) -> str:
+    """A hash of the code and data that the measurements of `module` read: what decides the
+    numbers in the results stores it opens (`experiments.base.open_store`).
+
+    `module` is a module of the package (`helpers.experiments.layer_pruning`) or a chapter's
+    name (`layer_pruning`). The rule:
+
+    - the module's source, and that of every module of the package it imports, transitively,
+      read from the source with `ast` (imports inside functions included; `from . import x`
+      counts `x`), never from what happens to be imported in this process. Importing a module
+      runs its packages' `__init__.py`, so those count too;
+    - except the `PRESENTATION` modules, where the walk stops (not followed through them either):
+      they never change a stored number;
+    - plus every file of the data folder (fixtures, letters, configs, zoo, lm_eval_tasks, ...)
+      except the `PRESENTATION_DATA` folders.
+
+    So editing a caption in `plots` or a sentence in `page` leaves every version as it was, and
+    editing the scorer (`evaluate`) or a chapter's module changes the version of every module
+    that reads it. `package` and `data` default to the installed package (`PACKAGE`) and
+    `paths.data()`; both versions are computed once per process, as `code_version` is."""
+    return _measurement_version(_module_name(module, package or PACKAGE), package or PACKAGE, data or paths.data())
+
+
+def measurement_files(module: str, package: Path | None = None) -> list[str]:
+    """The package's source files that `module`'s measurements read (`measurement_version`),
+    relative to the package, in order."""
+    package = package or PACKAGE
+    modules = _modules(package)
+    return sorted(modules[m].relative_to(package).as_posix() for m in _reads(_module_name(module, package), package))
+
+
+@cache
+def _measurement_version(module: str, package: Path, data: Path) -> str:
+    digest = hashlib.sha256()
+    for rel in measurement_files(module, package):
+        digest.update(rel.encode())
+        digest.update((package / rel).read_bytes())
+    digest.update(_data_digest(data).encode())
+    return digest.hexdigest()[:12]
+
+
+@cache
+def _data_digest(data: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in data.glob("**/*") if p.is_file() and "__pycache__" not in p.parts):
+        rel = path.relative_to(data)
+        if rel.parts[0] not in PRESENTATION_DATA:
+            digest.update(str(rel).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@cache
+def _modules(package: Path) -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its `__init__.py`)."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = (TOP, *path.relative_to(package).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _module_name(module: str, package: Path) -> str:
+    modules = _modules(package)
+    for name in (module, f"{TOP}.experiments.{module}"):
+        if name in modules:
+            if name.removeprefix(f"{TOP}.") in PRESENTATION:
+                raise ValueError(f"{name} is presentation (provenance.PRESENTATION): it computes no stored number")
+            return name
+    chapters = sorted(m.rpartition(".")[2] for m in modules if m.startswith(f"{TOP}.experiments."))
+    raise ValueError(f"unknown module {module!r}: give a module of the package ({TOP}.experiments.layer_pruning) "
+                     f"or a chapter's name (one of {', '.join(chapters)})")
+
+
+@cache
+def _imports(module: str, package: Path) -> frozenset[str]:
+    """The package's modules that `module` imports anywhere in its source, and its packages."""
+    modules = _modules(package)
+    path = modules[module]
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]  # what `from .` means
+    found = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}  # its packages
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = here.split(".")[:len(here.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from . import x`: x may be a module
+    return frozenset(m for m in found if m in modules and m != module)
+
+
+def _reads(module: str, package: Path) -> set[str]:
+    """`module` and the modules it imports, transitively, stopping at the presentation modules."""
+    seen, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if m in seen or m.removeprefix(f"{TOP}.") in PRESENTATION:
+            continue
+        seen.add(m)
+        todo.extend(_imports(m, package))
+    return seen
 
 
 @cache

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from helpers import Head
+from helpers import Head, provenance
 from helpers.errors import ConfigError, StaleResults, StoreError
 from helpers.experiments import base
 
@@ -54,11 +54,17 @@ def test_bad_parameters_fail_at_once_with_what_is_valid(kwargs, message):
         Config.for_profile(**{"profile": "cpu", **kwargs})
 
 
-def test_store_file_carries_the_code_version_and_refuses_other_weights(tmp_path, monkeypatch):
+def test_store_file_carries_the_version_of_what_computes_it_and_refuses_other_weights(tmp_path, monkeypatch):
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    monkeypatch.setattr(base, "_opened", {})  # the stores this process opened: only this test's
     cfg = Config.for_profile("cpu")
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
     store = base.open_store(cfg.chapter, cfg.profile, "part", [model])
+    # opened from outside the package (this test could call anything in it): the whole code version
+    assert store.path == tmp_path / "made_up" / f"part-cpu-{provenance.code_version()}.jsonl"
+    chapter = base.open_store(cfg.chapter, cfg.profile, "part", [model], module="helpers.experiments.toy_zoo")
+    assert chapter.path.name == f"part-cpu-{provenance.measurement_version('toy_zoo')}.jsonl" != store.path.name
+    assert base.record(cfg, [], base.Timer())["stores"] == [store.path.name, chapter.path.name]  # the page links them
     store.put({"x": 1}, {"y": 2})
     assert {"x": 1} in base.open_store(cfg.chapter, cfg.profile, "part", [model])
     model.revision = "gguf bbb"

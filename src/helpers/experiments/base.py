@@ -432,18 +432,29 @@ def load(name: str):
     return _small(name) if registry.spec(name).profile == "cpu" else load_model(name)
 
 
-def open_store(chapter: str, profile: str, part: str, loaded: list) -> Store:
-    """The results store of one part of a chapter's run. Its file name carries the code version
-    (`provenance.code_version`), so results of other code are never mixed in; a sidecar
-    (`<part>.models.json`) records the models' revisions, and a store written with other weights
-    under the same names stops the run with the fix. The sidecar is checked and written holding
-    the store's lock, swapped in whole (a full disk leaves the old one) and only when it changes.
-    A store without its sidecar is not trusted: nothing says which weights computed it."""
+def open_store(chapter: str, profile: str, part: str, loaded: list, module: str | None = None) -> Store:
+    """The results store of one part of a chapter's run. Its file name carries the version of
+    the code and data its cells are computed by (`provenance.measurement_version` of `module`:
+    by default the module that opens the store, with what it imports; from outside the package,
+    a test or a notebook that may call anything, the whole package's `provenance.code_version`),
+    so results of other code are never mixed in, and editing `plots`, `page`, the verdict rules
+    or a chapter's prose recomputes nothing. A cell's key is its settings, so what a compute
+    reads from a setting must be in its cell, and the code it runs must be the opening module's
+    or what that imports (a function handed in by a caller is neither: pass that caller as
+    `module`). A sidecar (`<part>.models.json`) records the models' revisions, and a store
+    written with other weights under the same names stops the run with the fix. The sidecar is
+    checked and written holding the store's lock, swapped in whole (a full disk leaves the old
+    one) and only when it changes. A store without its sidecar is not trusted: nothing says
+    which weights computed it. The page's record lists the stores a chapter opened
+    (`record`'s "stores")."""
+    module = module or sys._getframe(1).f_globals.get("__name__", "")
+    inside = module.partition(".")[0] == provenance.TOP
+    version = provenance.measurement_version(module) if inside else provenance.code_version()
     try:
         folder = paths.results_dir(chapter)
     except OSError as e:
         raise os_error(Path(os.environ.get("GA_RESULTS", "results")) / chapter, "create the results folder", e) from None
-    path = folder / f"{part}-{profile}-{provenance.code_version()}.jsonl"
+    path = folder / f"{part}-{profile}-{version}.jsonl"
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     with store_lock(path):
@@ -459,7 +470,11 @@ def open_store(chapter: str, profile: str, part: str, loaded: list) -> Store:
                 f"delete {path} and {meta} to compute them again, or set GA_RESULTS to a fresh folder")
         if {**recorded, **revisions} != recorded or not meta.exists():
             _replace(meta, json.dumps({**recorded, **revisions}, indent=1))
+        _opened.setdefault(chapter, {})[path.name] = None
         return Store(path)
+
+
+_opened: dict[str, dict[str, None]] = {}  # chapter -> the store files (names) this process opened, in order
 
 
 def _recorded_revisions(meta: Path, path: Path) -> dict[str, str] | None:
@@ -523,8 +538,10 @@ class Timer:
 
 
 def record(cfg: Config, loaded: list, timer: Timer) -> dict:
-    """What a Result carries about how it was made."""
-    return {**provenance.record(loaded, cfg.parameters()), "profile": cfg.profile, "wall_s": timer.seconds}
+    """What a Result carries about how it was made, with the names of the results stores of its
+    chapter this process opened (the page links them: `book.run_stores`)."""
+    return {**provenance.record(loaded, cfg.parameters()), "profile": cfg.profile, "wall_s": timer.seconds,
+            "stores": list(_opened.get(cfg.chapter, {}))}
 
 
 def comparison_table(rows: list[tuple[str, str, str, str]]) -> pd.DataFrame:

@@ -1,6 +1,8 @@
 """Scores and paired differences, on hand-built numbers with known answers (the verdict rules:
 tests/test_verdicts.py)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -56,3 +58,31 @@ def test_a_few_identical_outcomes_leave_a_wide_paired_interval():
     many = score(100, 200)  # with many items the same agreement does give a narrow interval
     d = difference(many, Score.of(many.correct.copy()))
     assert -0.02 < d.lo < 0 < d.hi < 0.02
+
+
+def test_rank_correlation_known_answers_and_ties_as_scipy_ranks_them():
+    from helpers.stats import rank_correlation
+
+    rho, lo, hi = rank_correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5])  # sum d^2 = 4: 1 - 6*4/(5*24)
+    assert rho == pytest.approx(0.8) and (lo, hi) == (pytest.approx(-0.317, abs=2e-3), pytest.approx(0.987, abs=2e-3))
+    assert rank_correlation([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1])[0] == pytest.approx(-1.0)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    x, y = [0.3, 0.3, 0.5, 0.1, 0.9, 0.7, 0.7], [0.2, 0.4, 0.4, 0.1, 0.8, 0.9, 0.5]
+    assert rank_correlation(x, y)[0] == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
+    assert all(map(math.isnan, rank_correlation([1, 2, 3], [1, 2, 3])))  # too few heads for an interval
+    assert all(map(math.isnan, rank_correlation([1, 1, 1, 1, 1], [1, 2, 3, 4, 5])))
+
+
+def test_rankings_agree_by_top_k_overlap_and_rank_correlation():
+    import pandas as pd
+
+    from helpers.experiments.shared import agreement
+
+    def table(accs):
+        return pd.DataFrame([dict(layer=1, head=h, estimate=0.0, acc=a, lo=a, hi=a, n=100) for h, a in enumerate(accs)]
+                            ).sort_values("acc", kind="stable").reset_index(drop=True)
+    a = table([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
+    same = agreement(a, a, 3)
+    assert same["overlap"] == 3 and same["rho"] == pytest.approx(1.0) and same["chance_overlap"] == pytest.approx(9 / 8)
+    reversed_ = agreement(a, table([0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]), 3)
+    assert reversed_["overlap"] == 0 and reversed_["rho"] == pytest.approx(-1.0) and reversed_["hi"] < 0

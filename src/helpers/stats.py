@@ -158,6 +158,26 @@ def mean_of(accs: Sequence[float], ns: Sequence[int]) -> tuple[float, float, flo
     return m, max(0.0, m - half), min(1.0, m + half)
 
 
+def rank_correlation(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
+    """Spearman's rank correlation of paired values (ties get their mean rank) with a 95%
+    interval from Fisher's z and Fieller, Hartley and Pearson's variance for Spearman's rho,
+    1.06 / (n - 3); with fewer than 5 pairs, or a constant side, the interval is unknown (nan)."""
+    def ranks(v):
+        v = np.asarray(v, dtype=float)
+        order = v.argsort(kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):  # ties: their mean rank
+            r[v == value] = r[v == value].mean()
+        return r
+    rx, ry = ranks(x), ranks(y)
+    if len(rx) < 5 or rx.std() == 0 or ry.std() == 0:
+        return float("nan"), float("nan"), float("nan")
+    rho = float(np.corrcoef(rx, ry)[0, 1])
+    z, half = math.atanh(max(-1 + 1e-12, min(rho, 1 - 1e-12))), Z95 * math.sqrt(1.06 / (len(rx) - 3))
+    return rho, math.tanh(z - half), math.tanh(z + half)
+
+
 def mean_interval(values: Sequence[float], resamples: int = 2000) -> tuple[float, float, float]:
     """The mean of per-prompt measurements with a 95% percentile-bootstrap interval (a fixed
     generator: the same values give the same interval); with fewer than two values the interval is

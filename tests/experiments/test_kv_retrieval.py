@@ -122,7 +122,7 @@ def test_a_ranking_is_read_only_past_the_chance_and_the_ceiling_checks():
 def test_the_released_form_is_compared_with_the_spaced_one_unless_they_are_the_same_tokens():
     result = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05])
     note = chapter.forms_note(result)
-    assert note.startswith("released against spaced, same top 4: yes") and "same tokens as the spaced form" in note
+    assert note.startswith("released against spaced, top 4: 4 of 4 shared") and "same tokens as the spaced form" in note
     same = dataclasses.replace(result, same_tokens={("released", "spaced"): True, ("spaced", "trailing"): True})
     assert "same tokens on this tokenizer, one computation" in chapter.forms_note(same)
 

@@ -278,11 +278,17 @@ def comparison(result: Result) -> pd.DataFrame:
 
 
 def same_top(result: Result) -> str:
-    """Whether the two forms' rankings share their top `TOP` heads."""
+    """How far the two forms' rankings agree: their top `TOP` heads' overlap (against what random
+    orders would share) and the rank correlation of every head measured exactly in both."""
     if len(result.rankings) < 2:
         return "one form only (the zoo's token task has no query forms)"
-    tops = [set(measured(r.table)[:TOP]) for r in result.rankings.values()]
-    return "yes" if tops[0] == tops[1] else f"no ({', '.join(sorted(map(str, tops[0] ^ tops[1])))} differ)"
+    a, b = (r.table for r in result.rankings.values())
+    g = shared.agreement(a, b, TOP)
+    tops = [set(measured(t)[:TOP]) for t in (a, b)]
+    differ = "" if tops[0] == tops[1] else f" ({', '.join(sorted(map(str, tops[0] ^ tops[1])))} differ)"
+    rho = (f"Spearman {g['rho']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}] over the {g['n']} heads measured in both"
+           if g["rho"] == g["rho"] else f"no rank correlation ({g['n']} heads measured in both)")
+    return f"{g['overlap']} of {TOP} shared (random orders: {g['chance_overlap']:.1f}){differ}; {rho}"
 
 
 def forms_note(result: Result) -> str:
@@ -293,7 +299,7 @@ def forms_note(result: Result) -> str:
                 else "other tokens than the spaced form here (not ranked)")
     if result.same_tokens.get(("released", "spaced")):
         return f"released and spaced: same tokens on this tokenizer, one computation; the trailing-space form: {trailing}"
-    return f"released against spaced, same top {TOP}: {same_top(result)}; the trailing-space form: {trailing}"
+    return f"released against spaced, top {TOP}: {same_top(result)}; the trailing-space form: {trailing}"
 
 
 def subject(result: Result) -> str:

@@ -14,11 +14,11 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
-from ..heads import ROLE_MEASURES, Head, assign_roles, candidates
+from ..heads import ROLE_MEASURES, Head, assign_roles, candidates, measured
 from ..reference import paper
 from ..screen import rank_heads
 from ..segments import measure_heads
-from ..stats import Score, mean_interval
+from ..stats import Score, mean_interval, rank_correlation
 from ..sweep import sweep
 from . import base
 
@@ -121,3 +121,16 @@ def ranked_roles(loaded, profile: str, smoke: bool, n: int) -> tuple[Ranking, pd
     kv = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
     measures, found = roles(loaded, kv, candidates(ranking.table), n)
     return ranking, measures, found
+
+
+def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:
+    """How far two rankings agree: the overlap of their top `k` measured heads (and what random
+    orders of the heads measured in both would share on average, k^2 / n), and Spearman's rank
+    correlation of the accuracies of the heads measured exactly in both (`stats.rank_correlation`)."""
+    acc = lambda t: {Head(int(l), int(h)): x for l, h, x in zip(t.layer, t["head"], t.acc) if x == x}
+    x, y = acc(a), acc(b)
+    both = [h for h in x if h in y]
+    rho, lo, hi = rank_correlation([x[h] for h in both], [y[h] for h in both])
+    top_a, top_b = set(measured(a)[:k]), set(measured(b)[:k])
+    return dict(k=k, overlap=len(top_a & top_b), chance_overlap=k * k / len(both) if both else float("nan"),
+                rho=rho, lo=lo, hi=hi, n=len(both))

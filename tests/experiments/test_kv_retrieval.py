@@ -147,3 +147,15 @@ def test_the_paper_heads_layers_are_swept_exactly_whatever_the_screen_says():
     screened = swept(rank_heads(engine, top=1, progress=False))
     (left_out,) = set(range(loaded.adapter.n_layers)) - set(screened)
     assert swept(rank_heads(engine, top=1, progress=False, also=[left_out])) == sorted(screened + [left_out])
+
+
+def test_the_size_curves_never_reuse_the_rankings_dictionaries():
+    from helpers import benchmarks as bm
+    from helpers.experiments import shared
+
+    s = shared.RANKING["cpu"]
+    for seed in (0, 1):
+        ranked = {it.pairs[0][0] for it in bm.kv("smollm2-135m-instruct", None, s["pairs"], s["n"], seed, s["query"]).items}
+        curve = {it.pairs[0][0] for it in bm.kv("smollm2-135m-instruct", None, s["pairs"], 100, chapter.CURVES_SEED + seed,
+                                                 s["query"]).items}
+        assert len(ranked) == s["n"] and len(curve) == 100 and not ranked & curve

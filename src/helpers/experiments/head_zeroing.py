@@ -117,17 +117,18 @@ def measurable(loaded, heads) -> list[Head]:
 
 
 def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, benchmark: bm.Benchmark | None = None,
-               candidates: list[Head] | None = None) -> Roles:
+               candidates: list[Head] | None = None, seed: int | None = None) -> Roles:
     """The heads of each role: as set; else the paper's for this model; else by behaviour
     (`heads.assign_roles`) among `candidates` measured on `benchmark` (default: the shared KV
-    ranking's candidates, on its own prompts, as every chapter measures them). The paper's heads
-    are measured beside the candidates too, so that a verdict can ask whether they behave."""
+    ranking's candidates, on its own prompts, as every chapter measures them; `seed` draws that
+    ranking's dictionaries, None the shared one's). The paper's heads are measured beside the
+    candidates too, so that a verdict can ask whether they behave."""
     n = shared.ranking_settings(profile, smoke)["n"]
     if gather is not None:
         return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set")
     named = shared.paper_heads(loaded.name)
     if benchmark is None:
-        ranking = shared.kv_ranking(loaded, profile, smoke)
+        ranking = shared.kv_ranking(loaded, profile, smoke, seed=seed)
         s = ranking.settings
         benchmark = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
         candidates = hd.candidates(ranking.table)

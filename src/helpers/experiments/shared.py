@@ -76,12 +76,14 @@ def paper_layers(loaded) -> list[int]:
     return [l for l in layers if loaded.adapter.n_heads(l) <= SWEEP_WIDEST]
 
 
-def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None) -> Ranking:
+def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed: int | None = None) -> Ranking:
     """The model's heads ranked by what zeroing each does to KV retrieval (the screen, then the
     layers it points to and the paper heads' layers swept exactly), through the results store.
-    `form`: how the value follows the query (`tasks.KV_FORMS`; None: the profile's)."""
+    `form`: how the value follows the query (`tasks.KV_FORMS`; None: the profile's); `seed`: which
+    dictionaries (None: the profile's, the ranking every chapter shares)."""
     settings = ranking_settings(profile, smoke)
-    settings = {**settings, "form": form or settings["form"], "paper_layers": paper_layers(loaded)}
+    settings = {**settings, "form": form or settings["form"], "paper_layers": paper_layers(loaded),
+                "seed": settings["seed"] if seed is None else seed}
 
     def compute(cell):
         items = bm.kv(loaded.name, loaded.tokenizer, settings["pairs"], settings["n"], settings["seed"],

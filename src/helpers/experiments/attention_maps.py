@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..heads import Head
 from ..reference import paper
 from ..segments import Segments, head_measures
-from ..stats import Score
+from ..stats import Score, mean_interval
 from ..sweep import sweep
 from . import base, shared
 from .shared import paper_heads
@@ -181,14 +181,10 @@ def measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     return {**head_measures(a, seg), ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
 
 
-def interval(values, resamples: int = 2000) -> tuple[float, float, float, int]:
-    """Mean of per-prompt values with a 95% percentile-bootstrap interval (seeded), and n."""
+def interval(values) -> tuple[float, float, float, int]:
+    """Mean of per-prompt values with its 95% bootstrap interval (`stats.mean_interval`), and n."""
     x = np.asarray(values, dtype=float)
-    x = x[~np.isnan(x)]
-    if len(x) == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    means = x[np.random.default_rng(0).integers(0, len(x), (resamples, len(x)))].mean(1)
-    return float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)), len(x)
+    return (*mean_interval(x), int((~np.isnan(x)).sum()))
 
 
 def fmt(values) -> str:

@@ -22,7 +22,7 @@ from .heads import Head, layers_to_sweep, ranking_table
 from .packing import default_batch_tokens
 
 
-GRAPH_BYTES = 2 * 1024**3  # a gradient pass's activations per batch on CPU (a 1.5B model: ~350 tokens)
+GRAPH_BYTES = 1024**3  # a gradient pass's activations per batch on CPU (a 1.5B model: ~170 tokens; 2 GB peaked at 16.7 GB)
 
 
 def gradient_batch_tokens(model) -> int:

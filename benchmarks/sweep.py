@@ -166,6 +166,11 @@ def scaling_table(loaded, bridge, items, prompts: list[int], heads: list[int], l
     tok, cells = loaded.tokenizer, scaling_cells(loaded.adapter, layer)
     middle = sorted(heads)[len(heads) // 2]
     configs = [("prompts", n, middle) for n in prompts] + [("heads", max(prompts), h) for h in heads]
+    # One untimed pass of each first: the first call of a path pays one-off costs (allocator
+    # growth, lazy initialisation) that would otherwise land on the first configuration.
+    SweepEngine(loaded, tok, items[:1]).score_each({cells[0]: {cells[0][0]: [cells[0][1]]}})
+    if bridge is not None:
+        transformerlens_naive(bridge, tok, items[:1], *cells[0])
     rows = []
     for axis, n, h in configs:
         subset, swept = items[:n], cells[:h]

@@ -1,23 +1,35 @@
-"""Head-ablation sweeps three ways, in one process, on the same prompts:
+"""Head-ablation sweeps several ways, in one process, on the same prompts:
 
-1. the naive loop (the released code's, and the usual TransformerLens / nnsight pattern): for
-   every ablation, a forward pass of every (prompt, candidate) sequence with full logits;
+1. the naive loop (the released code's): for every ablation, a forward pass of every
+   (prompt, candidate) sequence with full logits;
 2. the exact engine (`helpers.engine.SweepEngine`);
-3. the screen: attribution patching over all heads (at each layer's midpoint, and plain), then
-   the engine on its top k.
+3. the same naive loop through the peers, where installed (`pip install -e '.[bench]'`):
+   nnsight (the head's slice of o_proj's input set to zero in a trace) and TransformerLens 4.x
+   (`TransformerBridge` wrapping the loaded model, `blocks.L.attn.hook_z` zeroed for the head);
+4. the screen: attribution patching over all heads (at each layer's midpoint, and plain), then
+   the engine on its top k;
+5. a scaling table: per-ablation time and peak resident memory of the engine and of
+   TransformerLens against the number of prompts and the number of heads swept.
 
 It prints throughput ratios measured side by side (absolute seconds on a shared machine mean
-little), checks that the engine's log-likelihoods equal the naive loop's, and reports how well the
-screen's ranking matches the exact one. With CUDA present it also times the engine on a
-random-weight model of Llama-3.1-8B's shape (bf16).
+little), checks that the engine's and the peers' log-likelihoods equal the naive loop's, and
+reports how well the screen's ranking matches the exact one. With CUDA present it also times the
+engine on a random-weight model of Llama-3.1-8B's shape (bf16).
 
     python benchmarks/sweep.py            # SmolLM2-135M on CPU, 40 KV prompts of 8 keys
     python benchmarks/sweep.py --quick    # fewer prompts and heads, for a smoke run
+
+Peak memory is the process's resident set above what it held when a configuration started: the
+kernel's high-water mark (VmHWM), reset before each configuration through /proc/self/clear_refs
+after garbage collection and malloc_trim (Linux only; elsewhere the column says n/a).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import ctypes
+import gc
 import importlib.util
 import os
 import time
@@ -31,6 +43,7 @@ from helpers import screen
 from helpers.engine import SweepEngine
 from helpers.packing import encode_pair
 from helpers.paths import results_dir
+from helpers.registry import spec
 
 
 @torch.inference_mode()
@@ -69,6 +82,114 @@ def nnsight_naive(loaded, items, layer: int, head: int) -> np.ndarray:
     return naive_loglikelihoods(forward, loaded.tokenizer, items)
 
 
+def transformerlens_bridge(loaded):
+    """TransformerLens 4.x's bridge around a copy of the loaded model, with no hub call:
+    (bridge, "") or (None, why not). Booting swaps the model's submodules for the bridge's own in
+    place, switches it to eager attention and normalises the tokenizer, so it gets copies: the
+    model that the naive loop and the engine run stays as loaded."""
+    if importlib.util.find_spec("transformer_lens") is None:
+        return None, "not installed (pip install -e '.[bench]' to include it)"
+    name = spec(loaded.name).hub_id
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        bridge = TransformerBridge.boot_transformers(
+            name, hf_model=copy.deepcopy(loaded.model), tokenizer=copy.deepcopy(loaded.tokenizer),
+            device=str(next(loaded.model.parameters()).device), dtype=next(loaded.model.parameters()).dtype)
+    except Exception as error:  # any failure to wrap is reported, not hidden
+        return None, f"cannot wrap the loaded {name} offline: {type(error).__name__}: {str(error)[:300]}"
+    return bridge, ""
+
+
+def transformerlens_naive(bridge, tokenizer, items, layer: int, head: int) -> np.ndarray:
+    """The naive loop through TransformerLens: the head's output (`hook_z`, [batch, position,
+    head, d_head], what enters the output projection) set to zero."""
+    def zero(z, hook):
+        z[:, :, head, :] = 0.0
+        return z
+
+    hooks = [(f"blocks.{layer}.attn.hook_z", zero)]
+    return naive_loglikelihoods(lambda ids: bridge.run_with_hooks(ids, return_type="logits", fwd_hooks=hooks),
+                                tokenizer, items)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def measured(run):
+    """(result, seconds, peak resident bytes above the start or None) of `run()`. The peak is the
+    kernel's high-water mark, reset at the start (Linux: /proc/self/clear_refs); freed memory
+    is first handed back (gc, malloc_trim) so that the start is what is really held."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the start may include freed memory, so the peak reads low
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak resident set size to the current one
+        start = _status_kib("VmRSS")
+    except OSError:
+        start = None
+    t = time.perf_counter()
+    out = run()
+    seconds = time.perf_counter() - t
+    peak = None if start is None else (_status_kib("VmHWM") - start) * 1024
+    return out, seconds, peak
+
+
+def scaling_cells(adapter, layer: int) -> list[tuple[int, int]]:
+    """Every head of `layer` and the layers above, in order: the scaling table's ablations."""
+    return [(l, h) for l in range(layer, adapter.n_layers) for h in range(adapter.n_heads(l))]
+
+
+def check_scaling(adapter, args) -> None:
+    """The scaling table's sizes, checked before any timing."""
+    if not 0 <= args.scaling_layer < adapter.n_layers:
+        raise SystemExit(f"--scaling-layer {args.scaling_layer}: the model has layers 0..{adapter.n_layers - 1}")
+    cells = scaling_cells(adapter, args.scaling_layer)
+    if max(args.scaling_heads) > len(cells):
+        raise SystemExit(f"--scaling-heads {max(args.scaling_heads)}: layers {args.scaling_layer} and up have only "
+                         f"{len(cells)} heads; lower --scaling-layer or the head counts")
+    if max(args.scaling_prompts) > args.prompts:
+        raise SystemExit(f"--scaling-prompts {max(args.scaling_prompts)}: more than the {args.prompts} prompts made; "
+                         f"raise --prompts")
+
+
+def scaling_table(loaded, bridge, items, prompts: list[int], heads: list[int], layer: int) -> pd.DataFrame:
+    """Per-ablation seconds and peak memory of the engine and of TransformerLens (None: not
+    run) over the first n prompts, zeroing the first h heads counted from `layer` upwards one at
+    a time: varying n at the middle h, then h at the largest n. The engine's time includes its
+    one-off residual pass and its construction."""
+    tok, cells = loaded.tokenizer, scaling_cells(loaded.adapter, layer)
+    middle = sorted(heads)[len(heads) // 2]
+    configs = [("prompts", n, middle) for n in prompts] + [("heads", max(prompts), h) for h in heads]
+    # One untimed pass of each first: the first call of a path pays one-off costs (allocator
+    # growth, lazy initialisation) that would otherwise land on the first configuration.
+    SweepEngine(loaded, tok, items[:1]).score_each({cells[0]: {cells[0][0]: [cells[0][1]]}})
+    if bridge is not None:
+        transformerlens_naive(bridge, tok, items[:1], *cells[0])
+    rows = []
+    for axis, n, h in configs:
+        subset, swept = items[:n], cells[:h]
+
+        def engine_run():
+            engine = SweepEngine(loaded, tok, subset)
+            return engine.score_each({lh: {lh[0]: [lh[1]]} for lh in swept})
+
+        _, engine_s, engine_peak = measured(engine_run)
+        row = {"varied": axis, "prompts": n, "heads": h, "engine s/ablation": engine_s / h,
+               "engine peak MiB": engine_peak and engine_peak / 2**20}
+        if bridge is not None:
+            _, tl_s, tl_peak = measured(lambda: [transformerlens_naive(bridge, tok, subset, *lh) for lh in swept])
+            row |= {"TransformerLens s/ablation": tl_s / h, "TransformerLens peak MiB": tl_peak and tl_peak / 2**20,
+                    "TransformerLens / engine time": tl_s / engine_s}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def gpu_section(tok, keys: int) -> None:
     """The engine on a random-weight model of Llama-3.1-8B's shape in bf16: one layer's 32 heads
     over 256 KV prompts, with the peak GPU memory."""
@@ -89,23 +210,41 @@ def gpu_section(tok, keys: int) -> None:
           f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers separated by commas, e.g. 10,20,40")
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--keys", type=int, default=8)
     parser.add_argument("--every", type=int, default=3, help="time the naive loop on one head every N layers")
     parser.add_argument("--top", type=int, default=10, help="heads the screen hands to the exact engine")
-    parser.add_argument("--quick", action="store_true", help="8 prompts, naive loop on 3 heads, no full sweep")
+    parser.add_argument("--quick", action="store_true", help="8 prompts, naive loop on 3 heads, no full sweep, "
+                        "scaling at 4,8 prompts and 2,4 heads")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU section (benchmarks/gpu_check.py)")
+    parser.add_argument("--scaling-prompts", type=_sizes, default=[10, 20, 40],
+                        help="prompt counts of the scaling table (at most --prompts), comma-separated")
+    parser.add_argument("--scaling-heads", type=_sizes, default=[4, 9, 18],
+                        help="heads swept in the scaling table, comma-separated")
+    parser.add_argument("--scaling-layer", type=int, default=15, help="the scaling table zeroes heads from this layer up")
     args = parser.parse_args()
     if args.gpu_only:
         gpu_section(helpers.load("smollm2-135m-instruct").tokenizer, args.keys)
         return
     if args.quick:
         args.prompts, args.every = 8, 12
+        args.scaling_prompts, args.scaling_heads = [4, 8], [2, 4]
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     loaded = helpers.load("smollm2-135m-instruct")
     model, tok, adapter = loaded.model, loaded.tokenizer, loaded.adapter
+    check_scaling(adapter, args)
     items = helpers.kv_items(args.keys, args.prompts, seed=0, query="repeat")
     sample = [(l, (l * 4) % adapter.n_heads(l)) for l in range(0, adapter.n_layers, args.every)]
     n_heads = sum(adapter.n_heads(l) for l in range(adapter.n_layers))
@@ -134,13 +273,41 @@ def main() -> None:
     engine_s = (time.perf_counter() - t) / len(sample)
     diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
     same_acc = all(engine.score_loglikelihoods(lls[lh]).acc == engine.score_loglikelihoods(naive[lh]).acc for lh in sample)
-    print(f"\nexact engine vs naive loop, same {len(sample)} heads:")
-    print(f"  naive  {naive_s:7.2f} s per ablation ({len(items) / naive_s:6.1f} ablation-prompts/s)")
-    print(f"  scorer {scorer_s:7.2f} s per ablation ({len(items) / scorer_s:6.1f} ablation-prompts/s)"
-          "  [helpers.score: full sequences, logits only where scored]")
-    print(f"  engine {engine_s:7.2f} s per ablation ({len(items) / engine_s:6.1f} ablation-prompts/s)")
-    print(f"  speed-up {naive_s / engine_s:.1f}x (target >= 3x); max |log-lik difference| {diff:.2e}; "
-          f"same accuracies: {same_acc}")
+
+    # 2b. The peers: the same naive loop through nnsight and through TransformerLens, same heads.
+    peers, missing = {}, {}
+    if importlib.util.find_spec("nnsight") is None:
+        missing["nnsight"] = "not installed (pip install -e '.[bench]' to include it)"
+    else:
+        t = time.perf_counter()
+        peer = {lh: nnsight_naive(loaded, items, *lh) for lh in sample}
+        peers["nnsight"] = ((time.perf_counter() - t) / len(sample), peer)
+    bridge, why = transformerlens_bridge(loaded)
+    if bridge is None:
+        missing["TransformerLens"] = why
+    else:
+        t = time.perf_counter()
+        peer = {lh: transformerlens_naive(bridge, tok, items, *lh) for lh in sample}
+        peers["TransformerLens"] = ((time.perf_counter() - t) / len(sample), peer)
+
+    print(f"\nper ablation, same {len(sample)} heads, same run (ratios: the engine's speed-up over each):")
+    print(f"  naive loop       {naive_s:7.2f} s ({len(items) / naive_s:6.1f} ablation-prompts/s)  "
+          f"engine {naive_s / engine_s:5.1f}x faster (target >= 3x)")
+    print(f"  scorer           {scorer_s:7.2f} s ({len(items) / scorer_s:6.1f} ablation-prompts/s)  "
+          f"engine {scorer_s / engine_s:5.1f}x faster  [helpers.score: full sequences, logits only where scored]")
+    for name, (peer_s, peer) in peers.items():
+        peer_diff = max(np.abs(peer[lh] - naive[lh]).max() for lh in sample)
+        engine_diff = max(np.abs(peer[lh] - lls[lh]).max() for lh in sample)
+        print(f"  {name:16} {peer_s:7.2f} s ({len(items) / peer_s:6.1f} ablation-prompts/s)  "
+              f"engine {peer_s / engine_s:5.1f}x faster; max |log-lik difference| to the naive loop "
+              f"{peer_diff:.2e}, to the engine {engine_diff:.2e}")
+    print(f"  engine           {engine_s:7.2f} s ({len(items) / engine_s:6.1f} ablation-prompts/s)  "
+          f"max |log-lik difference| to the naive loop {diff:.2e}; same accuracies: {same_acc}")
+    for name, why in missing.items():
+        print(f"  {name}: not run: {why}")
+    if "TransformerLens" in peers:
+        print("  (TransformerLens wraps a copy of the model and computes attention eagerly, as its bridge "
+              "requires; the others use PyTorch's SDPA: the log-likelihoods differ by rounding only)")
 
     # 3. The screen and its exact check of the top k; plain attribution patching beside it.
     t = time.perf_counter()
@@ -183,18 +350,16 @@ def main() -> None:
         out = results_dir("benchmark") / "sweep-heads.csv"
         table.rename_axis(["layer", "head"]).to_csv(out)
         print(f"  per-head table: {out}")
-    print("\npeers:")
-    print("  TransformerLens: not run; it loads models by hub name (HookedTransformer.from_pretrained), and "
-          "the CPU profile has no hub, only SmolLM2's GGUF file")
-    if importlib.util.find_spec("nnsight") is None:
-        print("  nnsight: not installed (pip install -e '.[bench]' to include it)")
-    else:
-        t = time.perf_counter()
-        peer = {lh: nnsight_naive(loaded, items, *lh) for lh in sample}
-        peer_s = (time.perf_counter() - t) / len(sample)
-        peer_diff = max(np.abs(peer[lh] - naive[lh]).max() for lh in sample)
-        print(f"  nnsight naive loop {peer_s:.2f} s per ablation: the engine is {peer_s / engine_s:.1f}x faster; "
-              f"max |log-lik difference| to the naive loop {peer_diff:.2e}")
+    # 5. How cost grows: per-ablation time and peak memory against prompts and heads swept.
+    table = scaling_table(loaded, bridge, items, args.scaling_prompts, args.scaling_heads, args.scaling_layer)
+    print(f"\nscaling (heads zeroed one at a time from layer {args.scaling_layer} up; peak: resident memory above "
+          f"the start of each configuration, from the kernel's high-water mark reset per configuration):")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if bridge is None:
+        print(f"  TransformerLens not run: {why}")
+    out = results_dir("benchmark") / "sweep-scaling.csv"
+    table.to_csv(out, index=False)
+    print(f"  scaling table: {out}")
 
     if torch.cuda.is_available():
         gpu_section(tok, args.keys)

@@ -151,33 +151,44 @@ def context_length(tokenizer, item: Item) -> int:
     return len(encode_pair(tokenizer, *item.pairs[0], item.verbatim)[0])
 
 
+def layout(tokenizer, item: Item) -> tuple:
+    """(context tokens, continuation tokens) of each of an item's pairs: two items of one layout
+    pack into rows of the same shape, position for position."""
+    return tuple((len(c), len(x)) for c, x in (encode_pair(tokenizer, *p, item.verbatim) for p in item.pairs))
+
+
 def donors(tokenizer, items: list[Item], draw) -> tuple[list[Item], int]:
     """For each measured item, a donor: the first unused prompt of `draw(n)` (a reference draw
-    that a larger n extends) with the same number of context tokens, holding the measured item's
-    own candidates; reused when every such prompt has served. Returns the donors and how many
-    were reused. No donor of that length among POOL_GROWTH x n prompts: an error with the fix."""
+    that a larger n extends) whose context, followed by the measured item's own candidates, has
+    the measured item's layout (`layout`: as many tokens in the context and in each candidate);
+    reused when every such prompt has served. Returns the donors and how many were reused. None
+    among POOL_GROWTH x n prompts: an error with the fix."""
     lengths = [context_length(tokenizer, it) for it in items]
+    shapes = [layout(tokenizer, it) for it in items]
+    as_donor = lambda it, d: Item(tuple((d.pairs[0][0], cont) for _, cont in it.pairs), it.gold, it.group, it.verbatim)
     n = len(items)
     while True:
         pool = draw(n)
         by_length: dict[int, list[Item]] = {}
-        for it in pool:
-            by_length.setdefault(context_length(tokenizer, it), []).append(it)
-        if all(l in by_length for l in lengths) or n >= POOL_GROWTH * len(items):
+        for d in pool:
+            by_length.setdefault(context_length(tokenizer, d), []).append(d)
+        fits = [[d for d in by_length.get(l, []) if layout(tokenizer, as_donor(it, d)) == shape]
+                for it, l, shape in zip(items, lengths, shapes)]
+        if all(fits) or n >= POOL_GROWTH * len(items):
             break
         n *= 2
-    if missing := sorted({l for l in lengths if l not in by_length}):
-        raise InterventionError(f"no reference prompt of {missing} context tokens among {len(pool)} drawn: resample "
-                                f"ablation needs a donor of each measured prompt's length; use more kv_pairs-stable "
-                                f"prompts, another reference_seed, or leave resample out")
-    used: dict[int, int] = {}
+    if missing := [i for i, f in enumerate(fits) if not f]:
+        raise InterventionError(f"no reference prompt among {len(pool)} drawn has the layout of measured prompt(s) "
+                                f"{missing[:5]} ({lengths[missing[0]]} context tokens): resample ablation needs a donor "
+                                f"of each measured prompt's layout; try another reference_seed")
+    used: dict[Item, int] = {}
     out, reused = [], 0
-    for it, l in zip(items, lengths):
-        k = used.get(l, 0)
-        reused += k >= len(by_length[l])
-        donor = by_length[l][k % len(by_length[l])]
-        used[l] = k + 1
-        out.append(Item(tuple((donor.pairs[0][0], cont) for _, cont in it.pairs), it.gold, it.group, it.verbatim))
+    for it, fit in zip(items, fits):
+        free = [d for d in fit if d not in used]
+        reused += not free
+        donor = free[0] if free else min(fit, key=lambda d: used[d])
+        used[donor] = used.get(donor, 0) + 1
+        out.append(as_donor(it, donor))
     return out, reused
 
 

@@ -47,14 +47,15 @@ def item(words, gold=0):
 
 
 def test_resample_donors_have_the_measured_prompts_length_and_candidates():
-    pool = [Item(((" ".join([f"p{i}"] * n), " 7"),), 0) for i, n in enumerate([3, 5, 3, 4])]
+    lengths = [3, 5, 3, 4, 3, 2, 2, 2]  # the draw's prompts' lengths in words; a larger draw extends a smaller one
+    draw = lambda n: [Item(((" ".join([f"p{i}"] * k), " 7"),), 0) for i, k in enumerate(lengths[:n])]
     measured = [item(3), item(5), item(3), item(3)]
-    out, reused = chapter.donors(WordTokenizer(), measured, lambda n: pool)
-    assert [o.pairs[0][0] for o in out] == [pool[0].pairs[0][0], pool[1].pairs[0][0], pool[2].pairs[0][0],
-                                            pool[0].pairs[0][0]]  # the third length-3 prompt reuses the first donor
-    assert reused == 1 and all(o.pairs[1][1] == " 2" for o in out)  # the measured prompt's own candidates
-    with pytest.raises(InterventionError, match="no reference prompt among 4 drawn has the layout"):
-        chapter.donors(WordTokenizer(), [item(6)], lambda n: pool)
+    out = chapter.donors(WordTokenizer(), measured, draw)
+    # each donor serves once (a shared context would be packed as one row); the draw grew to 8 for the third
+    assert [o.pairs[0][0].split(" ")[0] for o in out] == ["p0", "p1", "p2", "p4"]
+    assert all(o.pairs[1][1] == " 2" for o in out)  # the measured prompt's own candidates
+    with pytest.raises(InterventionError, match="no unused reference prompt among 8 drawn has the layout"):
+        chapter.donors(WordTokenizer(), [item(6)], draw)
 
 
 def test_seeds_must_keep_ranking_measuring_and_reference_prompts_apart():
@@ -84,7 +85,7 @@ def made_up(profile="cpu", top=(0.2, 0.2, 0.2), controls=(0.78, 0.78, 0.78), cle
     clean_scores = {cfg.model + " (KV)": at(clean), cfg.model: at(clean), cfg.ssm_model: at(ssm_clean)}
     chance = {name: 0.125 for name in clean_scores}
     tasks = {cfg.model: "KV retrieval (8 keys)", cfg.ssm_model: "MMLU (0-shot)"}
-    return chapter.Result(cfg, kinds, pd.DataFrame(rows), clean_scores, chance, tasks, 0, {})
+    return chapter.Result(cfg, kinds, pd.DataFrame(rows), clean_scores, chance, tasks, {})
 
 
 def test_a_bottleneck_under_every_kind_and_one_only_under_zeroing():

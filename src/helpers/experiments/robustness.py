@@ -19,12 +19,12 @@ Two questions a sceptical reader asks of every head the book names (issue 20, it
 Heads are ranked on the ranking's prompts (`shared.kv_ranking`, seed 0) and measured on other
 prompts (seed `seed`), so that no head is chosen and judged on the same prompts.
 
-Resample's rule: each measured prompt takes the head's outputs from the first unused prompt of
-the reference draw (the same seed, extended as needed) whose context has the same number of
-tokens, with the measured prompt's own candidates after it: then every row, position and mask of
-the donor's packing is the measured one's (`SweepEngine.same_layout`, checked), and the outputs
-are swapped in position by position. A prompt with no such donor among 20 x n drawn stops the
-run with the fix.
+Resample's rule: each measured prompt takes the head's outputs from the first prompt of the
+reference draw (the same seed, extended as needed) not given to another, whose context followed
+by the measured prompt's own candidates has as many tokens in the context and in each candidate:
+then every row, position and mask of the donors' packing is the measured one's
+(`SweepEngine.same_layout`, checked), and the outputs are swapped in position by position. A
+prompt with no such donor among 20 x n drawn stops the run with the fix.
 """
 
 from __future__ import annotations
@@ -108,7 +108,6 @@ class Result:
     clean: dict[str, Score]  # model -> unablated score on the measured prompts of its part
     chance: dict[str, float]  # model -> chance on those prompts
     tasks: dict[str, str]  # model -> the task of its redundancy curve
-    donors_reused: int  # measured prompts whose resample donor had served another already
     provenance: dict
 
 
@@ -157,12 +156,13 @@ def layout(tokenizer, item: Item) -> tuple:
     return tuple((len(c), len(x)) for c, x in (encode_pair(tokenizer, *p, item.verbatim) for p in item.pairs))
 
 
-def donors(tokenizer, items: list[Item], draw) -> tuple[list[Item], int]:
-    """For each measured item, a donor: the first unused prompt of `draw(n)` (a reference draw
-    that a larger n extends) whose context, followed by the measured item's own candidates, has
-    the measured item's layout (`layout`: as many tokens in the context and in each candidate);
-    reused when every such prompt has served. Returns the donors and how many were reused. None
-    among POOL_GROWTH x n prompts: an error with the fix."""
+def donors(tokenizer, items: list[Item], draw) -> list[Item]:
+    """For each measured item, a donor: the first prompt of `draw(n)` (a reference draw that a
+    larger n extends) not yet given to another item, whose context, followed by the measured
+    item's own candidates, has the measured item's layout (`layout`: as many tokens in the
+    context and in each candidate). Each donor serves once: two rows of one context would be
+    packed as one (`packing.pack`), and the layouts would part. The draw grows until every item
+    has a donor; none within POOL_GROWTH x n prompts: an error with the fix."""
     lengths = [context_length(tokenizer, it) for it in items]
     shapes = [layout(tokenizer, it) for it in items]
     as_donor = lambda it, d: Item(tuple((d.pairs[0][0], cont) for _, cont in it.pairs), it.gold, it.group, it.verbatim)
@@ -172,24 +172,23 @@ def donors(tokenizer, items: list[Item], draw) -> tuple[list[Item], int]:
         by_length: dict[int, list[Item]] = {}
         for d in pool:
             by_length.setdefault(context_length(tokenizer, d), []).append(d)
-        fits = [[d for d in by_length.get(l, []) if layout(tokenizer, as_donor(it, d)) == shape]
-                for it, l, shape in zip(items, lengths, shapes)]
-        if all(fits) or n >= POOL_GROWTH * len(items):
-            break
+        used, out, missing = set(), [], []
+        for i, (it, l, shape) in enumerate(zip(items, lengths, shapes)):
+            donor = next((d for d in by_length.get(l, []) if d.pairs[0][0] not in used
+                          and layout(tokenizer, as_donor(it, d)) == shape), None)
+            if donor is None:
+                missing.append(i)
+                continue
+            used.add(donor.pairs[0][0])
+            out.append(as_donor(it, donor))
+        if not missing:
+            return out
+        if n >= POOL_GROWTH * len(items):
+            raise InterventionError(f"no unused reference prompt among {len(pool)} drawn has the layout of measured "
+                                    f"prompt(s) {missing[:5]} ({lengths[missing[0]]} context tokens): resample "
+                                    f"ablation needs a donor of each measured prompt's layout; try another "
+                                    f"reference_seed")
         n *= 2
-    if missing := [i for i, f in enumerate(fits) if not f]:
-        raise InterventionError(f"no reference prompt among {len(pool)} drawn has the layout of measured prompt(s) "
-                                f"{missing[:5]} ({lengths[missing[0]]} context tokens): resample ablation needs a donor "
-                                f"of each measured prompt's layout; try another reference_seed")
-    used: dict[Item, int] = {}
-    out, reused = [], 0
-    for it, fit in zip(items, fits):
-        free = [d for d in fit if d not in used]
-        reused += not free
-        donor = free[0] if free else min(fit, key=lambda d: used[d])
-        used[donor] = used.get(donor, 0) + 1
-        out.append(as_donor(it, donor))
-    return out, reused
 
 
 def kind_values(kind: str, engine: SweepEngine, reference: SweepEngine | None, donor: SweepEngine | None,
@@ -233,11 +232,11 @@ def run(cfg: Config) -> Result:
                                s["query"], s["form"]).items
         engine = SweepEngine(attention, attention.tokenizer, items)
         reference = SweepEngine(attention, attention.tokenizer, draw(cfg.n_reference))
-        donor_items, reused = donors(attention.tokenizer, items, draw)
+        donor_items = donors(attention.tokenizer, items, draw)
         donor = SweepEngine(attention, attention.tokenizer, donor_items)
         plans = {name: ablation(parse(h)) for name, h in cell["sets"].items()}
         layers = sorted({l for p in plans.values() for l in p})
-        out = {"clean": engine.score().to_json(), "reused": reused}
+        out = {"clean": engine.score().to_json()}
         for kind in KINDS:
             scores = engine.score_replaced(plans, kind_values(kind, engine, reference, donor, layers))
             out[kind] = {name: sc.to_json() for name, sc in scores.items()}
@@ -281,7 +280,7 @@ def run(cfg: Config) -> Result:
         chance[name], tasks[name] = bench.chance, bench.name
         curves += [dict(model=name, k=len(cut[n]), control=n.startswith("random"), set=n, heads=names(cut[n]),
                         score=Score.from_json(r["scores"][n])) for n in cut]
-    return Result(cfg, kinds, pd.DataFrame(curves), clean, chance, tasks, int(row["reused"]),
+    return Result(cfg, kinds, pd.DataFrame(curves), clean, chance, tasks,
                   base.record(cfg, loaded, timer))
 
 

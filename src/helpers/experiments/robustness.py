@@ -136,6 +136,12 @@ def random_sets(heads: list[Head], exclude: list[Head], size: int, draws: int, s
     return out
 
 
+def upwards(plans: dict) -> dict:
+    """Ablations ordered by their lowest layer: the engine's cached residual stream then walks up
+    the model once instead of starting again from the embeddings (the scores do not change)."""
+    return dict(sorted(plans.items(), key=lambda kv: min(kv[1], default=0)))
+
+
 def names(heads: list[Head]) -> str:
     return ", ".join(map(str, heads))
 
@@ -234,7 +240,7 @@ def run(cfg: Config) -> Result:
         reference = SweepEngine(attention, attention.tokenizer, draw(cfg.n_reference))
         donor_items = donors(attention.tokenizer, items, draw)
         donor = SweepEngine(attention, attention.tokenizer, donor_items)
-        plans = {name: ablation(parse(h)) for name, h in cell["sets"].items()}
+        plans = upwards({name: ablation(parse(h)) for name, h in cell["sets"].items()})
         layers = sorted({l for p in plans.values() for l in p})
         out = {"clean": engine.score().to_json()}
         for kind in KINDS:
@@ -270,7 +276,7 @@ def run(cfg: Config) -> Result:
 
         def compute_cut(cell, model=model, bench=bench):
             engine = SweepEngine(model, model.tokenizer, bench.items)
-            scores = engine.score_each({n: ablation(parse(h)) for n, h in cell["sets"].items()})
+            scores = engine.score_each(upwards({n: ablation(parse(h)) for n, h in cell["sets"].items()}))
             return {"clean": engine.score().to_json(), "scores": {n: sc.to_json() for n, sc in scores.items()}}
 
         rcell = dict(model=name, task=task, benchmark=bench.name, n=len(bench), seed=cfg.seed,

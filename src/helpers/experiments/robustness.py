@@ -94,7 +94,7 @@ class Config(base.Config):
     def defaults(cls, profile):
         attention, ssm = MODELS[profile]
         if profile == "cpu":
-            return dict(model=attention, ssm_model=ssm, n_kv=100, kv_pairs=8, n_reference=100, top=3, n_controls=3,
+            return dict(model=attention, ssm_model=ssm, n_kv=100, kv_pairs=8, n_reference=100, top=3, n_controls=2,
                         ks=(1, 2, 5, 10, 30), task="kv", n_mmlu=None, seed=1, reference_seed=2)
         return dict(model=attention, ssm_model=ssm, n_kv=200, kv_pairs=8, n_reference=200, top=2, n_controls=5,
                     ks=(1, 2, 5, 10, 30), task="mmlu", n_mmlu=2000, seed=1, reference_seed=2)
@@ -470,6 +470,6 @@ def figure(result: Result):
     right.set_xlabel("heads removed together (k)")
     right.set_ylabel("accuracy kept (of clean)")
     right.set_title("Redundancy: the top k heads removed", fontsize=plots.MIN_FONT + 2)
-    right.legend(fontsize=plots.MIN_FONT)
+    right.legend(fontsize=plots.MIN_FONT, loc="best")
     fig.tight_layout()
     return fig

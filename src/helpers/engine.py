@@ -28,6 +28,7 @@ from .adapters import unwrap
 from .errors import InterventionError, as_index
 from .evaluate import from_loglikelihoods
 from .heads import Head
+from .interventions import replaced_site, site_width
 from .packing import batches, default_batch_tokens, pack
 from .stats import Score
 from .tasks import Item
@@ -232,3 +233,102 @@ class SweepEngine:
         flat = torch.as_tensor(flat)
         return torch.stack([flat[a + it.gold] - torch.logsumexp(flat[a:z], 0)
                             for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)])
+
+    # --- mean and resample ablation: heads' outputs replaced, not zeroed ------------------------
+
+    @torch.inference_mode()
+    def site_inputs(self, layer: int) -> list[torch.Tensor]:
+        """What enters `layer`'s head site (its output projection) in the unablated model, per
+        batch [rows, T, heads * head_dim] (padding included; `valid` says which tokens are real)."""
+        seen: list[torch.Tensor] = []
+        handle = self.adapter.head_site(layer).register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+        try:
+            for b, h in zip(self.batches, self.residual(layer)):
+                self.run_layers(h, b, [layer])
+        finally:
+            handle.remove()
+        return seen
+
+    def valid(self, i: int) -> torch.Tensor:
+        """[rows, T] True at batch i's real tokens (not right padding)."""
+        b = self.batches[i]
+        return torch.arange(b.width)[None, :] < self.rows.lengths[b.rows][:, None]
+
+    def site_mean(self, layer: int) -> torch.Tensor:
+        """The mean of `layer`'s head-site input over every real token of every row (contexts and
+        continuations): [heads * head_dim], float64 summed (a mean ablation's value)."""
+        total, count = 0, 0
+        for i, x in enumerate(self.site_inputs(layer)):
+            keep = self.valid(i).to(x.device)
+            total = total + x[keep].double().sum(0)
+            count += int(keep.sum())
+        return (total / count).float().cpu()
+
+    def same_layout(self, other: "SweepEngine") -> bool:
+        """Whether `other`'s rows line up with ours token by token (same rows, lengths, positions,
+        masks and scored tokens' places): then its site inputs can stand in for ours batch by
+        batch, position by position (a resample ablation)."""
+        a, b = self.rows, other.rows
+        same = lambda x, y: (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape
+                                                           and bool((x == y).all()))
+        return all(same(getattr(a, f), getattr(b, f)) for f in ("lengths", "positions", "allowed", "row", "pos", "pair")) \
+            and a.ids.shape == b.ids.shape and self.batch_tokens == other.batch_tokens
+
+    @torch.inference_mode()
+    def replaced(self, ablations: list[dict[int, list[int]]], values: dict[int, torch.Tensor | list[torch.Tensor]]
+                 ) -> np.ndarray:
+        """[len(ablations), n_pairs] log-likelihoods with each ablation's heads replaced, not
+        zeroed (`interventions.replaced_site`): `values[layer]` is one vector [heads * head_dim]
+        (zeros: zero ablation; `site_mean` of a reference set: mean ablation) or, per batch, a
+        tensor [rows, T, heads * head_dim] (`site_inputs` of another engine whose rows have our
+        layout, `same_layout`: resample ablation). All ablations run side by side in the full model."""
+        layers = self.layer_list(None)
+        plans = [{l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
+                 for a in ablations]
+        touched = sorted({l for p in plans for l in p})
+        if missing := [l for l in touched if l not in values]:
+            raise InterventionError(f"no replacement values for layer(s) {missing}")
+        keeps = {}
+        for layer in touched:
+            keep = torch.ones(len(plans), self.adapter.n_heads(layer), dtype=torch.bool)
+            for k, p in enumerate(plans):
+                keep[k, p.get(layer, [])] = False
+            keeps[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
+            v = values[layer]
+            per_batch = isinstance(v, (list, tuple))
+            if per_batch and len(v) != len(self.batches):
+                raise InterventionError(f"values[{layer}] holds {len(v)} batches, the engine has {len(self.batches)}")
+            widths = [t.shape[-1] for t in (v if per_batch else [v])]
+            if any(w != site_width(self.adapter, layer) for w in widths):
+                raise InterventionError(f"values[{layer}] must end in the site's width {site_width(self.adapter, layer)}")
+        copies = len(plans)
+        start = self.first_recomputed(layers, touched)
+        out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
+        current = [0]  # the batch the hooks are in
+
+        def hook_for(layer):
+            def hook(module, args):
+                x, v = args[0], values[layer]
+                v = v[current[0]] if isinstance(v, (list, tuple)) else v
+                x = x.unflatten(0, (copies, -1))
+                x = replaced_site(x, keeps[layer][:, None, None, :], v.to(x.device, x.dtype))
+                return (x.flatten(0, 1),) + tuple(args[1:])
+            return hook
+
+        with ExitStack() as stack:
+            for layer in touched:
+                stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(hook_for(layer)).remove)
+            for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
+                current[0] = i
+                out += self.pair_loglikelihoods(self.run_layers(h.repeat(copies, 1, 1), b, layers[start:]), i)
+        return out.numpy()
+
+    def score_replaced(self, ablations: dict, values: dict) -> dict:
+        """The score under each named ablation ({layer: [heads]}), its heads replaced by `values`
+        (see `replaced`), `copies` of them side by side."""
+        names, out = list(ablations), {}
+        for i in range(0, len(names), self.copies):
+            chunk = names[i:i + self.copies]
+            for name, ll in zip(chunk, self.replaced([ablations[n] for n in chunk], values)):
+                out[name] = self.score_loglikelihoods(ll)
+        return out

@@ -184,3 +184,57 @@ def swap_layers(host, donor, layers: Iterable[int]):
                               for i, block in enumerate(host_adapter.layers)])
 
     return _layers_replaced(host_adapter, swapped)
+
+
+# --- replacing heads' outputs (mean and resample ablation) -------------------------------------
+
+def replaced_site(x: torch.Tensor, keep: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """A head site's input `x` [..., heads * head_dim] with the channels where `keep` is False
+    taken from `value` (broadcast against x: one vector, e.g. a head's mean output, or a tensor of
+    x's shape, e.g. another prompt's outputs position by position). The one replacement rule of
+    the package: `replace_heads` and the sweep engine's `SweepEngine.replaced` both apply it."""
+    return torch.where(keep.to(x.device), x, value.to(x.device, x.dtype))
+
+
+def site_width(adapter: Adapter, layer: int) -> int:
+    """Channels entering `layer`'s head site (its output projection): heads x head_dim."""
+    return adapter.n_heads(layer) * adapter.head_dim(layer)
+
+
+def replace_heads(model, heads: Mapping[int, Iterable[int] | int], values: Mapping[int, torch.Tensor]):
+    """Replace the output of these heads, `{layer: [head, ...]}`, where they enter the layer's
+    output projection, by `values[layer]`: a vector of the site's width (heads x head_dim; only
+    the named heads' channels are used: a mean ablation), or a tensor of the site input's own
+    shape [batch, positions, width] (a resample ablation, position by position). Zeros give
+    zero ablation (equal to `zero_heads`, tested). Leaving the block restores the model."""
+    model, adapter = unwrap(model)
+    plan = _head_plan(adapter, heads)
+    if missing := [l for l in plan if l not in values]:
+        raise InterventionError(f"replace_heads: no replacement values for layer(s) {missing}; pass values={{layer: tensor}}")
+    for layer in plan:
+        width, value = site_width(adapter, layer), values[layer]
+        if not isinstance(value, torch.Tensor) or value.shape[-1:] != (width,):
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise InterventionError(f"replace_heads: values[{layer}] must be a tensor whose last dimension is the site's "
+                                    f"width {width} ({adapter.n_heads(layer)} x {adapter.head_dim(layer)}), got {shape}")
+    return _replaced(model, adapter, plan, values) if plan else nullcontext(model)
+
+
+@contextmanager
+def _replaced(model, adapter: Adapter, plan: dict[int, list[int]], values: Mapping[int, torch.Tensor]):
+    plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
+    with ExitStack() as stack:
+        for layer, hs in plan.items():
+            keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
+            keep[hs] = False
+            keep = keep.repeat_interleave(adapter.head_dim(layer))
+
+            def replace(module, args, keep=keep, value=values[layer], layer=layer):
+                x = args[0]
+                if value.dim() > 1 and value.shape != x.shape:
+                    raise InterventionError(f"replace_heads: values[{layer}] has shape {tuple(value.shape)} but the "
+                                            f"site's input has {tuple(x.shape)}: pass one vector or the input's shape")
+                return (replaced_site(x, keep, value),) + tuple(args[1:])
+
+            stack.callback(adapter.head_site(layer).register_forward_pre_hook(replace).remove)
+        yield model

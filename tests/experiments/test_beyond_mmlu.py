@@ -17,20 +17,22 @@ from helpers.stats import Score
 
 
 def test_run_at_smoke_size_scores_every_task_under_every_condition_and_resumes(monkeypatch):
-    # SmolLM2 (a CPU model lm-eval drives; the book's smoke build runs Qwen) on one task, with a filter.
-    cfg = chapter.Config.for_profile("cpu", smoke=True, model="smollm2-135m-instruct", tasks=["choice_chat"])
+    # SmolLM2 (a CPU model lm-eval drives; the book's smoke build runs Qwen) on two tasks, one with a filter.
+    cfg = chapter.Config.for_profile("cpu", smoke=True, model="smollm2-135m-instruct", n=2,
+                                     tasks=["page_field", "choice_chat"])
     result = chapter.run(cfg)
     assert len(result.top.heads) == 2 and len(result.controls) == 1
     assert not set(result.controls[0]) & set(hd.measured(result.top.table)[:4])  # no control holds a top head
-    assert set(result.scores) == {"choice_chat"}
+    assert set(result.scores) == {"page_field", "choice_chat"}
     for task, by_condition in result.scores.items():
         assert list(by_condition) == result.conditions
         for s in by_condition.values():
             assert s.score.n == 2 and s.lm_eval == pytest.approx(s.score.acc)  # lm-eval's aggregate = the items' mean
     assert result.scores["choice_chat"][chapter.CLEAN].metric == "exact_match,remove_whitespace"
-    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES) and len(chapter.verdicts(result)) == 2
+    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES) and len(chapter.verdicts(result)) == 4
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
-    assert len(chapter.scores_table(result)) == len(result.conditions)
+    assert len(chapter.scores_table(result)) == 2 * len(result.conditions)
+    assert result.scores["page_field"][chapter.CLEAN].n_shot == 1 and result.scores["choice_chat"][chapter.CLEAN].n_shot == 0
     # Every cell is in the store: run again, and lm-eval is not called.
     monkeypatch.setattr(lmeval, "evaluate", lambda *a, **k: pytest.fail("a stored cell was computed again"))
     again = chapter.run(cfg)
@@ -49,18 +51,19 @@ def test_each_items_score_comes_from_lm_evals_records_in_doc_order_under_the_fir
                                       sample(1, 1.0, "flexible-extract"), sample(0, 1.0, "flexible-extract")]},
                "results": {"gsm8k": {"exact_match,strict-match": 0.5, "exact_match,flexible-extract": 1.0}},
                "n-shot": {"gsm8k": 5}}
-    s = chapter.per_item(results, ["gsm8k"])
+    s = chapter.per_item(results, ["gsm8k"], "gsm8k")
     assert s.score.correct.tolist() == [True, False] and s.metric == "exact_match,strict-match"
     assert (s.lm_eval, s.n_shot) == (0.5, 5)
-    # a group cut short: its subtasks' items one after the other, the pooled mean
+    # a group cut short: its subtasks' items one after the other, the pooled mean; other tasks' left out
     results = {"samples": {"bbh_b": [sample(0, 0.0, "get-answer")], "bbh_a": [sample(1, 1.0, "get-answer"),
-                                                                              sample(0, 0.0, "get-answer")]},
+                                                                              sample(0, 0.0, "get-answer")],
+                           "gsm8k": [sample(0, 1.0)]},
                "results": {}, "n-shot": {}}
-    s = chapter.per_item(results, ["bbh_a", "bbh_b"])
+    s = chapter.per_item(results, ["bbh_b", "bbh_a"])
     assert s.score.correct.tolist() == [False, True, False] and s.lm_eval == pytest.approx(1 / 3)
     # SWDE's own metric
     s = chapter.per_item({"samples": {"swde": [sample(0, 1, metric="contains")]},
-                          "results": {"swde": {"contains,none": 1.0}}}, ["swde"])
+                          "results": {"swde": {"contains,none": 1.0}}}, ["swde"], "swde")
     assert s.metric == "contains,none" and s.score.correct.tolist() == [True]
 
 

@@ -102,7 +102,7 @@ class Config(base.Config):
     seed: int = base.seed()
 
     chapter = "beyond_mmlu"
-    smoke_sizes = dict(n=2, bbh_subtasks=2, n_heads=2, n_rank=shared.SMOKE["n"], n_controls=1, max_gen_toks=8)
+    smoke_sizes = dict(n=1, bbh_subtasks=2, n_heads=2, n_rank=shared.SMOKE["n"], n_controls=1, max_gen_toks=8)
 
     @classmethod
     def defaults(cls, profile):
@@ -239,24 +239,29 @@ def expand(task: str, bbh_subtasks: int | None, task_manager) -> list[str]:
     return names[:bbh_subtasks]
 
 
-def per_item(results: dict, names: list[str]) -> TaskScore:
-    """Each item's right or wrong from lm-eval's per-item records, for the task's first metric
-    under its first filter (lm-eval's order: gsm8k's strict-match), the items of every subtask
-    in (subtask, doc_id) order; and lm-eval's own aggregate of that metric."""
-    correct, first, key = [], None, None
-    for name in sorted(results["samples"]):
+def members(name: str, task_manager) -> list[str]:
+    """The tasks whose per-item records lm-eval keeps for `name`: a group's subtasks, else itself."""
+    entry = task_manager.task_index.get(name)
+    return list(entry.cfg["task"]) if entry is not None and "group" in entry.cfg else [name]
+
+
+def per_item(results: dict, names: list[str], aggregate: str | None = None) -> TaskScore:
+    """Each item's right or wrong from lm-eval's per-item records of the tasks `names`, for the
+    first metric under the first filter (lm-eval's order: gsm8k's strict-match), the items of
+    every subtask in (subtask, doc_id) order; and lm-eval's own aggregate of that metric (of the
+    task or group `aggregate`; where lm-eval computed none, a group cut short, the pooled mean)."""
+    correct, key = [], None
+    for name in sorted(names):
         samples = results["samples"][name]
         filters = list(dict.fromkeys(s["filter"] for s in samples))
         chosen = [s for s in samples if s["filter"] == filters[0]]
         metric = chosen[0]["metrics"][0]
         key = key or f"{metric},{filters[0]}"
         correct += [float(s[metric]) >= 0.5 for s in sorted(chosen, key=lambda s: s["doc_id"])]
-        first = first or name
-    top = names[0] if len(names) == 1 and names[0] in results["results"] else None
     score = Score.of(correct)
-    aggregate = results["results"][top][key] if top else score.acc  # a cut-short group: the pooled mean
-    shots = results.get("n-shot", {}).get(first)
-    return TaskScore(score, key, float(aggregate), None if shots is None else int(shots))
+    own = results["results"].get(aggregate, {}).get(key) if aggregate else None
+    shots = results.get("n-shot", {}).get(sorted(names)[0])
+    return TaskScore(score, key, score.acc if own is None else float(own), None if shots is None else int(shots))
 
 
 def run(cfg: Config) -> Result:
@@ -274,21 +279,31 @@ def run(cfg: Config) -> Result:
     drawn = controls(top, {l: loaded.adapter.n_heads(l) for l in loaded.adapter.head_layers()}, cfg.n_controls,
                      cfg.seed)
     zeroed = {CLEAN: (), TOP: top.heads, **{control(i): c for i, c in enumerate(drawn)}}
-
-    def compute(cell):
-        from ..progress import quiet
-
-        gen = {} if cfg.max_gen_toks is None else {"gen_kwargs": f"max_gen_toks={cfg.max_gen_toks}"}
-        with quiet(), lm_eval_quiet():
-            results = lmeval.evaluate(loaded, runs[cell["task"]], zero=cell["zero"], limit=cfg.n,
-                                      batch_size=cfg.batch_size, log_samples=True, task_manager=task_manager, **gen)
-        s = per_item(results, runs[cell["task"]])
-        return {"correct": s.score.to_json()["correct"], "metric": s.metric, "lm_eval": s.lm_eval, "n_shot": s.n_shot}
-
     store = base.open_store(cfg.chapter, cfg.profile, "tasks", [loaded])
     cells = [dict(model=cfg.model, task=task, runs=runs[task], condition=name, zero=[str(h) for h in heads], n=cfg.n,
                   max_gen_toks=cfg.max_gen_toks, batch_size=cfg.batch_size)
-             for task in cfg.tasks for name, heads in zeroed.items()]
+             for name, heads in zeroed.items() for task in cfg.tasks]
+    done: dict[tuple[str, str], dict] = {}
+
+    def compute(cell):
+        """One lm-eval run per condition for every task of it not yet stored (lm-eval's set-up
+        once, the generations of all tasks batched together); each cell is then stored on its own."""
+        if (cell["condition"], cell["task"]) not in done:
+            from ..progress import quiet
+
+            todo = [c["task"] for c in cells if c["condition"] == cell["condition"] and c not in store]
+            gen = {} if cfg.max_gen_toks is None else {"gen_kwargs": f"max_gen_toks={cfg.max_gen_toks}"}
+            with quiet(), lm_eval_quiet():
+                results = lmeval.evaluate(loaded, [n for t in todo for n in runs[t]], zero=cell["zero"], limit=cfg.n,
+                                          batch_size=cfg.batch_size, log_samples=True, task_manager=task_manager,
+                                          **gen)
+            for t in todo:
+                names = [m for n in runs[t] for m in members(n, task_manager)]
+                s = per_item(results, names, runs[t][0] if len(runs[t]) == 1 else None)
+                done[cell["condition"], t] = {"correct": s.score.to_json()["correct"], "metric": s.metric,
+                                              "lm_eval": s.lm_eval, "n_shot": s.n_shot}
+        return done.pop((cell["condition"], cell["task"]))
+
     rows = sweep(store, cells, compute, desc="tasks x conditions (lm-eval)")
     scores: dict[str, dict[str, TaskScore]] = {}
     for row in rows:

@@ -3,11 +3,12 @@
 `build(directory)` writes a Hugging Face cache (the `HF_HOME` layout) that holds, under each paper
 model's own repo id, a random-weight checkpoint of the same class with the real number of layers,
 heads, KV heads, SSM heads and hybrid-layer positions, only narrower; SmolLM2's tokenizer under
-every tokenizer repo; and `cais/mmlu` plus the six knowledge datasets as `datasets` prepares them,
-written from our fixtures, and the generative tasks of §6 (GSM8K, BBH's subtasks, ARC-Challenge's
-train split for its chat form, SWDE) in the datasets lm-eval's own task YAMLs name. With `HF_HOME=directory HF_HUB_OFFLINE=1 GA_DEVICE=cpu`, the unchanged
-calls of the paper profile (`helpers.load`, `load_mmlu("paper")`, `load_knowledge("paper")`) load
-all of it in seconds. Numbers computed on it are about random weights and fixture questions:
+every tokenizer repo; `cais/mmlu` plus the six knowledge datasets as `datasets` prepares them,
+written from our fixtures; and the generative tasks of §6 (GSM8K, BBH's 27 subtasks, ARC-Challenge's
+train split for its chat form, SWDE) under the repo ids and configs lm-eval's own task YAMLs name,
+written from the book's tasks in data/lm_eval_tasks. With `HF_HOME=directory HF_HUB_OFFLINE=1
+GA_DEVICE=cpu`, the unchanged calls of the paper profile (`helpers.load`, `load_mmlu("paper")`,
+`load_knowledge("paper")`, lm-eval's tasks) load all of it in seconds. Numbers computed on it are about random weights and fixture questions:
 they rehearse the code path, never the paper's results.
 
     python -m helpers.minihub DIR [--full-shapes] [--models NAME ...]

@@ -355,7 +355,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
     out = []
     for task in result.cfg.tasks:
         out.append(v.Verdict(f"Zeroing the KV ranking's top {k} heads lowers {task}", "§6, Table 2", *falls(result, task)))
-        out.append(v.Verdict(f"... more than {k} random heads of the same layers do ({task})", "§6, Table 2",
+        out.append(v.Verdict(f"They lower {task} more than {k} random heads of the same layers do", "§6, Table 2",
                              *beyond_controls(result, task)))
     return out
 

@@ -237,6 +237,14 @@ def test_the_book_tasks_are_what_their_generator_writes_and_their_answers_check(
             assert all(str(x) in doc["question"] for x in doc["operands"])
         for doc in map(json.loads, (folder / f"page_field-{split}.jsonl").read_text().splitlines()):
             assert f'{doc["field"]}: {doc["answer"]}</div>' in doc["page"]
+        for doc in map(json.loads, (folder / f"dialogue_fact-{split}.jsonl").read_text().splitlines()):
+            rejected = doc["dialogue"].split("How about the ")[1].split("?")[0]
+            assert doc["answer"] in doc["dialogue"] and doc["answer"] != rejected  # said, and not the rejected place
+        categories = generator["CATEGORIES"]
+        for doc in map(json.loads, (folder / f"choice_chat-{split}.jsonl").read_text().splitlines()):
+            category = doc["question"].removeprefix("Which of the following is ").removesuffix("?")
+            belongs = [t in categories[category] for t in doc["choices"]["text"]]
+            assert belongs.count(True) == 1 and "ABCD"[belongs.index(True)] == doc["answerKey"]
 
 
 def test_lm_eval_scores_the_book_tasks_offline_from_any_folder(tiny, task_manager, tmp_path, monkeypatch):

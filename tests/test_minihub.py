@@ -42,6 +42,14 @@ for name in minihub.paper_models():
 report["mmlu"] = [item.pairs[item.gold] for item in helpers.load_mmlu("paper")]
 report["knowledge"] = {task: [item.pairs[item.gold] for item in items]
                        for task, items in helpers.load_knowledge("paper").items()}
+# The §6 chapter's tasks, as lm-eval's own task definitions load them (offline, from the mini-hub)
+from lm_eval.tasks import TaskManager, get_task_dict
+report["lm_eval"] = {}
+for name in ("gsm8k", "arc_challenge_chat", "swde", "bbh_cot_fewshot_navigate"):
+    (task,) = get_task_dict([name], TaskManager()).values()
+    docs = list(task.eval_docs)
+    report["lm_eval"][name] = {"n": len(docs), "target": task.doc_to_target(docs[0]), "text": task.doc_to_text(docs[0]),
+                               "fewshot": len(list(task.fewshot_docs() or []))}
 del os.environ["GA_DEVICE"]  # and no GPU is visible (CUDA_VISIBLE_DEVICES="")
 try:
     helpers.load("llama-3.2-3b-instruct")
@@ -112,6 +120,19 @@ def test_paper_datasets_load_from_the_minihub(rehearsal):
     # Each task's first gold choice holds its fixture row's answer, whatever the task's schema.
     for task, items in knowledge.items():
         assert (" K" if task == "arc_challenge" else " Moscow") in "".join(items[0]), task
+
+
+def test_the_beyond_mmlu_tasks_load_offline_through_lm_evals_own_definitions(rehearsal):
+    book = lambda name: [json.loads(line) for line in (paths.data() / "lm_eval_tasks" / f"{name}-test.jsonl").read_text().splitlines()]
+    tasks = rehearsal["lm_eval"]
+    arithmetic, pages = book("arithmetic_words"), book("page_field")
+    assert tasks["gsm8k"]["n"] == len(arithmetic) - 8 and tasks["gsm8k"]["fewshot"] == 8  # 8 solved ones for 5-shot
+    assert tasks["gsm8k"]["target"].endswith(f"#### {arithmetic[8]['answer']}")  # what strict-match reads
+    assert tasks["swde"]["n"] == len(pages) and tasks["swde"]["target"] == pages[0]["answer"]
+    assert tasks["swde"]["text"].endswith(f"{pages[0]['field']}:")
+    assert tasks["arc_challenge_chat"]["n"] == 19 and tasks["arc_challenge_chat"]["fewshot"] > 0  # its train split
+    assert tasks["arc_challenge_chat"]["target"] in "ABCD"
+    assert tasks["bbh_cot_fewshot_navigate"]["n"] == 63 and tasks["bbh_cot_fewshot_navigate"]["text"].startswith("Q: ")
 
 
 def test_paper_model_without_ga_device_still_needs_a_gpu(rehearsal):

@@ -143,6 +143,21 @@ def test_a_head_no_more_harmful_than_random_heads_is_not_a_bottleneck():
     assert v.beats_controls(right(200, (0, 52)), head, harmless, 0.25)[0] == v.NOT_TESTABLE
 
 
+def test_a_fall_beyond_random_controls_needs_a_fall_and_every_control_above_it():
+    # Table 2's claim on a generative task: lower, and lower than random heads; not "to chance".
+    clean, top = right(100, (0, 60)), right(100, (0, 50))  # 10 points lower: far from exact match's 0
+    harmless = [Score.of(clean.correct.copy()), right(100, (0, 58))]
+    assert v.falls_beyond_controls(clean, top, harmless, 0.05)[0] == v.REPRODUCED
+    assert v.beats_controls(clean, top, harmless, 0.05)[0] == v.NOT_REPRODUCED  # not most of the way to 0
+    outcome, evidence = v.falls_beyond_controls(clean, top, harmless + [Score.of(top.correct.copy())], 0.05)
+    assert outcome == v.NOT_REPRODUCED and "3 draws" in evidence  # a draw as harmful as the top heads
+    assert v.falls_beyond_controls(clean, Score.of(clean.correct.copy()), harmless, 0.05)[0] == v.NOT_REPRODUCED
+    assert v.falls_beyond_controls(clean, top, [], 0.05)[0] == v.INCONCLUSIVE  # nothing to beat
+    # the floor: a clean score whose interval does not clear it cannot test the claim
+    assert v.falls_beyond_controls(right(100, (0, 4)), right(100), harmless, 0.05)[0] == v.NOT_TESTABLE
+    assert v.falls_beyond_controls(right(100, (0, 12)), right(100), [right(100, (0, 12))], 0.05)[0] == v.REPRODUCED
+
+
 # --- "X kept while Y falls": a difference in differences -----------------------------------------------
 
 def test_kept_while_falls_needs_x_kept_and_y_falling_further():

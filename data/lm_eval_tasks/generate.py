@@ -8,9 +8,15 @@ it). Each task has a `train` split (the few-shot examples its YAML asks for) and
 - `arithmetic_words`: one-step word problems (add, take away, groups of) with small numbers, whose
   answer is a whole number the doc also holds as its operands, so it can be checked;
 - `page_field`: one field copied out of a small semi-structured page, as SWDE asks of a web page
-  (a film's page with five fields; the question names one, the answer is its value verbatim).
+  (a film's page with five fields; the question names one, the answer is its value verbatim);
+- `dialogue_fact`: a question about a short dialogue between two people, who settle a place, a
+  day, an hour and a thing to bring after one rejected suggestion (the answer is a word of the
+  dialogue, the rejected place a distractor);
+- `choice_chat`: a four-way question in ARC's shape and lm-eval's `arc_challenge_chat` prompt
+  ("Your response should end with ..."), answered by generating the letter after lm-eval's
+  `gen_prefix` "The best answer is": which of four things belongs to a category.
 
-The YAMLs (`arithmetic_words.yaml`, `page_field.yaml`) read these files with `dataset_path: json`;
+The YAMLs (`arithmetic_words.yaml`, `page_field.yaml`, ...) read these files with `dataset_path: json`;
 `helpers.lmeval` reads their `data_files` relative to the YAML's folder. Standard library only.
 """
 
@@ -62,7 +68,49 @@ def page_doc(rng: random.Random) -> dict:
     return {"page": "\n".join(lines), "field": field, "answer": values[field]}
 
 
-TASKS = {"arithmetic_words": (arithmetic_doc, 2101), "page_field": (page_doc, 2102)}
+PLACES = ["station", "library", "park", "museum", "bakery", "harbour", "cinema", "market"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def dialogue_doc(rng: random.Random) -> dict:
+    a, b = rng.sample(NAMES, 2)
+    place, rejected = rng.sample(PLACES, 2)
+    day, thing, hour = rng.choice(DAYS), rng.choice(THINGS), rng.randint(2, 9)
+    lines = [f"{a}: Are we still meeting on {day}?", f"{b}: Yes. How about the {rejected}?",
+             f"{a}: No, the {place} is better.", f"{b}: Fine. Should I bring the {thing}?",
+             f"{a}: Yes, and come at {hour} o'clock."]
+    question, answer = rng.choice([("Where will they meet?", place), ("On which day will they meet?", day),
+                                   (f"What will {b} bring?", thing), ("At what hour will they meet?", str(hour))])
+    return {"dialogue": "\n".join(lines), "question": question, "answer": answer}
+
+
+# No word belongs to two categories (no "orange", "peach", "silver" or "copper", which name colours too).
+CATEGORIES = {
+    "a fruit": ["apple", "banana", "grape", "mango", "pear", "kiwi", "melon", "apricot"],
+    "an animal": ["horse", "rabbit", "tiger", "eagle", "salmon", "camel", "wolf", "frog"],
+    "a colour": ["red", "green", "blue", "yellow", "purple", "grey", "black", "white"],
+    "a musical instrument": ["violin", "piano", "guitar", "flute", "trumpet", "drum", "cello", "harp"],
+    "a metal": ["iron", "zinc", "tin", "nickel", "cobalt", "tungsten", "magnesium", "titanium"],
+    "a tool": ["hammer", "saw", "wrench", "drill", "chisel", "shovel", "rake", "pliers"],
+}
+
+
+def choice_doc(rng: random.Random) -> dict:
+    """ARC's fields (`question`, `choices` with `text` and `label`, `answerKey`), as lm-eval's
+    arc_challenge_chat reads them. The three wrong options come from three other categories, so
+    exactly one option belongs."""
+    category = rng.choice(sorted(CATEGORIES))
+    others = rng.sample([c for c in sorted(CATEGORIES) if c != category], 3)
+    options = [rng.choice(CATEGORIES[category])] + [rng.choice(CATEGORIES[c]) for c in others]
+    order = rng.sample(range(4), 4)
+    texts = [options[i] for i in order]
+    return {"id": f"choice-{category.split()[-1]}-{texts[0]}-{texts[1]}-{texts[2]}-{texts[3]}",
+            "question": f"Which of the following is {category}?",
+            "choices": {"text": texts, "label": list("ABCD")}, "answerKey": "ABCD"[order.index(0)]}
+
+
+TASKS = {"arithmetic_words": (arithmetic_doc, 2101), "page_field": (page_doc, 2102),
+         "dialogue_fact": (dialogue_doc, 2103), "choice_chat": (choice_doc, 2104)}
 
 
 def docs(task: str) -> dict[str, list[dict]]:

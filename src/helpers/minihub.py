@@ -3,10 +3,12 @@
 `build(directory)` writes a Hugging Face cache (the `HF_HOME` layout) that holds, under each paper
 model's own repo id, a random-weight checkpoint of the same class with the real number of layers,
 heads, KV heads, SSM heads and hybrid-layer positions, only narrower; SmolLM2's tokenizer under
-every tokenizer repo; and `cais/mmlu` plus the six knowledge datasets as `datasets` prepares them,
-written from our fixtures. With `HF_HOME=directory HF_HUB_OFFLINE=1 GA_DEVICE=cpu`, the unchanged
-calls of the paper profile (`helpers.load`, `load_mmlu("paper")`, `load_knowledge("paper")`) load
-all of it in seconds. Numbers computed on it are about random weights and fixture questions:
+every tokenizer repo; `cais/mmlu` plus the six knowledge datasets as `datasets` prepares them,
+written from our fixtures; and the generative tasks of §6 (GSM8K, BBH's 27 subtasks, ARC-Challenge's
+train split for its chat form, SWDE) under the repo ids and configs lm-eval's own task YAMLs name,
+written from the book's tasks in data/lm_eval_tasks. With `HF_HOME=directory HF_HUB_OFFLINE=1
+GA_DEVICE=cpu`, the unchanged calls of the paper profile (`helpers.load`, `load_mmlu("paper")`,
+`load_knowledge("paper")`, lm-eval's tasks) load all of it in seconds. Numbers computed on it are about random weights and fixture questions:
 they rehearse the code path, never the paper's results.
 
     python -m helpers.minihub DIR [--full-shapes] [--models NAME ...]
@@ -317,6 +319,9 @@ def dataset_features(kind: str):
         "hellaswag": {"ind": Value("int32"), "activity_label": text, "ctx_a": text, "ctx_b": text, "ctx": text,
                       "endings": List(text), "source_id": text, "split": text, "split_type": text, "label": text},
         "winogrande": {"sentence": text, "option1": text, "option2": text, "answer": text},
+        "gsm8k": {"question": text, "answer": text},
+        "bbh": {"input": text, "target": text},
+        "swde": {"text": text, "value": text},
     }[kind])
 
 
@@ -329,8 +334,52 @@ def dataset_sources() -> list[tuple[str, str | None, str, dict[str, list[dict]]]
     sources = [("cais/mmlu", "all", "mmlu", {"test": mmlu_rows("test"), "dev": mmlu_rows("dev")})]
     for task, (path, config, split) in KNOWLEDGE_SOURCES.items():
         kind, rows = knowledge[task]
-        sources.append((path, config, kind, {split: rows}))
-    return sources
+        splits = {split: rows}
+        if task == "arc_challenge":  # lm-eval's arc_challenge_chat reads the train split too (its few-shot pool)
+            splits |= {"train": arc_rows(("capitals",)), "validation": arc_rows(("everyday",))}
+        sources.append((path, config, kind, splits))
+    return sources + generative_sources()
+
+
+# The §6 chapter's tasks (Table 2) as lm-eval's own task YAMLs load them (`dataset_path`,
+# `dataset_name`): rows written from the book's own generative tasks (data/lm_eval_tasks) and the
+# knowledge fixture, in each dataset's columns.
+GSM8K = ("openai/gsm8k", "main")
+BBH = "SaylorTwift/bbh"  # one config per subtask (lm-eval's bbh_cot_fewshot_<subtask> reads <subtask>)
+SWDE = ("hazyresearch/based-swde-v2", "default")  # lm-eval's swde task class names them
+
+
+def _book_task(name: str, split: str) -> list[dict]:
+    path = paths.data() / "lm_eval_tasks" / f"{name}-{split}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gsm8k_rows(docs: list[dict]) -> list[dict]:
+    """GSM8K's columns: the question, and an answer that ends in '#### <number>' (what lm-eval's
+    strict-match filter reads)."""
+    return [{"question": d["question"], "answer": f"{d['operands'][0]} {d['operation']} {d['operands'][1]}.\n"
+                                                  f"#### {d['answer']}"} for d in docs]
+
+
+def bbh_subtasks() -> list[str]:
+    """The subtasks of lm-eval's `bbh` group (its bbh_cot_fewshot tasks), read from its own YAMLs."""
+    import lm_eval.tasks
+    import yaml
+
+    folder = Path(lm_eval.tasks.__file__).parent / "bbh" / "cot_fewshot"
+    return sorted(yaml.safe_load(p.read_text())["dataset_name"] for p in folder.glob("*.yaml") if p.stem[0] != "_")
+
+
+def generative_sources() -> list[tuple[str, str | None, str, dict[str, list[dict]]]]:
+    """GSM8K (train: its 5-shot pool; test), BBH (every subtask's test split; its few-shot examples
+    are in lm-eval's YAMLs) and SWDE (validation: a page, then the field asked for)."""
+    arithmetic = _book_task("arithmetic_words", "test")
+    bbh = [{"input": f"{r['question']} Options: {', '.join(r['choices']['text'])}",
+            "target": r["choices"]["text"][_gold(r)]} for r in _fixture("knowledge.jsonl")]
+    swde = [{"text": f"{d['page']}\n{d['field']}:", "value": d["answer"]} for d in _book_task("page_field", "test")]
+    return ([(*GSM8K, "gsm8k", {"train": gsm8k_rows(arithmetic[:8]), "test": gsm8k_rows(arithmetic[8:])})]
+            + [(BBH, subtask, "bbh", {"test": bbh}) for subtask in bbh_subtasks()]
+            + [(*SWDE, "swde", {"validation": swde})])
 
 
 def write_dataset(hf_home: Path, repo_id: str, config: str | None, kind: str, splits: dict[str, list[dict]]) -> Path:

@@ -242,3 +242,24 @@ def ranking_readable(clean: Score, most_harmful: tuple[float, float, float], cha
         return False, (f"at ceiling: zeroing the most harmful head leaves {acc:.1%} [{lo:.1%}, {hi:.1%}] against "
                        f"{clean.acc:.1%} clean, so no head's zeroing is told apart and the order is the screen's")
     return True, ""
+
+
+def falls_beyond_controls(clean: Measured, ablated: Measured, controls: Sequence[Measured], floor: float,
+                          margin: float = MARGIN) -> tuple[str, str]:
+    """Does an ablation lower a task (`falls`, paired) AND lower it below every random control of
+    the same size (`below` against each draw, on the same items)? The claim of a bottleneck on a
+    task where no "chance" is the line to reach (a generative task's exact match: Table 2): not
+    "most of the way to chance" (`beats_controls`), only lower, and lower than random heads. A
+    universal claim (`every`); with no control drawn it cannot be shown specific (inconclusive at
+    best). Not testable where clean does not clear `floor` (for open answers chance is 0: a stated
+    minimum the clean interval must clear)."""
+    outcome, evidence = falls(clean, ablated, floor, margin)
+    if outcome == NOT_TESTABLE:
+        return outcome, evidence
+    if not controls:
+        return (INCONCLUSIVE if outcome == REPRODUCED else outcome), evidence + "; no random control to beat"
+    against = [below(c, ablated, margin) for c in controls]
+    worst = min(range(len(controls)), key=lambda i: controls[i].acc)
+    specific = every(o for o, _ in against)
+    return every([outcome, specific]), (f"lowers it: {evidence}; below every random control ({len(controls)} draws): "
+                                        f"{specific} (against the most harmful draw: {against[worst][1]})")

@@ -65,3 +65,12 @@ def test_knowledge_is_the_mean_over_tasks_not_the_pooled_items():
     assert result.knowledge(2).acc == pytest.approx((0.4 + 0.8) / 2) and result.knowledge(2).n == 1200
     kept, *_ = chapter.verdicts(result)
     assert kept.outcome == v.REPRODUCED and "-20.0 points" in kept.evidence
+
+
+def test_the_minimal_model_is_the_shallowest_cut_within_the_margin_however_few_the_items():
+    # Qwen's letters at seed 1 (100 questions): a 2-point dip one layer down must not stop the walk.
+    accs = {23: 0.72, 24: 0.81, 25: 0.81, 26: 0.78, 27: 0.77, 28: 0.79}
+    by_depth = {d: Score.of(np.arange(100) < round(a * 100)) for d, a in accs.items()}
+    assert chapter.minimal_depth(by_depth) == 24
+    assert chapter.minimal_depth({**by_depth, 27: Score.of(np.arange(100) < 70)}) == 28  # a 9-point loss stops it
+

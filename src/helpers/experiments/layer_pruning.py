@@ -6,8 +6,12 @@ depth: the stream after layer d, through the final norm and the unembedding, *is
 pruned to d layers (`SweepEngine.score_by_depth`, tested against `prune_top`).
 
 The paper's claim is a dissociation: letter selection (MMLU) is kept down to a minimal depth
-while knowledge falls, then collapses when a critical layer goes. Where the model cannot pick
-letters (SmolLM2-135M sits at chance on MMLU), KV retrieval stands in as the retrieval probe.
+while knowledge falls, then collapses when a critical layer goes. On the CPU profile the model
+is Qwen2.5-Coder-1.5B-Instruct (`shared.LETTER_MODEL`), which picks letters: MMLU is the book's
+letter set and knowledge the same facts as cloze questions (`tasks.load_letters`), the same
+seeded subset of both where `n_mmlu` equals `n_knowledge`, so that the two curves are measured on
+the same facts. Where the model cannot pick letters (SmolLM2-135M sits at chance on MMLU), KV
+retrieval stands in as the retrieval probe.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ..evaluate import mean_over_tasks
 from ..reference import paper
 from ..stats import Score, TaskMean, brief
 from ..sweep import sweep
-from . import base
+from . import base, shared
 
 PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
 

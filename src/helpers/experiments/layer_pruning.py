@@ -164,6 +164,7 @@ def comparison(result: Result) -> pd.DataFrame:
     fmt = lambda r: brief(r.acc, r.lo, r.hi)
     return base.comparison_table([
         ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
+        ("weights", "as published", "as published", base.weights(result.provenance)),
         ("MMLU, full model", "not stated in the sources read (Fig. 2 not read)", f"{result.cfg.k_shot}-shot",
          f"{result.scores[result.mmlu][top]} ({result.cfg.k_shot}-shot, chance {result.chance[result.mmlu]:.0%})"),
         ("knowledge, full model", "falls as layers go (Fig. 2)", "mean acc of 6 tasks",

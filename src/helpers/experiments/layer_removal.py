@@ -239,6 +239,7 @@ def comparison(result: Result) -> pd.DataFrame:
     know = [result.knowledge(l).acc for l in result.removed[name]]
     return base.comparison_table([
         ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
+        ("weights", "as published", "as published", base.weights(result.provenance)),
         ("minimal model", f"layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value} "
          f"({paper('layer_pruning', 'minimal_model_last_layer').source})", "layers 0-17", f"layers 0-{d - 1}, {how}"),
         ("retrieval of the minimal model", f"MMLU {paper('head_zeroing', 'mmlu_minimal')}", "-",

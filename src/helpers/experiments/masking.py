@@ -356,14 +356,12 @@ def table(result: Result) -> pd.DataFrame:
 def comparison(result: Result) -> pd.DataFrame:
     paper_row = lambda m: (f"G {paper('head_zeroing', 'gather_head', m).value}, "
                            f"A {paper('head_zeroing', 'aggregate_head', m).value} ({m})")
-    weights = result.provenance.get("quantization", {})
     rows = [("models and heads", "; ".join(paper_row(m) for m in PAPER_MODELS["paper"]),
              "no masking code in the release",
              "; ".join(f"{r.model}: G {r.roles.describe('G')}, A {r.roles.describe('A')}" for r in result.runs)),
             ("where the heads are masked", "not stated in the sources read", "-",
              "; ".join(f"{r.model}: {r.keep_only()}" for r in result.runs)),
-            ("weights", "as published", "-",
-             "; ".join(f"{m}: {w}" for m, w in weights.items()) or "as published (not quantized)"),
+            ("weights", "as published", "-", base.weights(result.provenance)),
             ("task", "MMLU (Fig. 6; not verified)", "-",
              f"{result.runs[0].benchmark}, n={result.runs[0].scores['no mask'].n}, seed={result.cfg.seed}")]
     expected = {**{c: "kept (Fig. 6; not verified)" for c in PATTERN_OF.values()},

@@ -135,6 +135,7 @@ def test_a_pattern_keeps_accuracy_only_where_the_head_is_needed():
     (dict(task="gsm8k"), "task must be one of 'kv', 'mmlu'"),
     (dict(models=[]), "models must name at least one model"),
     (dict(n=0), "n must be at least 1"),
+    (dict(n=201), "n must be at most the 200 questions head zeroing checks its roles on"),
 ])
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):

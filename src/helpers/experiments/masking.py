@@ -112,6 +112,15 @@ class Config(base.Config):
             shared.check_roles_of(name, self.gather, self.aggregate)
             if self.task == "kv":
                 base.check_kv_sizes(name, "kv_pairs", [self.kv_pairs])
+        checked = check_questions(self.profile, self.smoke)
+        if checked and any(uses_head_zeroing(self, m) for m in self.models) and self.n > checked:
+            raise ConfigError(f"n must be at most the {checked} questions head zeroing checks its roles on "
+                              f"(its n_check on the {self.profile} profile), got {self.n}")
+
+
+def check_questions(profile: str, smoke: bool) -> int | None:
+    """How many questions head zeroing measures its roles on (the prompts masked here)."""
+    return head_zeroing.Config.smoke_sizes["n_check"] if smoke else head_zeroing.Config.defaults(profile)["n_check"]
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def test_masked_conditions_from_one_cached_stream_equal_each_run_alone(smol):
     from helpers.engine import SweepEngine
     from helpers.segments import aggregate_pattern, gather_pattern
 
-    b = bm.kv(smol.name, smol.tokenizer, 4, 2, seed=1, query="repeat")
+    b = bm.kv(smol.name, smol.tokenizer, 4, 1, seed=1, query="repeat")
     layers, zeroed = list(range(20)), {16: [1, 2], 18: [0, 3]}
     conditions = {"G": lambda seg: {(16, 0): gather_pattern(seg)},
                   "A control": lambda seg: {(18, 6): aggregate_pattern(seg, control=True)},

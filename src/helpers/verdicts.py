@@ -188,7 +188,13 @@ def beats_controls(clean: Measured, ablated: Measured, controls: Sequence[Measur
     same items)? A universal claim (`every`): an ablation no more harmful than some random heads
     is not reproduced, not "partly"; with no control drawn it cannot be shown specific
     (inconclusive at best)."""
-    outcome, evidence = collapses(clean, ablated, chance)
+    return _beyond_controls(*collapses(clean, ablated, chance), ablated, controls, margin)
+
+
+def _beyond_controls(outcome: str, evidence: str, ablated: Measured, controls: Sequence[Measured],
+                     margin: float) -> tuple[str, str]:
+    """A loss's outcome AND the ablation below every random control (`below` against each draw,
+    on the same items); with no control drawn, inconclusive at best."""
     if outcome == NOT_TESTABLE:
         return outcome, evidence
     if not controls:
@@ -254,12 +260,5 @@ def falls_beyond_controls(clean: Measured, ablated: Measured, controls: Sequence
     best). Not testable where clean does not clear `floor` (for open answers chance is 0: a stated
     minimum the clean interval must clear)."""
     outcome, evidence = falls(clean, ablated, floor, margin)
-    if outcome == NOT_TESTABLE:
-        return outcome, evidence
-    if not controls:
-        return (INCONCLUSIVE if outcome == REPRODUCED else outcome), evidence + "; no random control to beat"
-    against = [below(c, ablated, margin) for c in controls]
-    worst = min(range(len(controls)), key=lambda i: controls[i].acc)
-    specific = every(o for o, _ in against)
-    return every([outcome, specific]), (f"lowers it: {evidence}; below every random control ({len(controls)} draws): "
-                                        f"{specific} (against the most harmful draw: {against[worst][1]})")
+    return _beyond_controls(outcome, f"lowers it: {evidence}" if outcome != NOT_TESTABLE else evidence, ablated,
+                            controls, margin)

@@ -12,6 +12,7 @@ from helpers import page
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import head_zeroing as chapter
+from helpers.experiments import layer_pruning
 from helpers.heads import Head
 from helpers.stats import Score
 
@@ -22,7 +23,7 @@ def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
     # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
     # a shared ranking of seconds rather than minutes.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert result.layers_kept == result.n_layers and result.clean.n == 4
+    assert result.layers_kept == layer_pruning.minimal_depth(result.depths) and result.clean.n == 4
     assert chapter.NONE in result.scores and len(result.controls) <= 1
     assert all(s.n == 4 for s in result.scores.values())
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)

@@ -12,13 +12,30 @@ KV, KNOW = "KV retrieval (8 keys)", "capitals"
 
 
 def test_run_at_smoke_size_removes_every_layer_of_the_minimal_model():
-    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, minimal_layers=3))
+    # SmolLM2 (the letter model's smoke runs in the book's build): MMLU at chance, KV is the probe.
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="smollm2-135m-instruct", minimal_layers=3))
     assert result.minimal_layers == 3 and result.source == "given" and result.probe == KV
     assert all(sorted(by_layer) == [0, 1, 2] for by_layer in result.removed.values())
-    assert set(result.removed) == set(result.minimal) == set(result.roles)
+    # the probe and knowledge are swept; MMLU, at chance, is not
+    assert set(result.removed) == set(result.minimal) == set(result.full) == set(result.roles) == {KV, "facts (cloze)"}
     assert len(result.removed[KV][1].correct) == 4
+    # the minimal model's score is on the removal's own items: with a layer "removed" past its top
+    # nothing changes, so removing L2 of layers 0-2 equals the 2-layer cut of the pruning chapter
+    from helpers.experiments import layer_pruning
+
+    pruning = layer_pruning.run(chapter.pruning_config(result.cfg))
+    assert result.removed[KV][2].correct.tolist() == pruning.scores[KV][2].correct.tolist()
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
+
+
+def test_the_cpu_profile_removes_layers_of_the_letter_model_on_fewer_items_than_pruning():
+    from helpers.experiments import layer_pruning
+
+    cfg = chapter.Config.for_profile("cpu")
+    pruning = chapter.pruning_config(cfg)
+    assert cfg.model == pruning.model == "qwen2.5-coder-1.5b-instruct"
+    assert cfg.n_mmlu == cfg.n_knowledge < pruning.n_mmlu == layer_pruning.Config.for_profile("cpu").n_mmlu
 
 
 def made_up(kv, knowledge, minimal=(0.8, 0.8), n=200):

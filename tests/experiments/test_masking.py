@@ -14,7 +14,8 @@ from helpers.stats import Score
 
 def test_run_at_smoke_size_scores_every_condition_on_the_same_prompts():
     # Heads given: the shared KV ranking (minutes on CPU) has its own tests. Small prompts, for time.
-    cfg = chapter.Config.for_profile("cpu", smoke=True, gather=["L16H0"], aggregate=["L18H6"], n=2, kv_pairs=4)
+    cfg = chapter.Config.for_profile("cpu", smoke=True, models=["smollm2-135m-instruct"], task="kv", gather=["L16H0"],
+                                     aggregate=["L18H6"], n=2, kv_pairs=4)
     result = chapter.run(cfg)
     (r,) = result.runs
     assert list(r.scores) == list(chapter.CONDITIONS) and {s.n for s in r.scores.values()} == {2}
@@ -23,6 +24,63 @@ def test_run_at_smoke_size_scores_every_condition_on_the_same_prompts():
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
     assert result.provenance["models"].keys() == {"smollm2-135m-instruct"}
     assert chapter.figure(result).axes
+    # KV has no published minimal model: the whole model, with only G and A kept in their layers
+    assert (r.layers, r.others_zeroed) == (30, {16: list(range(1, 9)), 18: [h for h in range(9) if h != 6]})
+
+
+def test_on_the_letter_task_the_heads_are_masked_in_head_zeroings_keep_only_minimal_model():
+    # The toy zoo's letter MCQ takes the path the CPU profile's Qwen takes (no published heads or
+    # minimal model): head zeroing's minimal model, roles and check prompts, through its store.
+    from helpers.experiments import head_zeroing
+
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, models=["toy-transformer"]))
+    (r,) = result.runs
+    zeroing = head_zeroing.run(head_zeroing.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
+    assert r.layers == zeroing.layers_kept and r.minimal.startswith("found by the head-zeroing chapter")
+    assert {x: r.roles.heads[x] for x in "GA"} == {x: zeroing.roles.heads[x] for x in "GA"}
+    kept = {h for hs in r.roles.heads.values() for h in hs}
+    assert {l: set(hs) for l, hs in r.others_zeroed.items()} == {
+        h.layer: {k for k in range(4) if Head(h.layer, k) not in kept} for h in kept}
+    # Only G and A kept in their layers is the unmasked condition: head zeroing's own score of it.
+    assert r.scores["no mask"].correct.tolist() == zeroing.scores["only G and A kept in their layers"].correct[:3].tolist()
+
+
+def test_masked_conditions_from_one_cached_stream_equal_each_run_alone(smol):
+    from helpers import benchmarks as bm
+    from helpers.engine import SweepEngine
+    from helpers.segments import aggregate_pattern, gather_pattern
+
+    b = bm.kv(smol.name, smol.tokenizer, 4, 1, seed=1, query="repeat")
+    layers, zeroed = list(range(20)), {16: [1, 2], 18: [0, 3]}
+    conditions = {"G": lambda seg: {(16, 0): gather_pattern(seg)},
+                  "A control": lambda seg: {(18, 6): aggregate_pattern(seg, control=True)},
+                  "below the zeroed layers": lambda seg: {(10, 4): gather_pattern(seg, control=True)},
+                  "none": lambda seg: {}}
+    together = chapter.masked_runs(smol, b, conditions, layers, zeroed)
+    for name, patterns in conditions.items():
+        alone = chapter.masked_loglikelihoods(smol, b, patterns, layers, zeroed)
+        for ours, theirs in zip(together[name], alone, strict=True):
+            np.testing.assert_array_equal(ours, theirs)
+    # the mask acts (also below the zeroed layers), and with no mask it is the engine's own ablation
+    assert not np.allclose(np.concatenate(together["below the zeroed layers"]), np.concatenate(together["none"]))
+    plain = SweepEngine(smol, smol.tokenizer, b.items).loglikelihoods([zeroed], layers)[0]
+    np.testing.assert_allclose(np.concatenate(together["none"]), plain, atol=2e-4)
+
+
+def test_a_role_no_candidate_plays_is_masked_on_the_closest_candidate_and_said_so():
+    import pandas as pd
+
+    from helpers import heads as hd
+    from helpers.experiments import head_zeroing
+
+    measures = pd.DataFrame({hd.GATHER_MEASURE: [0.9, 0.3, 0.2], hd.AGGREGATE_MEASURE: [0.1, 0.4, 0.2],
+                             hd.LOCAL_MEASURE: [0.1, 0.1, 0.1]}, index=[(22, 1), (23, 4), (23, 7)])
+    zeroing = type("Zeroing", (), {"roles": head_zeroing.Roles({"G": (Head(22, 1),), "A": ()}, "behaviour", measures)})
+    roles = chapter.letter_roles(zeroing)
+    assert roles.heads == {"G": (Head(22, 1),), "A": (Head(23, 4),)} and roles.filled == {"G": True, "A": False}
+    assert "no top head of the letter screen behaves as the Aggregate head: the closest" in roles.describe("A")
+    assert chapter.others_zeroed(roles, lambda layer: 12) == {22: [h for h in range(12) if h != 1],
+                                                              23: [h for h in range(12) if h != 4]}
 
 
 def made_up(accuracy: dict[str, float], n=200, filled=True, chance=0.125):
@@ -77,6 +135,7 @@ def test_a_pattern_keeps_accuracy_only_where_the_head_is_needed():
     (dict(task="gsm8k"), "task must be one of 'kv', 'mmlu'"),
     (dict(models=[]), "models must name at least one model"),
     (dict(n=0), "n must be at least 1"),
+    (dict(n=201), "n must be at most the 200 questions head zeroing checks its roles on"),
 ])
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -94,15 +94,16 @@ class Roles:
     source: str  # "paper" (data/reference), "set" (the reader's parameters) or "behaviour"
     filled: dict[str, bool]  # by behaviour: whether a candidate behaved as the role (else the closest one)
     candidates: pd.DataFrame | None = None  # by behaviour: the candidates' measures on the ranking's prompts
+    ranking: str = "the KV ranking"  # by behaviour: whose top heads the candidates are
 
     def label(self, role: str) -> str:
-        return ", ".join(map(str, self.heads[role]))
+        return ", ".join(map(str, self.heads[role])) or "none"
 
     def describe(self, role: str) -> str:
         how = {"paper": "the paper's", "set": "as set"}.get(self.source)
         if how is None:
-            how = ("by behaviour among the KV ranking's top heads" if self.filled[role] else
-                   f"no top head of the KV ranking behaves as the {ROLE_NAMES[role]} head: the closest")
+            how = (f"by behaviour among {self.ranking}'s top heads" if self.filled[role] else
+                   f"no top head of {self.ranking} behaves as the {ROLE_NAMES[role]} head: the closest")
         return f"{self.label(role)} ({how})"
 
 

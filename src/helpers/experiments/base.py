@@ -423,6 +423,12 @@ def _small(name: str):
     return load(name)
 
 
+def weights(record: dict) -> str:
+    """How a run's models' weights are stored, from its record (the registry's `quantization`
+    text, which the page's provenance block shows too): for the chapters' comparison tables."""
+    return "; ".join(f"{k}: {v}" for k, v in record.get("quantization", {}).items()) or "as published (not quantized)"
+
+
 def load(name: str):
     """A model for a run: the CPU tier's small models are loaded once per process (every
     intervention leaves them as it found them); a paper model is loaded afresh, so that a chapter

@@ -40,7 +40,6 @@ from ..sweep import sweep
 from . import base, layer_pruning, layer_removal, shared
 
 PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
-LETTER_MODEL = "qwen2.5-coder-1.5b-instruct"  # the CPU profile's model that picks MMLU letters
 SSM_TOY = "toy-mamba2"  # the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 CONTROL_SIZE = 4  # heads per random control: more than any one role holds, so a null result means something
@@ -172,7 +171,7 @@ class Config(base.Config):
         if profile == "cpu":
             # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), the found minimal
             # model's last two layers swept exactly (see `run`); sizes that fit the book's 15 minutes a chapter.
-            return dict(model=LETTER_MODEL, task="mmlu", n_screen=100, n_check=200, n_knowledge=200, top=2,
+            return dict(model=shared.LETTER_MODEL, task="mmlu", n_screen=100, n_check=200, n_knowledge=200, top=2,
                         screen_alpha=1.0, **common)
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
         return dict(model=PAPER_MODEL[profile], task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,

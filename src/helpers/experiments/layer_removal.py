@@ -1,11 +1,15 @@
 """Removing one layer at a time from the minimal model (the paper's Fig. 3).
 
 The minimal model is the published one where there is one (Llama-3.1-8B: layers 0-17), else the
-bottom slice of the network that still retrieves as well as the whole (`layer_pruning.minimal_depth`,
-on the same benchmarks and settings as the layer-pruning chapter, whose results store this chapter
-reuses). Each of its layers is then skipped in turn, every benchmark scored without it. The
-sweep engine reuses the residual stream below the removed layer, so each removal reruns only
-the layers above it.
+one the layer-pruning chapter finds (`layer_pruning.minimal_depth`, run at that chapter's own
+sizes and settings through its results store, so both pages name the same minimal model). Each
+of its layers is then skipped in turn and the retrieval probe (MMLU, or KV retrieval where the
+model picks letters at chance) and the knowledge tasks are scored without it, beside the minimal
+model itself on the same items. The sweep engine reuses the residual stream below the removed
+layer, so each removal reruns only the layers above it; the whole sweep costs about d/2 full
+passes for a minimal model of d layers, so on the CPU profile this chapter scores fewer items
+than the pruning chapter (the letter model, Qwen2.5-Coder-1.5B, on the letter set and the same
+facts as cloze).
 
 The paper's claim: only the removal of a critical layer or two (L16, L17 in Llama-3.1-8B)
 takes retrieval to chance, while the knowledge tasks change little whichever layer goes.
@@ -13,7 +17,6 @@ takes retrieval to chance, while the knowledge tasks change little whichever lay
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,6 +32,7 @@ from ..stats import Score, TaskMean
 from ..sweep import sweep
 from . import base, layer_pruning, shared
 
+CPU_ITEMS = 30  # items per benchmark removed layer by layer on the CPU profile
 FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (the paper: 2 of 18), and at least 2
 
 
@@ -42,9 +46,11 @@ class Config(base.BenchmarkConfig):
 
     @classmethod
     def defaults(cls, profile):
-        # The benchmarks of the layer-pruning chapter; the minimal model is resolved in `run`
-        # (`minimal_layers_for`), since it depends on the model.
-        return {**layer_pruning.Config.defaults(profile), "minimal_layers": None}
+        # The benchmarks of the layer-pruning chapter; the minimal model is resolved in `run`, since
+        # it depends on the model. On 2 CPU cores the sweep of a 24-layer minimal model of the
+        # 1.5B letter model costs ~11 full passes per item: fewer items, to fit 15 minutes.
+        sizes = dict(n_mmlu=CPU_ITEMS, n_knowledge=CPU_ITEMS, n_kv=CPU_ITEMS) if profile == "cpu" else {}
+        return {**layer_pruning.Config.defaults(profile), **sizes, "minimal_layers": None}
 
     def __post_init__(self):
         super().__post_init__()
@@ -103,34 +109,44 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    # Every field of the pruning chapter's config is one of this chapter's.
-    same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(layer_pruning.Config)}
-    pruning = layer_pruning.run(layer_pruning.Config(**same))
+    pruning = layer_pruning.run(pruning_config(cfg))
     probe = layer_pruning.probe(pruning)
     given = cfg.minimal_layers or published_minimal(cfg.model)
     d = given or layer_pruning.minimal_depth(pruning.scores[probe])
     loaded = base.load(cfg.model)
     if d > loaded.adapter.n_layers:
         raise ConfigError(f"minimal_layers must be at most {loaded.adapter.n_layers} for {cfg.model}, got {d}")
-    sets = [bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
-            *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
-            bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    # The probe and the knowledge tasks (Fig. 3's curves), on this chapter's items.
+    sets = [*bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)]
+    if probe == pruning.mmlu:
+        sets.insert(0, bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot))
+    else:
+        sets.insert(0, bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query))
     by_name = {b.name: b for b in sets}
     minimal = list(range(d))
 
     def compute(cell):
-        removed = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items).layer_sweep(minimal, minimal)
-        return {str(l): s.to_json() for l, s in removed.items()}
+        engine = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items)
+        removed = engine.layer_sweep(minimal, minimal)
+        return {"full": engine.score().to_json(), "minimal": engine.score(layers=minimal).to_json(),
+                **{str(l): s.to_json() for l, s in removed.items()}}
 
     store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded])
-    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query, minimal_layers=d)
-             for b in sets]
+    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, k_shot=cfg.k_shot, kv_pairs=cfg.kv_pairs,
+                  kv_query=cfg.kv_query, minimal_layers=d) for b in sets]
     rows = sweep(store, cells, compute, desc="benchmarks x layers removed")
     removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in minimal} for r in rows}
-    top = pruning.n_layers
+    at = lambda key: {r["benchmark"]: Score.from_json(r[key]) for r in rows}
     return Result(cfg, d, "given" if cfg.minimal_layers else "published" if given else "found", probe,
-                  {b: s[top] for b, s in pruning.scores.items()}, {b: s[d] for b, s in pruning.scores.items()},
-                  removed, pruning.roles, pruning.chance, base.record(cfg, [loaded], timer))
+                  at("full"), at("minimal"), removed, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
+                  base.record(cfg, [loaded], timer))
+
+
+def pruning_config(cfg: Config) -> layer_pruning.Config:
+    """The layer-pruning chapter's run for this model and prompt settings, at that chapter's own
+    sizes (its results store then serves both pages)."""
+    return layer_pruning.Config.for_profile(cfg.profile, cfg.smoke, model=cfg.model, k_shot=cfg.k_shot,
+                                            kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query, seed=cfg.seed)
 
 
 def few(n_layers: int) -> int:
@@ -223,6 +239,7 @@ def comparison(result: Result) -> pd.DataFrame:
     know = [result.knowledge(l).acc for l in result.removed[name]]
     return base.comparison_table([
         ("model", "Llama-3.1-8B-Instruct", "same, lm-eval 0.4.7", f"{result.cfg.model} ({result.cfg.profile} profile)"),
+        ("weights", "as published", "as published", base.weights(result.provenance)),
         ("minimal model", f"layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value} "
          f"({paper('layer_pruning', 'minimal_model_last_layer').source})", "layers 0-17", f"layers 0-{d - 1}, {how}"),
         ("retrieval of the minimal model", f"MMLU {paper('head_zeroing', 'mmlu_minimal')}", "-",

@@ -6,16 +6,26 @@ the final position. Restrict them to that (per prompt, from its segments) and ac
 be kept; restrict them to a control pattern (the complement) and it should fall, below the
 hypothesised pattern. Zeroing each head says how much the model needs it at all.
 
+Every condition runs in the keep-only minimal model: the minimal model's layers, and in the
+roles' layers every head but G and A zeroed (Table 1's "only G and A kept"). In the whole model
+other heads stand in for a masked one, so a mask would keep accuracy whatever the head does. On
+the CPU profile the model is the letter model (`shared.LETTER_MODEL`) on the book's letter set,
+with the minimal model and the roles of the head-zeroing chapter (`head_zeroing.run`, through
+its results store: one role assignment for both pages), scored on the head-zeroing check's
+prompts, disjoint from the screen's prompts on which the roles were named. On the paper profiles
+the minimal model is the published one and the heads the paper's.
+
 Masks act before the softmax (the allowed positions are renormalised); SSM heads are masked
 through their materialised hidden attention (`attention.mask_attention`). Every condition is
 scored on the same prompts, so each comparison is a paired test on the prompts' correctness.
-Masks differ per prompt, so prompts run one at a time: the slowest chapter.
+Masks differ per prompt, so prompts run one at a time, every masked condition from one cached
+residual stream below the masked layers.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -31,8 +41,8 @@ from ..reference import paper
 from ..segments import aggregate_pattern, gather_pattern
 from ..stats import Score, difference
 from ..sweep import sweep
-from . import base, shared
-from .attention_maps import ROLE_NAMES, Roles, check_roles, find_roles, held_out_kv, mmlu
+from . import base, head_zeroing, layer_removal, shared
+from .attention_maps import ROLE_NAMES, Roles, check_roles, closest_roles, find_roles, held_out_kv, mmlu
 
 PATTERN = {"G": gather_pattern, "A": aggregate_pattern}
 BOTH = "G and A"
@@ -65,6 +75,7 @@ CONDITIONS = {
 }
 PATTERN_OF = {"G": "G: gather pattern", "A": "A: aggregate pattern", BOTH: "G and A: both patterns"}
 CONTROL_OF = {"G": "G: control pattern", "A": "A: control pattern", BOTH: "G and A: control patterns"}
+N_CPU = 100  # the CPU profile's prompts per condition
 PAPER_MODELS = {"paper": ("llamba-8b", "llama-3.1-8b-instruct"), "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
 
 
@@ -85,7 +96,8 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(models=["smollm2-135m-instruct"], gather=None, aggregate=None, task="kv", n=60, kv_pairs=8,
+            # The letter model on the head-zeroing check's prompts (its first `n`).
+            return dict(models=[shared.LETTER_MODEL], gather=None, aggregate=None, task="mmlu", n=N_CPU, kv_pairs=8,
                         kv_query="repeat", seed=0)
         return dict(models=PAPER_MODELS[profile], gather=None, aggregate=None, task="mmlu", n=500, kv_pairs=8,
                     kv_query="paper", seed=0)
@@ -100,6 +112,15 @@ class Config(base.Config):
             shared.check_roles_of(name, self.gather, self.aggregate)
             if self.task == "kv":
                 base.check_kv_sizes(name, "kv_pairs", [self.kv_pairs])
+        checked = check_questions(self.profile, self.smoke)
+        if checked and any(uses_head_zeroing(self, m) for m in self.models) and self.n > checked:
+            raise ConfigError(f"n must be at most the {checked} questions head zeroing checks its roles on "
+                              f"(its n_check on the {self.profile} profile), got {self.n}")
+
+
+def check_questions(profile: str, smoke: bool) -> int | None:
+    """How many questions head zeroing measures its roles on (the prompts masked here)."""
+    return head_zeroing.Config.smoke_sizes["n_check"] if smoke else head_zeroing.Config.defaults(profile)["n_check"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,15 @@ class ModelRun:
     benchmark: str
     chance: float
     scores: dict[str, Score]  # condition -> accuracy, every condition on the same prompts
+    layers: int = 0  # the minimal model's layers, where every condition runs
+    n_layers: int = 0  # the whole model's
+    minimal: str = ""  # where the minimal model comes from
+    others_zeroed: dict[int, list[int]] = field(default_factory=dict)  # the roles' layers' other heads (keep-only)
+
+    def keep_only(self) -> str:
+        """The model every condition runs in, as a sentence."""
+        kept = ", ".join(f"L{l}: {len(hs)} other heads zeroed" for l, hs in self.others_zeroed.items()) or "no head zeroed"
+        return f"layers 0-{self.layers - 1} of {self.n_layers} ({self.minimal}); {kept}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +156,8 @@ def benchmark(cfg: Config, model: str, tokenizer) -> bm.Benchmark:
     return mmlu(cfg, model, tokenizer, cfg.n)
 
 
-def masked_loglikelihoods(loaded, b: bm.Benchmark, patterns) -> list:
+def masked_loglikelihoods(loaded, b: bm.Benchmark, patterns, layers: list[int] | None = None,
+                          zeroed: dict[int, list[int]] | None = None) -> list:
     """Each prompt's choices' log-likelihoods when heads may attend only where a per-prompt
     pattern allows: what `segments.score_with_patterns` computes (tested), through the sweep
     engine, one prompt at a time. There a prompt's choices share one row, so a prompt costs one
@@ -134,41 +165,123 @@ def masked_loglikelihoods(loaded, b: bm.Benchmark, patterns) -> list:
 
     `patterns(seg) -> {(layer, head): allowed [T, T]}` covers the context's T tokens; the
     continuation tokens keep the engine's own mask (they read the context and their own
-    choice), as they stay causal in `score_with_patterns`."""
-    lls = []
+    choice), as they stay causal in `score_with_patterns`. `layers`: the layers run (default
+    all); `zeroed`: heads zeroed besides ({layer: [heads]})."""
+    return masked_runs(loaded, b, {"": patterns}, layers, zeroed)[""]
+
+
+def masked_runs(loaded, b: bm.Benchmark, by_condition: dict, layers: list[int] | None = None,
+                zeroed: dict[int, list[int]] | None = None) -> dict[str, list]:
+    """`masked_loglikelihoods` for several named pattern functions at once: per prompt, the
+    residual stream below the lowest masked or zeroed layer is computed once and every
+    condition runs the layers above it (tested equal to running each condition alone)."""
+    zeroed = zeroed or {}
+    out = {name: [] for name in by_condition}
     for item in b.items:
         engine = SweepEngine(loaded, loaded.tokenizer, [item])
         seg, width = b.segments(item), engine.rows.ids.shape[1]
-        with ExitStack() as stack:
-            for (layer, head), pattern in patterns(seg).items():
-                allowed = torch.ones(width, width, dtype=torch.bool)
-                allowed[:len(seg), :len(seg)] = pattern
-                stack.enter_context(mask_attention(loaded, layer, [head], allowed))
-            lls.append(engine.loglikelihoods([{}])[0])
-    return lls
+        run = engine.layer_list(layers)
+        for name, patterns in by_condition.items():
+            masks = patterns(seg)
+            scales = head_scales(engine.adapter, zeroed, {l for l, _ in masks})
+            with ExitStack() as stack:
+                for (layer, head), pattern in masks.items():
+                    allowed = torch.ones(width, width, dtype=torch.bool)
+                    allowed[:len(seg), :len(seg)] = pattern
+                    stack.enter_context(mask_attention(loaded, layer, [head], allowed))
+                # The cached stream lies below the first layer in `scales`, so no mask acts on it.
+                with torch.inference_mode():
+                    out[name].append(engine.scaled_loglikelihoods(scales, run)[0].numpy())
+    return out
 
 
-def score(loaded, b: bm.Benchmark, roles: Roles, condition: Condition) -> Score:
-    """The benchmark's accuracy under one condition."""
-    if not condition.masked:
-        zeroed = ablation(roles.heads[condition.zeroed]) if condition.zeroed else {}
-        return SweepEngine(loaded, loaded.tokenizer, b.items).score(zeroed)
-    patterns = lambda seg: {(h.layer, h.head): PATTERN[r](seg, control)
-                            for r, control in condition.masked.items() for h in roles.heads[r]}
-    return from_loglikelihoods(masked_loglikelihoods(loaded, b, patterns), b.items)
+def head_scales(adapter, zeroed: dict[int, list[int]], masked: set[int]) -> dict[int, torch.Tensor]:
+    """The engine's head-site scales ([1, heads * head_dim] per layer): 0 for the `zeroed` heads,
+    1 elsewhere; every masked layer among them, so that the engine recomputes it."""
+    scales = {}
+    for layer in sorted(set(zeroed) | masked):
+        keep = torch.ones(1, adapter.n_heads(layer))
+        keep[0, adapter.check_heads(layer, zeroed.get(layer, []))] = 0
+        scales[layer] = keep.repeat_interleave(adapter.head_dim(layer), dim=1)
+    return scales
+
+
+def merged(*ablations: dict[int, list[int]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for a in ablations:
+        for l, hs in a.items():
+            out[l] = sorted(set(out.get(l, [])) | set(hs))
+    return out
+
+
+def others_zeroed(roles: Roles, n_heads) -> dict[int, list[int]]:
+    """Table 1's "only G and A kept": every other head of the roles' layers, zeroed."""
+    keep = {h for hs in roles.heads.values() for h in hs}
+    return {l: [h for h in range(n_heads(l)) if Head(l, h) not in keep] for l in sorted({h.layer for h in keep})}
+
+
+def scores(loaded, b: bm.Benchmark, roles: Roles, layers: list[int], keep: dict[int, list[int]]) -> dict[str, Score]:
+    """Every condition's accuracy in the keep-only model (`layers` run, `keep` zeroed): the
+    unmasked ones batched, the masked ones prompt by prompt from one cached stream each."""
+    engine = SweepEngine(loaded, loaded.tokenizer, b.items)
+    plain = {name: merged(keep, ablation(roles.heads[c.zeroed]) if c.zeroed else {})
+             for name, c in CONDITIONS.items() if not c.masked}
+    out = engine.score_each(plain, layers)
+    masked = {name: (lambda seg, c=c: {(h.layer, h.head): PATTERN[r](seg, control)
+                                       for r, control in c.masked.items() for h in roles.heads[r]})
+              for name, c in CONDITIONS.items() if c.masked}
+    lls = masked_runs(loaded, b, masked, layers, keep)
+    out |= {name: from_loglikelihoods(lls[name], b.items) for name in masked}
+    return {name: out[name] for name in CONDITIONS}
+
+
+def letter_roles(zeroing) -> Roles:
+    """The head-zeroing chapter's roles (`head_zeroing.Roles`) as this chapter masks them: a role
+    no candidate plays goes to the closest candidate (`attention_maps.closest_roles`), said so."""
+    r = zeroing.roles
+    filled = {x: bool(r.heads[x]) for x in ROLE_NAMES}
+    heads = dict(r.heads)
+    if not all(filled.values()) and r.measures is not None and len(r.measures) >= 2:
+        closest, _ = closest_roles(r.measures)
+        heads = {x: heads[x] if filled[x] else closest[x] for x in ROLE_NAMES}
+    return Roles(heads, r.source, filled if r.source == "behaviour" else {x: True for x in ROLE_NAMES}, r.measures,
+                 "the letter screen")
+
+
+def uses_head_zeroing(cfg: Config, model: str) -> bool:
+    """Letter selection on a model with no published heads or minimal model: the minimal model and
+    roles are the head-zeroing chapter's (found on its screen's prompts)."""
+    return (cfg.task == "mmlu" and cfg.gather is None and shared.paper_heads(model) is None
+            and layer_removal.published_minimal(model) is None)
 
 
 def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dict]:
     loaded = base.load(model)
-    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
-    b = benchmark(cfg, model, loaded.tokenizer)
+    n_layers = loaded.adapter.n_layers
+    if uses_head_zeroing(cfg, model):
+        zcfg = head_zeroing.Config.for_profile(cfg.profile, cfg.smoke, model=model, task="mmlu", seed=cfg.seed)
+        zeroing = head_zeroing.run(zcfg)
+        roles, kept = letter_roles(zeroing), zeroing.layers_kept
+        check = head_zeroing.prompts(zcfg, loaded)[1]
+        b = bm.Benchmark(check.name, check.role, check.items[:cfg.n], check.segments)
+        minimal = "found by the head-zeroing chapter on its screen's prompts"
+    else:
+        roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
+        b = benchmark(cfg, model, loaded.tokenizer)
+        published = layer_removal.published_minimal(model)
+        kept, minimal = (published, "the published minimal model") if published else (n_layers, "the whole model")
+    if bad := [h for hs in roles.heads.values() for h in hs if h.layer >= kept]:
+        raise ConfigError(f"heads {', '.join(map(str, bad))} lie above the minimal model's layers 0..{kept - 1}")
+    layers = list(range(kept))
+    keep = others_zeroed(roles, loaded.adapter.n_heads)
     store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded])
-    cells = [dict(model=model, condition=c, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query,
-                  G=roles.label("G"), A=roles.label("A")) for c in CONDITIONS]
-    rows = sweep(store, cells, lambda cell: score(loaded, b, roles, CONDITIONS[cell["condition"]]).to_json(),
-                 desc=f"{model}: conditions")
-    scores = {r["condition"]: Score.from_json(r) for r in rows}
-    return ModelRun(model, roles, b.name, b.chance, scores), base.record(cfg, [loaded], timer)
+    cell = dict(model=model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query, layers=kept,
+                G=roles.label("G"), A=roles.label("A"), keep_only=True)
+    row = sweep(store, [cell], lambda c: {k: s.to_json() for k, s in scores(loaded, b, roles, layers, keep).items()},
+                desc=f"{model}: conditions")[0]
+    by_condition = {c: Score.from_json(row[c]) for c in CONDITIONS}
+    return (ModelRun(model, roles, b.name, b.chance, by_condition, kept, n_layers, minimal, keep),
+            base.record(cfg, [loaded], timer))
 
 
 def run(cfg: Config) -> Result:
@@ -255,8 +368,11 @@ def comparison(result: Result) -> pd.DataFrame:
     rows = [("models and heads", "; ".join(paper_row(m) for m in PAPER_MODELS["paper"]),
              "no masking code in the release",
              "; ".join(f"{r.model}: G {r.roles.describe('G')}, A {r.roles.describe('A')}" for r in result.runs)),
+            ("where the heads are masked", "not stated in the sources read", "-",
+             "; ".join(f"{r.model}: {r.keep_only()}" for r in result.runs)),
+            ("weights", "as published", "-", base.weights(result.provenance)),
             ("task", "MMLU (Fig. 6; not verified)", "-",
-             f"{result.runs[0].benchmark}, n={result.cfg.n}, seed={result.cfg.seed}")]
+             f"{result.runs[0].benchmark}, n={result.runs[0].scores['no mask'].n}, seed={result.cfg.seed}")]
     expected = {**{c: "kept (Fig. 6; not verified)" for c in PATTERN_OF.values()},
                 **{c: "falls (§4.3; not verified)" for c in CONTROL_OF.values()}}
     for r in result.runs:
@@ -267,7 +383,8 @@ def comparison(result: Result) -> pd.DataFrame:
 
 def subject(result: Result) -> str:
     return f"on the {result.cfg.profile} profile, " + "; ".join(
-        f"{r.model} (G {r.roles.label('G')}, A {r.roles.label('A')})" for r in result.runs)
+        f"{r.model}, layers 0-{r.layers - 1}, only G {r.roles.label('G')} and A {r.roles.label('A')} kept in their layers"
+        for r in result.runs)
 
 
 COLOURS = {"no mask": "0.55", "hypothesised pattern": "tab:green", "control pattern": "tab:red",

@@ -31,6 +31,9 @@ RANKING = {
     "paper": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=1.0, seed=0),
     "paper-3b": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=0.5, seed=0),
 }
+# The CPU profile's model that picks MMLU letters (SmolLM2-135M picks them at chance): every
+# chapter whose task is letter selection defaults to it on the CPU profile.
+LETTER_MODEL = "qwen2.5-coder-1.5b-instruct"
 SWEEP_WIDEST = 256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
 SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
 

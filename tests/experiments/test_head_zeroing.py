@@ -163,12 +163,16 @@ def test_a_tie_at_the_candidates_boundary_is_reported_and_none_is_not():
     assert "A tie at the candidates' boundary: 2 more heads" in tied_text and "60%" in tied_text
 
 
-def test_the_verdicts_at_smoke_size_are_the_same_at_two_further_seeds():
-    # Every draw follows `seed`; on the toy Transformer the outcomes must not depend on which one.
+def test_the_head_verdicts_are_the_same_at_two_further_seeds():
+    # Every draw follows `seed` (split, knowledge items, controls); on the toy Transformer at the CPU
+    # sizes the four claims about heads (G, A, random controls, only G and A kept) must come out the
+    # same whichever seed drew them. (Smoke size cannot show this: at n = 4 the minimal model found
+    # moves from 1 to 3 layers with the seed. Knowledge with G zeroed is testable only at the seed
+    # whose screen finds a G head; the page's draws note says so.)
     outcomes = {}
     for seed in (0, 1, 2):
-        result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=seed))
-        outcomes[seed] = [x.outcome for x in chapter.verdicts(result)]
+        result = chapter.run(chapter.Config.for_profile("cpu", model="toy-transformer", seed=seed))
+        outcomes[seed] = [x.outcome for x in chapter.verdicts(result)][:4]
         assert f"Seed {seed} drew" in chapter.draws(result)
     assert outcomes[0] == outcomes[1] == outcomes[2]
 

@@ -106,7 +106,7 @@ def test_editing_a_chapter_changes_its_version_and_its_importers_only(tmp_path):
     before, after = versions(), versions(edited(tmp_path, "helpers", "experiments/layer_pruning.py"))
     # The chapters that import layer_pruning today, directly or through another chapter.
     assert {c for c in CHAPTERS if after[c] != before[c]} == {"layer_pruning", "layer_removal", "head_zeroing",
-                                                              "kv_retrieval"}
+                                                              "kv_retrieval", "masking"}
     assert after["ssm_vs_attention"] == before["ssm_vs_attention"]
 
 

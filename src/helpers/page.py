@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import re
 from typing import Iterable
@@ -42,6 +43,11 @@ def _figures_as_png_and_svg() -> None:
 
 
 _figures_as_png_and_svg()
+
+# transformers says once per process, on stderr, that an SSM runs its reference kernels (no
+# mamba-ssm / causal-conv1d): on a page that is a red box in the middle of a section. Whether the
+# fused kernels ran is in each page's provenance (`helpers.kernels`).
+logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
 
 def _badge(outcome: str) -> str:

@@ -126,10 +126,10 @@ def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
     return out
 
 
-def verdict_rows(verdicts: list[Verdict]) -> pd.DataFrame:
-    """Verdicts as table rows (claim, source, outcome, evidence), for a second subject on a page
-    whose box at the top holds the first."""
-    return pd.DataFrame([dict(claim=v.claim, source=v.source, outcome=v.outcome, evidence=v.evidence) for v in verdicts])
+def verdict_box(verdicts: list[Verdict], subject: str) -> None:
+    """A second subject's verdicts where they are run, in the box of the page's first (which the
+    top of the page holds and the builder records)."""
+    display(HTML(verdict_html(verdicts, subject)))
 
 
 def note(text: str) -> None:

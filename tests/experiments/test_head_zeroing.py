@@ -182,5 +182,5 @@ def test_the_pages_toy_ssm_is_swept_whole_with_controls_from_every_layer():
     toy = chapter.run(chapter.toy_config(cfg))  # the toy runs at CPU sizes on every profile
     assert toy.cfg.model == chapter.SSM_TOY and toy.cfg.profile == "cpu" and toy.task_name.startswith("letter MCQ")
     assert {h.layer for h in hd.measured(toy.ranking)} == set(range(toy.layers_kept))  # layer 0's heads too
-    rows = page.verdict_rows(chapter.verdicts(toy))
-    assert list(rows.columns) == ["claim", "source", "outcome", "evidence"] and "letter MCQ" in rows.claim[0]
+    box = page.verdict_html(chapter.verdicts(toy), chapter.subject(toy))
+    assert "toy-mamba2" in box and "letter MCQ" in box and box.count("<li>") == len(chapter.verdicts(toy))

@@ -75,16 +75,6 @@ def test_cpu_book_passes_the_readers_check_with_every_verdict(cpu_book):
     assert "colab.research.google.com/github/" in launch and f"{PAGES[0]}.ipynb" in launch
 
 
-def test_no_page_shows_what_libraries_print_on_stderr(cpu_book):
-    # Loading bars and library warnings belong in the build's log: on a page they are red boxes.
-    import nbformat
-
-    for md in CHAPTERS:
-        nb = nbformat.read(cpu_book / "executed" / md.relative_to(book.ROOT).with_suffix(".ipynb"), as_version=4)
-        printed = [o.text for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stderr"]
-        assert not printed, f"{md.stem} shows stderr: {printed[0][:200]}"
-
-
 def test_every_chapter_ran_the_paper_profile_on_paper_models_in_the_rehearsal(rehearsal):
     paper_models = {n for n, s in registry.MODELS.items() if s.profile == "paper"}
     for md in CHAPTERS:

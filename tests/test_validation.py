@@ -266,11 +266,11 @@ from helpers.experiments import (base, head_zeroing, hybrid_models, hybrid_swap,
      r"aggregate: smollm2-135m-instruct has no head L12H0 \(of its 30 layers the run keeps 0..9\)"),
     (head_zeroing, dict(model="smollm2-135m-instruct", sweep_layers=[2, 30]), r"sweep_layers: smollm2-135m-instruct has no layer 30: its layers are 0..29"),
     (head_zeroing, dict(model="toy-mamba2", task="kv", kv_pairs=40), "kv_pairs: a KV dictionary for toy-mamba2 holds at most 32 keys"),
-    (layer_pruning, dict(kv_pairs=101), r"kv_pairs: a KV dictionary for smollm2-135m-instruct holds at most 100 keys"),
+    (layer_pruning, dict(kv_pairs=101), r"kv_pairs: a KV dictionary for qwen2.5-coder-1.5b-instruct holds at most 100 keys"),
     (layer_pruning, dict(model="toy-mamba2"), "model: layer_pruning scores MMLU and the knowledge tasks, which the toy "
                                               "model toy-mamba2 does not read .*use one of smollm2-135m-instruct"),
     (layer_removal, dict(model="toy-transformer"), "model: layer_removal scores MMLU .* toy model toy-transformer"),
-    (layer_removal, dict(minimal_layers=31), "minimal_layers must be at most 30 for smollm2-135m-instruct, got 31"),
+    (layer_removal, dict(model="smollm2-135m-instruct", minimal_layers=31), "minimal_layers must be at most 30 for smollm2-135m-instruct, got 31"),
     (layer_pruning, dict(n_kv=10**12), "n_kv must be at most 100,000, got 1,000,000,000,000: a run that large would "
                                        "not finish; set a smaller n_kv"),
     (kv_retrieval, dict(model="toy-mamba2", sizes=[8, 33]), "sizes: a KV dictionary for toy-mamba2 holds at most 32 keys"),

@@ -102,14 +102,19 @@ def zero_heads(model, heads: Mapping[int, Iterable[int] | int]):
     return _zeroed(model, adapter, plan) if plan else nullcontext(model)
 
 
+def _kept_channels(adapter: Adapter, layer: int, heads: list[int]) -> torch.Tensor:
+    """The output projection's input channels of `layer` that `heads` do not own (True: kept)."""
+    keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
+    keep[heads] = False
+    return keep.repeat_interleave(adapter.head_dim(layer))
+
+
 @contextmanager
 def _zeroed(model, adapter: Adapter, plan: dict[int, list[int]]):
     plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
     with ExitStack() as stack:
         for layer, hs in plan.items():
-            keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
-            keep[hs] = False
-            mask = keep.repeat_interleave(adapter.head_dim(layer))
+            mask = _kept_channels(adapter, layer, hs)
 
             def silence(module, args, mask=mask):
                 return (args[0] * mask.to(args[0].device, args[0].dtype),) + tuple(args[1:])
@@ -225,9 +230,7 @@ def _replaced(model, adapter: Adapter, plan: dict[int, list[int]], values: Mappi
     plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
     with ExitStack() as stack:
         for layer, hs in plan.items():
-            keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
-            keep[hs] = False
-            keep = keep.repeat_interleave(adapter.head_dim(layer))
+            keep = _kept_channels(adapter, layer, hs)
 
             def replace(module, args, keep=keep, value=values[layer], layer=layer):
                 x = args[0]

@@ -25,6 +25,8 @@ LAYERS = [
     Layer("ssm"),
     # The leaves: no torch, no transformers (paths, the registry, statistics, verdicts, tasks...).
     Layer("tasks", "reference", "provenance", "verdicts", "sweep", independent=False),
+    # Ray workers for a sweep (Ray imported lazily, only when workers are asked for)
+    Layer("runner"),
     Layer("heads", "stats", "registry", "progress", "paths", "errors", "kernels"),
 ]
 

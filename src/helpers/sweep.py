@@ -14,8 +14,8 @@ command, since when) on the progress stream, waits, then re-reads the store, so 
 cells the first one finished instead of computing them again. Torn lines are repaired only under
 the lock, so no process cuts a line that another is still writing. Within a process the lock is
 re-entrant (opening a store inside a sweep of the same store does not wait for itself); a sweep
-spread over workers writes from the driver. What the operating system refuses (a read-only
-folder, a full disk, a results path that is a file) comes back as a StoreError naming the file
+spread over Ray workers (`sweep(..., workers=N)`, `runner`) writes from the driver alone. What
+the operating system refuses (a read-only folder, a full disk, a results path that is a file) comes back as a StoreError naming the file
 and GA_RESULTS, and a write cut short by it is cut back off, so the next run resumes.
 """
 
@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Iterable
 
+from . import runner
 from .errors import StoreError
 from .progress import bar, stream
 
@@ -293,18 +294,29 @@ class Store:
         self._done[_key(row["cell"])] = row["result"]
 
 
-def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict], desc: str = "sweep") -> list[dict]:
+def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict] | str, desc: str = "sweep",
+          workers: int | None = None) -> list[dict]:
     """Results for every cell, in order, computing (with a progress bar) only the missing ones,
-    each once. Each returned row is the cell's settings merged with its result."""
+    each once. Each returned row is the cell's settings merged with its result.
+
+    `workers`: None computes in this process; N >= 1 spreads the missing cells over N Ray workers
+    (`runner`), and `run` must then be a measurement that can travel: a module-level function of
+    a cell (or its "module:name"), which loads its model by name; this process writes the store."""
     if not isinstance(store, Store):
         raise StoreError(f"sweep's first argument is a Store, got {type(store).__name__}")
-    if not callable(run):
+    workers = runner.check_workers(workers)
+    if workers is not None:
+        name = runner.measurement_name(run)  # before anything runs: a closure is refused with the fix
+    elif not callable(run):
         raise StoreError(f"sweep's run is a function of a cell, got {run!r}")
     cells = list(cells)
     keys = [_key(c) for c in cells]  # every cell checked before the first runs
     with store.lock():  # the only writer: another process running this sweep waits, then reuses these cells
         store.refresh()
         todo = {key: c for key, c in zip(keys, cells) if key not in store._done}
-        for cell in bar(list(todo.values()), desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
-            store.put(cell, run(cell))
+        if workers is not None and todo:
+            runner.run_cells(list(todo.values()), name, workers, store.put, desc=f"{desc} ({len(cells) - len(todo)} cached)")
+        else:
+            for cell in bar(list(todo.values()), desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
+                store.put(cell, run(cell))
         return [{**c, **store[c]} for c in cells]

@@ -27,6 +27,7 @@ import operator
 import os
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -435,7 +436,30 @@ def load(name: str):
     that goes through several 8B models holds one at a time."""
     from ..models import load as load_model
 
-    return _small(name) if registry.spec(name).profile == "cpu" else load_model(name)
+    return hold(_small(name) if registry.spec(name).profile == "cpu" else load_model(name))
+
+
+_held_models: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()  # name -> the model this process runs
+_kept: dict[str, Any] = {}  # the paper model a Ray worker loaded for its measurements (one at a time)
+
+
+def hold(loaded):
+    """Make `loaded` the model that a measurement asking for its name gets in this process
+    (`model_for`), as long as something else holds it; returns it."""
+    _held_models[loaded.name] = loaded
+    return loaded
+
+
+def model_for(name: str):
+    """The model a measurement (a module-level function of a cell, `runner`) runs, by name: the
+    one this process already holds (the chapter's own in process, so nothing loads twice), else
+    loaded here and kept, so that a Ray worker loads each model once; a worker keeps one paper
+    model at a time (the next one's load lets go of it)."""
+    found = _held_models.get(name)
+    if found is None:
+        _kept.clear()
+        found = _kept[name] = load(name)
+    return found
 
 
 def open_store(chapter: str, profile: str, part: str, loaded: list, module: str | None = None) -> Store:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import registry
+from .. import registry, runner
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation, measured
@@ -46,6 +46,7 @@ class Config(base.Config):
     gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     seed: int = base.seed()
+    workers: int | None = base.count(optional=True, maximum=1024)  # Ray workers for the sweeps (None: this process)
 
     chapter = "kv_retrieval"
     smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
@@ -54,18 +55,20 @@ class Config(base.Config):
     def defaults(cls, profile):
         if profile == "cpu":
             return dict(model="smollm2-135m-instruct", sizes=[2, 4, 8, 16, 32, 48], n_per_size=100, kv_query="repeat",
-                        gather=None, aggregate=None, seed=0)
+                        gather=None, aggregate=None, seed=0, workers=None)
         # The release states 55 configurations of 1,000 samples but not their sizes: every size 1..55.
         return dict(model=head_zeroing.PAPER_MODEL[profile],
                     sizes=list(range(1, paper("kv_retrieval", "n_configurations").integer + 1)),
                     n_per_size=paper("kv_retrieval", "samples_per_configuration").integer, kv_query="paper",
-                    gather=None, aggregate=None, seed=0)
+                    gather=None, aggregate=None, seed=0, workers=None)
 
     def __post_init__(self):
         super().__post_init__()
         head_zeroing.check_pair(self.gather, self.aggregate)
         base.check_kv_sizes(self.model, "sizes", self.sizes)
         shared.check_roles_of(self.model, self.gather, self.aggregate)
+        if self.workers is not None:
+            runner.check_installed()  # not installed: the install command now, before any model loads
 
 
 FORMS = ("released", "spaced")  # the rankings compared: the released scoring, and the book's spaced form
@@ -97,23 +100,32 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     toy = registry.spec(cfg.model).toy  # the zoo's token task has no query forms
-    rankings = {form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form, cfg.seed) for form in (FORMS[:1] if toy else FORMS)}
+    rankings = {form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form, cfg.seed, workers=cfg.workers)
+                for form in (FORMS[:1] if toy else FORMS)}
     same = {} if toy else same_tokens(loaded.tokenizer, shared.RANKING[cfg.profile]["query"])
     roles = head_zeroing.find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed)
-    conditions = {"model": {}, **{condition(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
-
-    def compute(cell):
-        items = bm.kv(cfg.model, loaded.tokenizer, cell["pairs"], cfg.n_per_size, CURVES_SEED + cfg.seed, cfg.kv_query).items
-        engine = SweepEngine(loaded, loaded.tokenizer, items)
-        return {name: s.to_json() for name, s in engine.score_each(conditions).items()}
-
+    conditions = size_conditions(heads={r: roles.heads[r] for r in ROLE_NAMES})
     store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded])
     heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}
     cells = [dict(model=cfg.model, pairs=k, n=cfg.n_per_size, seed=CURVES_SEED + cfg.seed, query=cfg.kv_query, heads=heads)
              for k in cfg.sizes]
-    rows = sweep(store, cells, compute, desc="dictionary sizes")
+    rows = sweep(store, cells, measure_size, desc="dictionary sizes", workers=cfg.workers)
     scores = {c: {r["pairs"]: Score.from_json(r[c]) for r in rows} for c in conditions}
     return Result(cfg, scores, roles, rankings, base.record(cfg, [loaded], timer), same)
+
+
+def size_conditions(heads: dict[str, list]) -> dict[str, dict]:
+    """The conditions each size is scored in: the model as it is, and each role's heads zeroed."""
+    return {"model": {}, **{condition(r): ablation([Head.parse(h) for h in heads[r]]) for r in ROLE_NAMES if heads[r]}}
+
+
+def measure_size(cell: dict) -> dict:
+    """One dictionary size (a cell of `run`'s sweep) in every condition, on the same prompts: a
+    measurement that travels to a Ray worker (it reads only its cell, and loads the model by name)."""
+    loaded = base.model_for(cell["model"])
+    items = bm.kv(cell["model"], loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"]).items
+    engine = SweepEngine(loaded, loaded.tokenizer, items)
+    return {name: s.to_json() for name, s in engine.score_each(size_conditions(cell["heads"])).items()}
 
 
 def same_tokens(tokenizer, query: str, n: int = 4) -> dict[tuple[str, str], bool]:

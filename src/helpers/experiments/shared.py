@@ -14,9 +14,9 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
-from ..heads import ROLE_MEASURES, Head, assign_roles, candidates, measured
+from ..heads import ROLE_MEASURES, Head, assign_roles, candidates, layers_to_sweep, measured, ranking_table
 from ..reference import paper
-from ..screen import rank_heads
+from ..screen import attribution
 from ..segments import measure_heads
 from ..stats import Score, mean_interval, rank_correlation
 from ..sweep import sweep
@@ -79,25 +79,63 @@ def paper_layers(loaded) -> list[int]:
     return [l for l in layers if loaded.adapter.n_heads(l) <= SWEEP_WIDEST]
 
 
-def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed: int | None = None) -> Ranking:
+def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed: int | None = None,
+               workers: int | None = None) -> Ranking:
     """The model's heads ranked by what zeroing each does to KV retrieval (the screen, then the
     layers it points to and the paper heads' layers swept exactly), through the results store.
     `form`: how the value follows the query (`tasks.KV_FORMS`; None: the profile's); `seed`: which
-    dictionaries (None: the profile's, the ranking every chapter shares)."""
+    dictionaries (None: the profile's, the ranking every chapter shares); `workers`: Ray workers
+    for the exact sweep, one cell per layer (None: this process). A layer's heads are zeroed one
+    at a time whatever other layers are swept, so the per-layer cells give the numbers of one
+    sweep of all the layers (`screen.rank_heads`)."""
     settings = ranking_settings(profile, smoke)
     settings = {**settings, "form": form or settings["form"], "paper_layers": paper_layers(loaded),
                 "seed": settings["seed"] if seed is None else seed}
-
-    def compute(cell):
-        items = bm.kv(loaded.name, loaded.tokenizer, settings["pairs"], settings["n"], settings["seed"],
-                      settings["query"], settings["form"]).items
-        engine = SweepEngine(loaded, loaded.tokenizer, items)
-        table = rank_heads(engine, settings["top"], alpha=settings["alpha"], also=settings["paper_layers"])
-        return {"clean": engine.score().to_json(), "table": table.to_dict("records")}
-
     store = base.open_store("head_ranking", profile, "kv", [loaded])
-    row = sweep(store, [dict(model=loaded.name, **settings)], compute, desc="KV head ranking")[0]
-    return Ranking(loaded.name, settings, Score.from_json(row["clean"]), pd.DataFrame(row["table"]))
+    base.hold(loaded)  # the measurements below, run here, find this model by its name
+    try:
+        screen = sweep(store, [dict(model=loaded.name, part="screen", **settings)], measure_screen,
+                       desc="KV head ranking: screen", workers=workers)[0]
+        estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
+        layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
+        prompts = {k: settings[k] for k in PROMPTS}
+        rows = sweep(store, [dict(model=loaded.name, part="layer", layer=l, **prompts) for l in layers], measure_layer,
+                     desc="KV head ranking: layers swept", workers=workers)
+    finally:
+        _engines.clear()  # in this process: the prompts' cached residual stream goes with the ranking
+    exact = {Head(r["layer"], int(h)): Score.from_json(s) for r in rows for h, s in r["heads"].items()}
+    return Ranking(loaded.name, settings, Score.from_json(screen["clean"]), ranking_table(estimate, exact))
+
+
+PROMPTS = ("pairs", "n", "seed", "query", "form")  # the settings that choose a ranking's prompts
+_engines: dict[tuple, SweepEngine] = {}  # one engine per process: the screen's, reused by the layer sweeps
+
+
+def _engine(cell: dict) -> SweepEngine:
+    """The sweep engine on the ranking's prompts of `cell`, built once per process and model."""
+    loaded = base.model_for(cell["model"])
+    key = (id(loaded.model), *(cell[k] for k in PROMPTS))
+    if key not in _engines:
+        _engines.clear()
+        items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"],
+                      cell["form"]).items
+        _engines[key] = SweepEngine(loaded, loaded.tokenizer, items)
+    return _engines[key]
+
+
+def measure_screen(cell: dict) -> dict:
+    """The ranking's first step (a measurement, `runner`): the accuracy with no head zeroed, and
+    the attribution screen's estimate for every head, as [layer, head, estimate] rows."""
+    engine = _engine(cell)
+    estimate = attribution(engine, alpha=cell["alpha"])
+    return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()]}
+
+
+def measure_layer(cell: dict) -> dict:
+    """One layer of the ranking's exact sweep (a measurement): each of its heads zeroed alone,
+    {head index: score}."""
+    exact = _engine(cell).head_sweep(layers=[cell["layer"]])
+    return {"heads": {str(h.head): s.to_json() for h, s in exact.items()}}
 
 
 def roles(loaded, benchmark: bm.Benchmark, heads: list[Head], n: int) -> tuple[pd.DataFrame, dict]:

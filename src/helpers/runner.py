@@ -1,0 +1,187 @@
+"""A sweep's missing cells spread over Ray workers (`sweep.sweep(..., workers=N)`).
+
+One actor per worker (one GPU each where the cluster has GPUs, else one CPU) takes cells from a
+queue, one at a time; the driver alone writes the results store, one line per finished cell, in
+the order they finish (the store is keyed, so order does not matter). An actor that dies (killed,
+out of memory, its node lost) is replaced by a fresh one and its cell goes back to the front of
+the queue; a cell that has killed `MAX_DEATHS` actors stops the run, naming it. An interrupted run
+keeps what the store holds, so the next run computes only the rest.
+
+Work sent to an actor is described by data: a cell (a dict of JSON values) and the name of a
+measurement, a module-level function of a cell importable as "module:name", which loads its
+model by name (`experiments.base.model_for`: each actor process loads a model once and keeps
+it). A closure over a loaded model cannot travel to another process, so one passed with
+workers is refused before any work, with the fix. The actors live as long as the driver's
+process (a chapter's second sweep reuses them and the models they hold).
+
+Ray is imported only here and only when workers are asked for; it is the optional extra
+`ray` (`pip install -e '.[ray]'`). Where no Ray cluster is running, `ray.init()` starts a local
+one on this machine's CPUs and GPUs; to use a cluster, start it first (`ray start`, or
+`ray.init(address=...)` before the run).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections import deque
+from typing import Callable
+
+from .errors import ConfigError
+from .progress import bar
+
+MAX_DEATHS = 3  # a cell whose actor died this many times stops the run (it is likely the cause: memory)
+
+
+def check_workers(workers) -> int | None:
+    """`workers` as a count of Ray workers (None: in this process)."""
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be a number of Ray workers, at least 1 (None: run in this process), "
+                          f"got {workers!r}")
+    return workers
+
+
+def measurement_name(run) -> str:
+    """The "module:name" of a measurement sent to workers: `run` itself when it is such a name of
+    a function, else the name under which its module holds it. A closure, a lambda, a method or
+    a partial is refused, with the fix."""
+    if isinstance(run, str):
+        measurement(run)  # importable, and a function
+        return run
+    module, qualname = getattr(run, "__module__", None), getattr(run, "__qualname__", None)
+    found = None
+    if module and qualname and "." not in qualname and "<" not in qualname:
+        found = getattr(importlib.import_module(module), qualname, None)
+    if found is not run or module == "__main__":
+        what = f"{module}.{qualname}" if qualname else repr(run)
+        raise ConfigError(
+            f"a sweep run on workers needs its measurement as a module-level function of a cell (importable as "
+            f"'module:name'), not {what}: a closure over a loaded model cannot be sent to another process. Move the "
+            f"function to the top level of a module (not __main__), put everything it reads into the cell, and load "
+            f"the model inside it by name (experiments.base.model_for(cell['model'])); or leave workers=None to run "
+            f"in this process")
+    return f"{module}:{qualname}"
+
+
+def measurement(name: str) -> Callable[[dict], dict]:
+    """The function named "module:name"."""
+    module, _, attr = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if not module or not attr:
+        raise ConfigError(f"a measurement is named 'module:function', got {name!r}")
+    try:
+        found = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"measurement {name!r} cannot be imported ({e})") from None
+    if not callable(found):
+        raise ConfigError(f"measurement {name!r} is not a function")
+    return found
+
+
+def check_installed() -> None:
+    """Stop now, with the install command, where Ray is not installed (found, not imported: fast)."""
+    if importlib.util.find_spec("ray") is None:
+        ray_module()
+
+
+def ray_module():
+    """Ray, imported now; where it is not installed, the error with the install command."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("workers= runs a sweep on Ray, which is not installed: pip install -e '.[ray]' "
+                          "(or leave workers=None to run in this process)") from None
+    return ray
+
+
+class Worker:
+    """One actor: runs measurements by name; the models they load stay in its process."""
+
+    def run(self, name: str, cell: dict) -> dict:
+        return measurement(name)(cell)
+
+
+_pool: list = []  # this process's actors, reused by its next sweep
+_pool_options: dict = {}
+
+
+def _actor_options(ray) -> dict:
+    return {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= 1 else {"num_cpus": 1}
+
+
+def _actors(ray, n: int) -> list:
+    """`n` live actors, the pool's first, new ones started as needed."""
+    global _pool_options
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+    options = _actor_options(ray)
+    if options != _pool_options:
+        _pool.clear()
+        _pool_options = options
+    cls = ray.remote(**options)(Worker)
+    while len(_pool) < n:
+        _pool.append(cls.remote())
+    return _pool[:n]
+
+
+def _replace(ray, actors: list, slot: int) -> None:
+    """A fresh actor in `slot` (of the pool too) for one that died."""
+    fresh = ray.remote(**_pool_options)(Worker).remote()
+    if actors[slot] in _pool:
+        _pool[_pool.index(actors[slot])] = fresh
+    actors[slot] = fresh
+
+
+def shutdown() -> None:
+    """Let go of this process's actors (a test's cluster ending, or a driver done with a run)."""
+    if _pool:
+        ray = ray_module()
+        for actor in _pool:
+            ray.kill(actor)
+        _pool.clear()
+
+
+def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, dict], None],
+              desc: str = "sweep") -> None:
+    """Compute every cell with the measurement `name` on `workers` Ray actors; `done(cell,
+    result)` is called in this process for each, as it finishes. If this process stops (an
+    exception in `done`, Ctrl-C), the actors are let go, so the next run starts clean."""
+    ray = ray_module()
+    actors = _actors(ray, min(workers, len(cells)))
+    queue = deque(range(len(cells)))
+    deaths = [0] * len(cells)
+    pending: dict = {}  # object ref -> (actor slot, cell index)
+
+    def submit(slot: int) -> None:
+        i = queue.popleft()
+        pending[actors[slot].run.remote(name, cells[i])] = (slot, i)
+
+    try:
+        for slot in range(len(actors)):
+            if queue:
+                submit(slot)
+        with bar(total=len(cells), desc=f"{desc} ({len(actors)} Ray workers)") as meter:
+            while pending:
+                [ref], _ = ray.wait(list(pending), num_returns=1)
+                slot, i = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayActorError:  # the actor died, not the measurement
+                    deaths[i] += 1
+                    if deaths[i] >= MAX_DEATHS:
+                        raise RuntimeError(f"{desc}: cell {cells[i]} killed {deaths[i]} workers in a row (out of "
+                                           f"memory?); run it alone, or with fewer workers per device") from None
+                    _replace(ray, actors, slot)
+                    queue.appendleft(i)
+                    submit(slot)
+                    continue
+                except ray.exceptions.RayTaskError as e:  # the measurement raised: its own error
+                    raise e.as_instanceof_cause() from None
+                done(cells[i], result)
+                meter.update(1)
+                if queue:
+                    submit(slot)
+    except BaseException:
+        shutdown()  # actors still computing cells nobody will store
+        raise

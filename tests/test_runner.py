@@ -1,0 +1,162 @@
+"""The Ray runner (`sweep(..., workers=N)`, `helpers.runner`) on a local 2-CPU cluster, with the
+toy zoo's Transformer: the same table as one process, bit for bit; a worker killed mid-run costs
+nothing but its cell's time; an interrupted run resumes with only the rest. One cluster for the
+module (Ray takes seconds to start, each worker seconds to import torch)."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import runner
+from helpers.errors import ConfigError
+from helpers.experiments import base, kv_retrieval, shared
+from helpers.sweep import Store, sweep
+
+TOY = "toy-transformer"
+HEADS = {"G": ["L1H0"], "A": ["L2H1"]}
+# sizes up to the toy task's 32 values, so that the scores are not all 1
+CELLS = [dict(model=TOY, pairs=k, n=12, seed=5, query="repeat", heads=HEADS) for k in (4, 12, 20, 24, 28, 32)]
+LOG = "GA_TEST_RUNNER_LOG"  # a folder where the measurement below notes each call (pid, cell)
+
+
+def logged_size(cell):
+    """`kv_retrieval.measure_size`, noting the call first; where the folder holds `kill`, the
+    first worker to start its second cell is killed (ray.kill on its own actor), once."""
+    log = Path(os.environ[LOG])
+    with open(log / "calls.jsonl", "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "cell": cell}) + "\n")
+    if (log / "kill").exists():
+        mine = [c for c in calls(log) if c["pid"] == os.getpid()]
+        if len(mine) == 2 and claim(log / "killed", cell):
+            import ray
+
+            ray.kill(ray.get_runtime_context().current_actor)
+            os._exit(1)  # not reached: the kill ends this process
+    return kv_retrieval.measure_size(cell)
+
+
+def calls(log):
+    path = log / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def claim(path, cell) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, json.dumps({"pid": os.getpid(), "cell": cell}).encode())
+    os.close(fd)
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ray = pytest.importorskip("ray")
+    log = tmp_path_factory.mktemp("runner-log")
+    os.environ[LOG] = str(log)
+    here = str(Path(__file__).parent)  # the workers import this module's measurement
+    path = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {LOG: str(log), "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
+    yield log
+    os.environ.pop(LOG)
+    runner.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture
+def log(cluster):
+    for f in cluster.iterdir():
+        f.unlink()
+    return cluster
+
+
+def in_process(tmp_path):
+    return sweep(Store(tmp_path / "one.jsonl"), CELLS, kv_retrieval.measure_size)
+
+
+def stored_cells(path):
+    return [json.loads(line)["cell"] for line in path.read_text().splitlines()]
+
+
+def test_two_workers_give_the_table_of_one_process_bit_for_bit(log, tmp_path, monkeypatch):
+    rows = sweep(Store(tmp_path / "two.jsonl"), CELLS, logged_size, workers=2)
+    assert rows == in_process(tmp_path)
+    assert {r["model"]["correct"] for r in rows} != {"1" * 12}  # the scores are not trivially equal
+    assert len({c["pid"] for c in calls(log)}) == 2  # both workers took cells
+    # the head ranking, split into one cell per swept layer, with its screen's float estimates
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path / "one"))
+    alone = shared.kv_ranking(base.load(TOY), "cpu", True)
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path / "two"))
+    spread = shared.kv_ranking(base.load(TOY), "cpu", True, workers=2)
+    pd.testing.assert_frame_equal(spread.table, alone.table, check_exact=True)
+    assert spread.clean.to_json() == alone.clean.to_json()
+    assert spread.table.estimate.nunique() > 1 and spread.table.acc.notna().sum() >= 8  # two layers of 4 heads
+
+
+def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_store(log, tmp_path):
+    (log / "kill").touch()
+    path = tmp_path / "two.jsonl"
+    rows = sweep(Store(path), CELLS, logged_size, workers=2)
+    killed = json.loads((log / "killed").read_text())
+    after = [c["pid"] for c in calls(log) if c["cell"] == killed["cell"]]
+    assert after[0] == killed["pid"] and len(after) == 2 and after[1] != killed["pid"]  # redone by a fresh worker
+    assert rows == in_process(tmp_path)
+    assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS))  # each cell once
+
+
+def test_an_interrupted_run_resumes_computing_only_the_rest(log, tmp_path, monkeypatch):
+    path = tmp_path / "two.jsonl"
+    store = Store(path)
+    put = store.put
+
+    def put_two_then_stop(cell, result):
+        if len(store) == 2:
+            raise KeyboardInterrupt
+        put(cell, result)
+
+    monkeypatch.setattr(store, "put", put_two_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(store, CELLS, logged_size, workers=2)
+    kept = stored_cells(path)
+    assert len(kept) == 2
+    first = {c["pid"] for c in calls(log)}  # the interrupted run's workers (let go of: the resumed run starts fresh ones)
+    rows = sweep(Store(path), CELLS, logged_size, workers=2)
+    resumed = [json.dumps(c["cell"]) for c in calls(log) if c["pid"] not in first]
+    assert sorted(resumed) == sorted(json.dumps(c) for c in CELLS if c not in kept)
+    assert rows == in_process(tmp_path)
+
+
+def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
+    loaded = object()
+
+    def compute(cell):
+        return {"model": str(loaded)}
+
+    with pytest.raises(ConfigError, match=r"module-level function of a cell .*test_runner\..*compute.*"
+                                          r"base\.model_for\(cell\['model'\]\)"):
+        sweep(Store(tmp_path / "s.jsonl"), CELLS, compute, workers=2)
+    with pytest.raises(ConfigError, match="module-level function"):
+        sweep(Store(tmp_path / "s.jsonl"), CELLS, lambda c: {}, workers=2)
+    assert not (tmp_path / "s.jsonl").exists()
+    assert runner.measurement_name(kv_retrieval.measure_size) == "helpers.experiments.kv_retrieval:measure_size"
+    assert runner.measurement_name("helpers.experiments.shared:measure_layer") == "helpers.experiments.shared:measure_layer"
+
+
+def test_workers_without_ray_installed_name_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
+        sweep(Store(tmp_path / "s.jsonl"), CELLS, kv_retrieval.measure_size, workers=2)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
+        kv_retrieval.Config.for_profile("cpu", smoke=True, model=TOY, workers=2)
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.5, "2"])
+def test_a_bad_worker_count_is_refused_before_any_work(workers):
+    with pytest.raises(ConfigError, match="workers must be"):
+        kv_retrieval.Config.for_profile("cpu", smoke=True, model=TOY, workers=workers)

@@ -132,6 +132,12 @@ def test_an_interrupted_run_resumes_computing_only_the_rest(log, tmp_path, monke
     assert rows == in_process(tmp_path)
 
 
+def test_more_workers_than_the_cluster_has_devices_is_refused_naming_the_most(cluster, tmp_path):
+    with pytest.raises(ConfigError, match=r"workers=3, but the Ray cluster has 2 CPUs .* at most 2"):
+        sweep(Store(tmp_path / "s.jsonl"), CELLS, logged_size, workers=3)
+    assert len(Store(tmp_path / "s.jsonl")) == 0
+
+
 def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
     loaded = object()
 

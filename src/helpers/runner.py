@@ -110,16 +110,26 @@ def _actor_options(ray) -> dict:
     return {"num_gpus": 1} if ray.cluster_resources().get("GPU", 0) >= 1 else {"num_cpus": 1}
 
 
-def _actors(ray, n: int) -> list:
-    """`n` live actors, the pool's first, new ones started as needed."""
+def _resources() -> dict:
+    return {k: v for k, v in _pool_options.items() if k != "session"}
+
+
+def _actors(ray, n: int, asked: int) -> list:
+    """`n` live actors, the pool's first, new ones started as needed; `asked`, the workers asked
+    for, must fit the cluster (one device each)."""
     global _pool_options
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
-    options = _actor_options(ray)
-    if options != _pool_options:
+    options = {**_actor_options(ray), "session": ray.get_runtime_context().get_job_id()}
+    unit = "GPU" if "num_gpus" in options else "CPU"
+    have = ray.cluster_resources().get(unit, 0)
+    if asked > have:  # one device per actor: those beyond the cluster's would wait forever
+        raise ConfigError(f"workers={asked}, but the Ray cluster has {have:g} {unit}s (one worker per {unit}): set "
+                          f"workers to at most {int(have)}, or add machines to the cluster (ray start)")
+    if options != _pool_options:  # another cluster (or device kind) than the pool's actors were started on
         _pool.clear()
         _pool_options = options
-    cls = ray.remote(**options)(Worker)
+    cls = ray.remote(**_resources())(Worker)
     while len(_pool) < n:
         _pool.append(cls.remote())
     return _pool[:n]
@@ -127,7 +137,7 @@ def _actors(ray, n: int) -> list:
 
 def _replace(ray, actors: list, slot: int) -> None:
     """A fresh actor in `slot` (of the pool too) for one that died."""
-    fresh = ray.remote(**_pool_options)(Worker).remote()
+    fresh = ray.remote(**_resources())(Worker).remote()
     if actors[slot] in _pool:
         _pool[_pool.index(actors[slot])] = fresh
     actors[slot] = fresh
@@ -148,7 +158,7 @@ def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, 
     result)` is called in this process for each, as it finishes. If this process stops (an
     exception in `done`, Ctrl-C), the actors are let go, so the next run starts clean."""
     ray = ray_module()
-    actors = _actors(ray, min(workers, len(cells)))
+    actors = _actors(ray, min(workers, len(cells)), workers)
     queue = deque(range(len(cells)))
     deaths = [0] * len(cells)
     pending: dict = {}  # object ref -> (actor slot, cell index)

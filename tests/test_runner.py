@@ -6,6 +6,7 @@ module (Ray takes seconds to start, each worker seconds to import torch)."""
 import json
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import pandas as pd
@@ -166,3 +167,26 @@ def test_workers_without_ray_installed_name_the_extra(tmp_path, monkeypatch):
 def test_a_bad_worker_count_is_refused_before_any_work(workers):
     with pytest.raises(ConfigError, match="workers must be"):
         kv_retrieval.Config.for_profile("cpu", smoke=True, model=TOY, workers=workers)
+
+
+def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads_each_once(monkeypatch):
+    """A paper model is never loaded twice in one process: `model_for` hands a measurement the
+    copy the chapter holds; with none held (a Ray worker), it loads one and keeps it."""
+    from helpers import models
+    from helpers.registry import Loaded
+
+    loads = []
+
+    def load(name):
+        loads.append(name)
+        return Loaded(name, object(), None, None)
+
+    monkeypatch.setattr(models, "load", load)
+    chapters = base.load("llama-3.2-3b-instruct")
+    assert base.model_for("llama-3.2-3b-instruct") is chapters and loads == ["llama-3.2-3b-instruct"]
+    del chapters  # the chapter done with it: a worker's own load, kept for its next cells
+    kept = base.model_for("llama-3.2-3b-instruct")
+    assert base.model_for("llama-3.2-3b-instruct") is kept and len(loads) == 2
+    first, kept = weakref.ref(kept), None
+    base.model_for("llama-3.1-8b-instruct")  # another model: the worker lets go of the first
+    assert first() is None and len(loads) == 3

@@ -182,6 +182,8 @@ def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads
         return Loaded(name, object(), None, None)
 
     monkeypatch.setattr(models, "load", load)
+    for cache in ("_held_models", "_kept"):  # the fakes below go with the test
+        monkeypatch.setattr(base, cache, type(getattr(base, cache))())
     chapters = base.load("llama-3.2-3b-instruct")
     assert base.model_for("llama-3.2-3b-instruct") is chapters and loads == ["llama-3.2-3b-instruct"]
     del chapters  # the chapter done with it: a worker's own load, kept for its next cells

@@ -77,17 +77,19 @@ def log(cluster):
     return cluster
 
 
-def in_process(tmp_path):
-    return sweep(Store(tmp_path / "one.jsonl"), CELLS, kv_retrieval.measure_size)
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The table computed here, in one process, once for the module."""
+    return sweep(Store(tmp_path_factory.mktemp("one") / "one.jsonl"), CELLS, kv_retrieval.measure_size)
 
 
 def stored_cells(path):
     return [json.loads(line)["cell"] for line in path.read_text().splitlines()]
 
 
-def test_two_workers_give_the_table_of_one_process_bit_for_bit(log, tmp_path, monkeypatch):
+def test_two_workers_give_the_table_of_one_process_bit_for_bit(log, one_process, tmp_path, monkeypatch):
     rows = sweep(Store(tmp_path / "two.jsonl"), CELLS, logged_size, workers=2)
-    assert rows == in_process(tmp_path)
+    assert rows == one_process
     assert {r["model"]["correct"] for r in rows} != {"1" * 12}  # the scores are not trivially equal
     assert len({c["pid"] for c in calls(log)}) == 2  # both workers took cells
     # the head ranking, split into one cell per swept layer, with its screen's float estimates
@@ -100,18 +102,18 @@ def test_two_workers_give_the_table_of_one_process_bit_for_bit(log, tmp_path, mo
     assert spread.table.estimate.nunique() > 1 and spread.table.acc.notna().sum() >= 8  # two layers of 4 heads
 
 
-def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_store(log, tmp_path):
+def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_store(log, one_process, tmp_path):
     (log / "kill").touch()
     path = tmp_path / "two.jsonl"
     rows = sweep(Store(path), CELLS, logged_size, workers=2)
     killed = json.loads((log / "killed").read_text())
     after = [c["pid"] for c in calls(log) if c["cell"] == killed["cell"]]
     assert after[0] == killed["pid"] and len(after) == 2 and after[1] != killed["pid"]  # redone by a fresh worker
-    assert rows == in_process(tmp_path)
+    assert rows == one_process
     assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS))  # each cell once
 
 
-def test_an_interrupted_run_resumes_computing_only_the_rest(log, tmp_path, monkeypatch):
+def test_an_interrupted_run_resumes_computing_only_the_rest(log, one_process, tmp_path, monkeypatch):
     path = tmp_path / "two.jsonl"
     store = Store(path)
     put = store.put
@@ -130,7 +132,7 @@ def test_an_interrupted_run_resumes_computing_only_the_rest(log, tmp_path, monke
     rows = sweep(Store(path), CELLS, logged_size, workers=2)
     resumed = [json.dumps(c["cell"]) for c in calls(log) if c["pid"] not in first]
     assert sorted(resumed) == sorted(json.dumps(c) for c in CELLS if c not in kept)
-    assert rows == in_process(tmp_path)
+    assert rows == one_process
 
 
 def test_more_workers_than_the_cluster_has_devices_is_refused_naming_the_most(cluster, tmp_path):

@@ -194,3 +194,21 @@ def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads
     first, kept = weakref.ref(kept), None
     base.model_for("llama-3.1-8b-instruct")  # another model: the worker lets go of the first
     assert first() is None and len(loads) == 3
+
+
+def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(monkeypatch, tmp_path):
+    """`shared.kv_ranking` (a screen cell, then one cell per swept layer) gives the table of
+    `screen.rank_heads`, which sweeps the layers in one go on one engine."""
+    from helpers import benchmarks as bm
+    from helpers.engine import SweepEngine
+    from helpers.screen import rank_heads
+
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    loaded = base.load(TOY)
+    ranking = shared.kv_ranking(loaded, "cpu", True)
+    s = ranking.settings
+    engine = SweepEngine(loaded, loaded.tokenizer, bm.kv(loaded.name, loaded.tokenizer, s["pairs"], s["n"], s["seed"],
+                                                         s["query"], s["form"]).items)
+    whole = rank_heads(engine, s["top"], alpha=s["alpha"], also=s["paper_layers"], progress=False)
+    pd.testing.assert_frame_equal(ranking.table, whole, check_exact=True)
+    assert ranking.table.acc.notna().sum() >= 2 and ranking.table.estimate.nunique() > 1

@@ -113,6 +113,21 @@ def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_s
     assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS))  # each cell once
 
 
+def failing_size(cell):
+    """`kv_retrieval.measure_size`, except that the largest dictionary raises."""
+    if cell["pairs"] == 32:
+        raise ValueError("no room for 32 keys")
+    return kv_retrieval.measure_size(cell)
+
+
+def test_a_measurement_that_raises_on_a_worker_raises_its_own_error_after_the_cells_in_flight(cluster, tmp_path):
+    path = tmp_path / "s.jsonl"
+    with pytest.raises(ValueError, match="no room for 32 keys"):
+        sweep(Store(path), CELLS, failing_size, workers=2)
+    # the last cell raised, queued after all the others: those in flight then were finished and kept
+    assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS[:-1]))
+
+
 def test_an_interrupted_run_resumes_computing_only_the_rest(log, one_process, tmp_path, monkeypatch):
     path = tmp_path / "two.jsonl"
     store = Store(path)

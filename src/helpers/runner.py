@@ -155,8 +155,10 @@ def shutdown() -> None:
 def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, dict], None],
               desc: str = "sweep") -> None:
     """Compute every cell with the measurement `name` on `workers` Ray actors; `done(cell,
-    result)` is called in this process for each, as it finishes. If this process stops (an
-    exception in `done`, Ctrl-C), the actors are let go, so the next run starts clean."""
+    result)` is called in this process for each, as it finishes. Where a measurement raises, no
+    further cell starts, the cells in flight are finished and stored, then its error is raised
+    here. If this process stops (an exception in `done`, Ctrl-C), the actors are let go, so the
+    next run starts clean."""
     ray = ray_module()
     actors = _actors(ray, min(workers, len(cells)), workers)
     queue = deque(range(len(cells)))
@@ -167,6 +169,7 @@ def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, 
         i = queue.popleft()
         pending[actors[slot].run.remote(name, cells[i])] = (slot, i)
 
+    failed = None  # a measurement's error: raised once the cells in flight are done and stored
     try:
         for slot in range(len(actors)):
             if queue:
@@ -183,15 +186,19 @@ def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, 
                         raise RuntimeError(f"{desc}: cell {cells[i]} killed {deaths[i]} workers in a row (out of "
                                            f"memory?); run it alone, or with fewer workers per device") from None
                     _replace(ray, actors, slot)
-                    queue.appendleft(i)
-                    submit(slot)
+                    if failed is None:
+                        queue.appendleft(i)
+                        submit(slot)
                     continue
-                except ray.exceptions.RayTaskError as e:  # the measurement raised: its own error
-                    raise e.as_instanceof_cause() from None
+                except ray.exceptions.RayTaskError as e:  # the measurement raised: its own error, after the others
+                    failed = failed or e
+                    continue
                 done(cells[i], result)
                 meter.update(1)
-                if queue:
+                if queue and failed is None:
                     submit(slot)
     except BaseException:
         shutdown()  # actors still computing cells nobody will store
         raise
+    if failed is not None:
+        raise failed.as_instanceof_cause() from None

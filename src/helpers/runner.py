@@ -4,8 +4,9 @@ One actor per worker (one GPU each where the cluster has GPUs, else one CPU) tak
 queue, one at a time; the driver alone writes the results store, one line per finished cell, in
 the order they finish (the store is keyed, so order does not matter). An actor that dies (killed,
 out of memory, its node lost) is replaced by a fresh one and its cell goes back to the front of
-the queue; a cell that has killed `MAX_DEATHS` actors stops the run, naming it. An interrupted run
-keeps what the store holds, so the next run computes only the rest.
+the queue; a cell that has killed `MAX_DEATHS` actors stops the run, naming it. A measurement
+that raises stops the run with its own error, once the cells in flight are stored. An
+interrupted run keeps what the store holds, so the next run computes only the rest.
 
 Work sent to an actor is described by data: a cell (a dict of JSON values) and the name of a
 measurement, a module-level function of a cell importable as "module:name", which loads its

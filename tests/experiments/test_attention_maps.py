@@ -105,3 +105,17 @@ def test_the_papers_heads_come_from_the_reference_table():
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         chapter.Config.for_profile("cpu", **kwargs)
+
+
+def test_the_maps_name_the_roles_every_chapter_names():
+    # One assignment (roles.find_roles, the seed's KV ranking): KV retrieval's roles, and where no
+    # candidate plays a role, the closest candidate, said so. The toy Transformer at smoke size and
+    # seed 1 has a Gather head on KV and no Aggregate head: both cases.
+    from helpers.experiments import kv_retrieval
+
+    kv = kv_retrieval.run(kv_retrieval.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=1))
+    maps = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", kv_pairs=4, seed=1))
+    assert maps.roles.source == kv.roles.source == "behaviour"
+    assert kv.roles.heads["G"] and not kv.roles.heads["A"]
+    assert maps.roles.heads["G"] == kv.roles.heads["G"] and maps.roles.filled["G"]
+    assert maps.roles.closest == ("A",) and "the closest" in maps.roles.describe("A") and maps.roles.heads["A"]

@@ -132,7 +132,8 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     # A head for every role: where no candidate plays one, the closest (said so on the page).
-    roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, measure=False))
+    roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,
+                                    measure=False))
     sets = [shared.held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
             shared.mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu)]
     by_name = {b.name: b for b in sets}

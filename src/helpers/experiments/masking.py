@@ -252,7 +252,8 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
         b = bm.Benchmark(found.check.name, found.check.role, found.check.items[:cfg.n], found.check.segments)
         where = "found by the head-zeroing chapter on its screen's prompts"
     else:
-        roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, measure=False))
+        roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,
+                                        measure=False))
         b = benchmark(cfg, model, loaded.tokenizer)
         published = minimal.published_minimal(model)
         kept, where = (published, "the published minimal model") if published else (n_layers, "the whole model")

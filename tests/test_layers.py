@@ -52,3 +52,27 @@ def test_no_module_imports_a_private_name_of_another():
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("helpers")):
                 private += [f"{path.relative_to(root)}: {a.name}" for a in node.names if a.name.startswith("_")]
     assert not private, private
+
+
+# Inside experiments/: the modules several chapters read (below), and the chapters (above). A
+# chapter imports shared modules only, never another chapter, so that editing one chapter's code
+# recomputes that chapter alone; the shared modules import no chapter (among themselves they
+# import each other without a cycle, which the test above checks).
+SHARED = ["base", "shared", "roles", "minimal", "head_screen", "distilled"]
+CHAPTERS = ["attention_maps", "beyond_mmlu", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval",
+            "layer_pruning", "layer_removal", "masking", "robustness", "ssm_vs_attention", "toy_zoo"]
+
+
+def test_no_chapter_imports_another_chapter():
+    graph = grimp.build_graph("helpers")
+    layers = [Layer(*CHAPTERS), Layer(*SHARED, independent=False)]
+    illegal = graph.find_illegal_dependencies_for_layers(layers, containers={"helpers.experiments"})
+    assert not illegal, [f"{d.importer} -> {d.imported}" for d in illegal]
+
+
+def test_every_module_of_experiments_is_shared_or_a_chapter():
+    graph = grimp.build_graph("helpers")
+    inside = {m.rpartition(".")[2] for m in graph.find_children("helpers.experiments")}
+    assert not set(SHARED) & set(CHAPTERS)
+    assert inside == set(SHARED) | set(CHAPTERS), (f"put these in SHARED or CHAPTERS: {sorted(inside - set(SHARED) - set(CHAPTERS))}; "
+                                                   f"listed but missing: {sorted(set(SHARED) | set(CHAPTERS) - inside)}")

@@ -253,7 +253,7 @@ def test_llamba_config_states_its_head_constraint_at_config_time():
 # --- chapter parameters, checked against the model before any work -----------------------------------
 
 from helpers.experiments import attention_maps as maps_chapter  # attention_maps is the function above
-from helpers.experiments import (base, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
+from helpers.experiments import (base, distilled, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
                                  layer_pruning, layer_removal, masking, ssm_vs_attention)
 
 
@@ -404,7 +404,7 @@ def test_hybrid_swap_checks_widths_from_the_configs_and_tries_its_swaps_before_t
     bf16.model = copy.deepcopy(teacher.model).to(torch.bfloat16)
     bf16.adapter = helpers.adapter_for(bf16.model)
     monkeypatch.setattr(base, "load", lambda name: {"toy-student": student, "toy-transformer": bf16}[name])
-    monkeypatch.setattr(hybrid_swap, "find_teacher_layer", lambda *a, **k: pytest.fail("the sweep started"))
+    monkeypatch.setattr(distilled, "find_teacher_layer", lambda *a, **k: pytest.fail("the sweep started"))
     with pytest.raises(InterventionError, match=r"cannot swap layer 0 from a conv_llama model in torch.bfloat16 on cpu "
                                                 r"into a llamba model in torch.float32 on cpu: load both alike"):
         hybrid_swap.run(hybrid_swap.Config.for_profile("cpu", smoke=True))

@@ -9,6 +9,7 @@ from helpers import heads as hd
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import attention_maps as chapter
+from helpers.experiments import roles, shared
 from helpers.heads import Head
 from helpers.segments import Segments
 from helpers.stats import Score
@@ -36,13 +37,13 @@ def made_up(g_own, g_local, a_ends, a_answer, acc=0.8, n=40, filled=True):
     noisy = lambda x: np.clip(x + 0.05 * rng.standard_normal(n), 0, 1)
     rows = [dict(role="G", prompt=i, **{hd.GATHER_MEASURE: a, hd.LOCAL_MEASURE: b})
             for i, (a, b) in enumerate(zip(noisy(g_own), noisy(g_local)))]
-    rows += [dict(role="A", prompt=i, **{hd.AGGREGATE_MEASURE: a, chapter.ANSWER_END: b})
+    rows += [dict(role="A", prompt=i, **{hd.AGGREGATE_MEASURE: a, roles.ANSWER_END: b})
              for i, (a, b) in enumerate(zip(noisy(a_ends), noisy(a_answer)))]
     name = "KV retrieval (8 keys)"
     seg = type("Seg", (), {"ends": list(range(8))})()
-    roles = chapter.Roles({"G": (Head(16, 22),), "A": (Head(17, 24),)}, "paper" if filled else "behaviour",
-                          {"G": True, "A": filled})
-    return chapter.Result(chapter.Config.for_profile("paper"), roles, {name: Score.of(np.arange(n) < acc * n)},
+    named = roles.Roles({"G": (Head(16, 22),), "A": (Head(17, 24),)}, "paper" if filled else "behaviour",
+                        closest=() if filled else ("A",))
+    return chapter.Result(chapter.Config.for_profile("paper"), named, {name: Score.of(np.arange(n) < acc * n)},
                           {name: 0.125}, {name: pd.DataFrame(rows)}, {name: (seg, {})}, {})
 
 
@@ -71,11 +72,11 @@ def test_roles_by_behaviour_fill_a_missing_role_with_the_closest_candidate():
     index = [Head(18, 6), Head(16, 0), Head(17, 1), Head(19, 8)]
     measures = pd.DataFrame([[0.0, 0.5, 0.04], [0.3, 1.0, 0.95], [0.2, 0.7, 0.2], [0.28, 0.96, 0.89]],
                             columns=columns, index=index)
-    heads, filled = chapter.closest_roles(measures)
+    heads, filled = roles.closest_roles(measures)
     assert filled == {"G": True, "A": False}  # no head puts half its mass on the ends
     assert heads == {"G": (Head(17, 1),), "A": (Head(16, 0),)}  # L16H0 and L19H8 are local: not Gather heads
     measures.loc[[Head(18, 6)], hd.AGGREGATE_MEASURE] = 0.9
-    assert chapter.closest_roles(measures) == ({"G": (Head(17, 1),), "A": (Head(18, 6),)}, {"G": True, "A": True})
+    assert roles.closest_roles(measures) == ({"G": (Head(17, 1),), "A": (Head(18, 6),)}, {"G": True, "A": True})
 
 
 def test_a_head_that_reads_a_sink_and_the_previous_token_is_local_at_the_segment_ends():
@@ -85,18 +86,18 @@ def test_a_head_that_reads_a_sink_and_the_previous_token_is_local_at_the_segment
     a[:, 0] = 0.8  # the sink
     for t in range(1, len(seg)):
         a[t, t - 1] = 0.18
-    m = chapter.measures(a, seg)
+    m = roles.measures(a, seg)
     assert m[hd.LOCAL_MEASURE] == pytest.approx(1.0)  # over the whole row it would be 0.2
 
 
 def test_the_papers_heads_come_from_the_reference_table():
-    assert chapter.paper_heads("llamba-8b") == {"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}
-    assert chapter.paper_heads("falcon-mamba-7b-instruct")["G"][0] == Head(35, 3186)  # channel 3186
-    assert chapter.paper_heads("smollm2-135m-instruct") is None
+    assert shared.paper_heads("llamba-8b") == {"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}
+    assert shared.paper_heads("falcon-mamba-7b-instruct")["G"][0] == Head(35, 3186)  # channel 3186
+    assert shared.paper_heads("smollm2-135m-instruct") is None
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(gather=["L16H22"]), "set both gather and aggregate"),
+    (dict(gather=["L16H22"]), "set gather and aggregate together"),
     (dict(model="zamba2-7b"), "model must be a model \\(attention or ssm\\)"),
     (dict(n_prompts=0), "n_prompts must be at least 1"),
     (dict(aggregate=["L17H24"], gather=["L16"]), "cannot read 'L16' as a head"),
@@ -104,3 +105,17 @@ def test_the_papers_heads_come_from_the_reference_table():
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         chapter.Config.for_profile("cpu", **kwargs)
+
+
+def test_the_maps_name_the_roles_every_chapter_names():
+    # One assignment (roles.find_roles, the seed's KV ranking): KV retrieval's roles, and where no
+    # candidate plays a role, the closest candidate, said so. The toy Transformer at smoke size and
+    # seed 1 has a Gather head on KV and no Aggregate head: both cases.
+    from helpers.experiments import kv_retrieval
+
+    kv = kv_retrieval.run(kv_retrieval.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=1))
+    maps = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", kv_pairs=4, seed=1))
+    assert maps.roles.source == kv.roles.source == "behaviour"
+    assert kv.roles.heads["G"] and not kv.roles.heads["A"]
+    assert maps.roles.heads["G"] == kv.roles.heads["G"] and maps.roles.filled["G"]
+    assert maps.roles.closest == ("A",) and "the closest" in maps.roles.describe("A") and maps.roles.heads["A"]

@@ -11,8 +11,9 @@ from helpers import heads as hd
 from helpers import page
 from helpers import verdicts as v
 from helpers.errors import ConfigError
+from helpers.experiments import head_screen, minimal
 from helpers.experiments import head_zeroing as chapter
-from helpers.experiments import layer_pruning
+from helpers.experiments.roles import Roles
 from helpers.heads import Head
 from helpers.stats import Score
 
@@ -23,7 +24,7 @@ def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
     # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
     # a shared ranking of seconds rather than minutes.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert result.layers_kept == layer_pruning.minimal_depth(result.depths) and result.clean.n == 4
+    assert result.layers_kept == minimal.minimal_depth(result.depths) and result.clean.n == 4
     assert chapter.NONE in result.scores and len(result.controls) <= 1
     assert all(s.n == 4 for s in result.scores.values())
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
@@ -34,7 +35,7 @@ def test_the_screen_and_the_check_never_share_a_prompt():
     loaded = SimpleNamespace(tokenizer=None)  # prompts are text; the tokenizer only finds segments later
     for task in ("kv", "mmlu"):
         cfg = chapter.Config.for_profile("cpu", task=task, n_screen=20, n_check=20)
-        screen, check = chapter.prompts(cfg, loaded)
+        screen, check = head_screen.prompts(cfg, loaded)
         contexts = lambda b: {it.pairs[0][0] for it in b.items}
         assert len(screen) == len(check) == 20 and not contexts(screen) & contexts(check)
 
@@ -57,7 +58,7 @@ def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25
     scores = {chapter.NONE: at(clean), chapter.zeroed("G"): at(g, offset=3), chapter.zeroed("A"): at(a, offset=5),
               chapter.kept_only("G", "A"): at(only, offset=7),
               **{chapter.control(i): at(c, offset=i) for i, c in enumerate(controls)}}
-    roles = roles or chapter.Roles({"G": (G,), "A": (A,)}, "paper", measures(0.9, 0.8), found or {"G": G, "A": A})
+    roles = roles or Roles({"G": (G,), "A": (A,)}, "paper", measures(0.9, 0.8), found or {"G": G, "A": A})
     ranked = hd.ranking_table({G: -2.0, A: -1.0}, {})
     k_clean, k_g, k_a = knowledge
     per_condition = {c: at(k_clean) for c in scores} | {chapter.zeroed("G"): at(k_g), chapter.zeroed("A"): at(k_a)}
@@ -100,7 +101,7 @@ def test_a_head_that_collapses_beyond_every_random_control_is_a_bottleneck():
 
 def test_a_role_no_measured_candidate_plays_is_another_mechanism_and_says_why():
     found = {"G": None, "A": A}
-    roles = chapter.Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found)
+    roles = Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found)
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=roles)
     result.scores.pop(chapter.zeroed("G")), result.scores.pop(chapter.kept_only("G", "A"))
     gather, aggregate, _, only, *_ = chapter.verdicts(result)
@@ -108,12 +109,12 @@ def test_a_role_no_measured_candidate_plays_is_another_mechanism_and_says_why():
     assert "no candidate behaves as a Gather head" in gather.evidence and "0.30" in gather.evidence
     # The same best measure, but its interval over the prompts reaches the line: too few prompts decide.
     noisy = measures(0.3, 0.8).assign(**{f"{hd.GATHER_MEASURE} lo": [0.1, 0.1], f"{hd.GATHER_MEASURE} hi": [0.55, 0.3]})
-    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=chapter.Roles({"G": (), "A": (A,)}, "behaviour", noisy, found))
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=Roles({"G": (), "A": (A,)}, "behaviour", noisy, found))
     assert chapter.verdicts(result)[0].outcome == v.INCONCLUSIVE and "[0.10, 0.55]" in chapter.verdicts(result)[0].evidence
     sure = noisy.assign(**{f"{hd.GATHER_MEASURE} hi": [0.45, 0.3]})
-    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=chapter.Roles({"G": (), "A": (A,)}, "behaviour", sure, found))
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=Roles({"G": (), "A": (A,)}, "behaviour", sure, found))
     assert chapter.verdicts(result)[0].outcome == v.NOT_REPRODUCED
-    unmeasured = chapter.Roles({"G": (), "A": ()}, "behaviour", None, None)  # e.g. single SSM channels
+    unmeasured = Roles({"G": (), "A": ()}, "behaviour", None, None)  # e.g. single SSM channels
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=unmeasured)
     assert {x.outcome for x in chapter.verdicts(result)[:2]} == {v.NOT_TESTABLE}
 
@@ -153,7 +154,7 @@ def test_a_tie_at_the_candidates_boundary_is_reported_and_none_is_not():
     exact = {Head(16, 0): 0.3, Head(16, 1): 0.4, Head(17, 0): 0.5, Head(17, 1): 0.6, Head(17, 2): 0.6, Head(16, 2): 0.6}
     n = 100
     ranking = hd.ranking_table({h: -i for i, h in enumerate(exact)}, {h: Score.of(np.arange(n) < a * n) for h, a in exact.items()})
-    chosen = chapter.screen_candidates(ranking)
+    chosen = head_screen.screen_candidates(ranking)
     tied = hd.boundary_ties(ranking, chosen)
     assert len(chosen) == 4 and len(tied) == 2 and set(tied) | {chosen[-1]} == {Head(17, 1), Head(17, 2), Head(16, 2)}
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7)

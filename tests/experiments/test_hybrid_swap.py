@@ -6,6 +6,7 @@ import pytest
 from helpers import verdicts as v
 from helpers import zoo
 from helpers.errors import ConfigError
+from helpers.experiments import distilled
 from helpers.experiments import hybrid_swap as chapter
 from helpers.stats import Score
 
@@ -46,7 +47,7 @@ def made_up(kv, mcq=None, knowledge=(1.0, 1.0), layer=0):
               "knowledge": {"student": at(knowledge[0]), "teacher": at(1.0), chapter.swapped(layer): at(knowledge[1])}}
     roles = {"MMLU (0-shot)": "retrieval", "KV retrieval (8 keys)": "retrieval", "knowledge": "knowledge"}
     chance = {"MMLU (0-shot)": 0.25, "KV retrieval (8 keys)": 0.125, "knowledge": 0.25}
-    found = chapter.TeacherLayer(layer, "made up", {}, {})
+    found = distilled.TeacherLayer(layer, "made up", {}, {})
     return chapter.Result(chapter.Config.for_profile("paper"), 3, [0, 1, 2], found, scores, roles, chance, {})
 
 

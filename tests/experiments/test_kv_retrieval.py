@@ -9,7 +9,7 @@ import pytest
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import kv_retrieval as chapter
-from helpers.experiments.head_zeroing import Roles
+from helpers.experiments.roles import Roles
 from helpers.experiments.shared import Ranking
 from helpers.heads import Head
 from helpers.stats import Score

@@ -72,9 +72,11 @@ def test_a_minimal_model_at_chance_cannot_test_the_claim():
 
 
 def test_published_minimal_models_follow_the_release():
-    assert chapter.published_minimal("llama-3.1-8b-instruct") == 18  # the paper's layers 0-17
-    assert chapter.published_minimal("falcon-mamba-7b-instruct") == 37  # up to its Aggregate layer, L36
-    assert chapter.published_minimal("smollm2-135m-instruct") is None  # found from the data
+    from helpers.experiments.minimal import published_minimal
+
+    assert published_minimal("llama-3.1-8b-instruct") == 18  # the paper's layers 0-17
+    assert published_minimal("falcon-mamba-7b-instruct") == 37  # up to its Aggregate layer, L36
+    assert published_minimal("smollm2-135m-instruct") is None  # found from the data
 
 
 def test_bad_parameters_fail_before_any_model_loads():

@@ -7,7 +7,7 @@ import pytest
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import masking as chapter
-from helpers.experiments.attention_maps import Roles
+from helpers.experiments.roles import Roles, with_closest
 from helpers.heads import Head
 from helpers.stats import Score
 
@@ -30,7 +30,8 @@ def test_run_at_smoke_size_scores_every_condition_on_the_same_prompts():
 
 def test_on_the_letter_task_the_heads_are_masked_in_head_zeroings_keep_only_minimal_model():
     # The toy zoo's letter MCQ takes the path the CPU profile's Qwen takes (no published heads or
-    # minimal model): head zeroing's minimal model, roles and check prompts, through its store.
+    # minimal model): head zeroing's minimal model, roles and check prompts (its screen, shared
+    # through the same stores).
     from helpers.experiments import head_zeroing
 
     # Seed 2: at smoke size that screen finds both a G and an A head (seed 0's finds no A).
@@ -73,13 +74,14 @@ def test_a_role_no_candidate_plays_is_masked_on_the_closest_candidate_and_said_s
     import pandas as pd
 
     from helpers import heads as hd
-    from helpers.experiments import head_zeroing
 
     measures = pd.DataFrame({hd.GATHER_MEASURE: [0.9, 0.3, 0.2], hd.AGGREGATE_MEASURE: [0.1, 0.4, 0.2],
                              hd.LOCAL_MEASURE: [0.1, 0.1, 0.1]}, index=[(22, 1), (23, 4), (23, 7)])
-    zeroing = type("Zeroing", (), {"roles": head_zeroing.Roles({"G": (Head(22, 1),), "A": ()}, "behaviour", measures)})
-    roles = chapter.letter_roles(zeroing)
+    # The screen's roles, as every chapter names them: no candidate plays the Aggregate head.
+    found = Roles({"G": (Head(22, 1),), "A": ()}, "behaviour", measures, ranking="the letter screen")
+    roles = with_closest(found)
     assert roles.heads == {"G": (Head(22, 1),), "A": (Head(23, 4),)} and roles.filled == {"G": True, "A": False}
+    assert "no top head of the letter screen behaves as the Aggregate head)" in found.describe("A")
     assert "no top head of the letter screen behaves as the Aggregate head: the closest" in roles.describe("A")
     assert chapter.others_zeroed(roles, lambda layer: 12) == {22: [h for h in range(12) if h != 1],
                                                               23: [h for h in range(12) if h != 4]}
@@ -91,7 +93,7 @@ def made_up(accuracy: dict[str, float], n=200, filled=True, chance=0.125):
     at = lambda acc: Score.of(np.arange(n) < round(acc * n))
     scores = {c: at(accuracy.get(c, accuracy["no mask"])) for c in chapter.CONDITIONS}
     roles = Roles({"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}, "paper" if filled else "behaviour",
-                  {"G": True, "A": filled})
+                  closest=() if filled else ("A",))
     run = chapter.ModelRun("llamba-8b", roles, "MMLU (0-shot)", chance, scores)
     return chapter.Result(chapter.Config.for_profile("paper"), (run,), {})
 

@@ -12,33 +12,29 @@ question), and read off what the G&A hypothesis says the two heads do:
 Each reading is a number per prompt; the verdicts take a 95% bootstrap interval of its mean over
 prompts and ask on which side of the line the interval lies. The heads are the paper's where it
 names them for the model (read from data/reference), else found by behaviour among the shared KV
-ranking's candidates (`find_roles`; masking uses the same heads). Where a role has several heads
+ranking's candidates (`roles.find_roles`, the assignment every chapter names; where no candidate
+plays a role, the closest: `roles.with_closest`, as masking does). Where a role has several heads
 (Llamba's two Aggregate heads, Falcon-Mamba's channel sets) its map is the mean of theirs.
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from .. import benchmarks as bm
 from .. import heads as hd
 from .. import verdicts as v
 from ..engine import SweepEngine
-from ..errors import ConfigError
 from ..heads import Head
 from ..reference import paper
-from ..segments import Segments, head_measures
+from ..segments import Segments
 from ..stats import Score, mean_interval
 from ..sweep import sweep
 from . import base, shared
-from .shared import paper_heads
+from .roles import ANSWER_END, ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, head_maps, measures, with_closest
 
-ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
-ANSWER_END = "final position: answer end's share of the segment ends"
 LINE = 0.5  # "most of its mass": the line every share is tested against
 MIN_PROMPTS = 5  # fewer prompts than this: a bootstrap interval means little, no verdict is decided
 MEASURES = {  # what the summary table shows, as the reader would name it
@@ -70,116 +66,22 @@ class Config(base.Config):
         if profile == "cpu":
             return dict(model="smollm2-135m-instruct", gather=None, aggregate=None, n_prompts=60, n_mmlu=60,
                         kv_pairs=8, kv_query="repeat", seed=0)
-        return dict(model={"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}[profile],
+        return dict(model=shared.PAPER_MODEL[profile],
                     gather=None, aggregate=None, n_prompts=500, n_mmlu=500, kv_pairs=8, kv_query="paper", seed=0)
 
     def __post_init__(self):
         super().__post_init__()
-        check_roles(self.gather, self.aggregate)
-        shared.check_roles_of(self.model, self.gather, self.aggregate)
+        check_pair(self.gather, self.aggregate)
+        check_roles_of(self.model, self.gather, self.aggregate)
         base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
-def check_roles(gather, aggregate) -> None:
-    if (gather is None) != (aggregate is None):
-        raise ConfigError("set both gather and aggregate (the heads of each role, e.g. ['L16H22']), or neither "
-                          "(None: the paper's heads of the model, or heads found by behaviour)")
-
-
-# --- which heads play which role ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Roles:
-    heads: dict[str, tuple[Head, ...]]  # "G" / "A" -> the role's heads
-    source: str  # "paper" (data/reference), "set" (the reader's parameters) or "behaviour"
-    filled: dict[str, bool]  # by behaviour: whether a candidate behaved as the role (else the closest one)
-    candidates: pd.DataFrame | None = None  # by behaviour: the candidates' measures on the ranking's prompts
-    ranking: str = "the KV ranking"  # by behaviour: whose top heads the candidates are
-
-    def label(self, role: str) -> str:
-        return ", ".join(map(str, self.heads[role])) or "none"
-
-    def describe(self, role: str) -> str:
-        how = {"paper": "the paper's", "set": "as set"}.get(self.source)
-        if how is None:
-            how = (f"by behaviour among {self.ranking}'s top heads" if self.filled[role] else
-                   f"no top head of {self.ranking} behaves as the {ROLE_NAMES[role]} head: the closest")
-        return f"{self.label(role)} ({how})"
-
-
-def closest_roles(measures: pd.DataFrame) -> tuple[dict[str, tuple[Head, ...]], dict[str, bool]]:
-    """`heads.assign_roles` on the candidates' measures (one row per head, indexed by Head),
-    every role filled: where no candidate shows a role's behaviour, the one that comes closest
-    takes it (for G, a non-local one where there is one), and `filled` says so."""
-    found = hd.assign_roles(measures)
-    filled = {r: found[r] is not None for r in ROLE_NAMES}
-    if not filled["G"]:
-        rest = measures.drop(index=[found["A"]] if found["A"] else [])
-        not_local = rest[rest[hd.LOCAL_MEASURE] <= hd.LOCAL]
-        found["G"] = Head(*(not_local if not not_local.empty else rest)[hd.GATHER_MEASURE].astype(float).idxmax())
-    if not filled["A"]:
-        found["A"] = Head(*measures.drop(index=[found["G"]])[hd.AGGREGATE_MEASURE].astype(float).idxmax())
-    return {r: (found[r],) for r in ROLE_NAMES}, filled
-
-
-def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None) -> Roles:
-    """The heads of each role: as set; else the paper's for this model; else by behaviour among
-    the candidates of the shared KV ranking, measured on the ranking's own prompts."""
-    both = {"G": True, "A": True}
-    if gather is not None:
-        return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set", both)
-    if (heads := paper_heads(loaded.name)) is not None:
-        return Roles(heads, "paper", both)
-    ranking = shared.kv_ranking(loaded, profile, smoke)
-    s, candidates = ranking.settings, hd.candidates(ranking.table)
-    kv = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], s["n"], s["seed"], s["query"])
-    rows = [dict(head=h, **measures(a, kv.segments(item)))
-            for item in kv.items for h, a in head_maps(loaded, item.pairs[0][0], candidates).items()]
-    table = pd.DataFrame(rows).groupby("head", sort=False).mean()
-    heads, filled = closest_roles(table)
-    return Roles(heads, "behaviour", filled, table)
-
-
 # --- maps and measures -------------------------------------------------------------------------
-
-def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]:
-    """Each head's [T, T] attention over `context` (hidden attention for SSM heads), one pass.
-    Falcon-Mamba's layers have 8192 single-channel heads: only the channels asked for are
-    materialised (attention.attention_maps would build all of them)."""
-    from ..adapters import unwrap
-    from ..attention import attention_maps, mixer_input
-
-    model, adapter = unwrap(loaded)
-    ids = loaded.tokenizer(context, return_tensors="pt").input_ids
-    layers = sorted({h.layer for h in heads})
-    if not adapter.head_kind.startswith("channel"):
-        maps = attention_maps(loaded, ids, layers)
-        return {h: maps[h.layer][0, h.head].numpy() for h in heads}
-    seen = {}
-    with ExitStack() as stack:
-        for l in layers:
-            hook = lambda m, a, kw, l=l: seen.__setitem__(l, mixer_input(a, kw))
-            stack.callback(adapter.mixer(l).register_forward_pre_hook(hook, with_kwargs=True).remove)
-        model(input_ids=ids.to(next(model.parameters()).device))
-    out = {}
-    for l in layers:
-        mine = [h for h in heads if h.layer == l]
-        alpha = adapter.hidden_attention(l, seen[l], [h.head for h in mine]).float().cpu()
-        out |= {h: alpha[0, k].numpy() for k, h in enumerate(mine)}
-    return out
-
 
 def role_maps(loaded, context: str, roles: Roles) -> dict[str, np.ndarray]:
     """Each role's map: |attention| of its head, the mean over its heads where it has several."""
     maps = head_maps(loaded, context, [h for hs in roles.heads.values() for h in hs])
     return {r: np.mean([np.abs(maps[h]) for h in hs], axis=0) for r, hs in roles.heads.items()}
-
-
-def measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
-    """`segments.head_measures`, and how much of what the final position puts on the segment
-    ends goes to the answer's end (the Aggregate head's "mostly the answer's")."""
-    ends = np.abs(a[-1][seg.ends])
-    return {**head_measures(a, seg), ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
 
 
 def interval(values) -> tuple[float, float, float, int]:
@@ -226,25 +128,14 @@ class Result:
         return next(b for b in self.measures if b != self.kv)
 
 
-def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
-    """`n` KV prompts the shared ranking did not see: those after its own (with the ranking's
-    settings the first prompts are the ranking's; with others, skipping them costs nothing)."""
-    skip = shared.ranking_settings(cfg.profile, cfg.smoke)["n"]
-    kv = bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query)
-    return bm.Benchmark(kv.name, kv.role, kv.items[skip:], kv.segments)
-
-
-def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:
-    """MMLU questions with the release's number of shots."""
-    return bm.letter_mcq(model, tokenizer, cfg.profile, n, cfg.seed, paper("released_settings", "num_fewshot").integer)
-
-
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
-    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
-    sets = [held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
-            mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu)]
+    # A head for every role: where no candidate plays one, the closest (said so on the page).
+    roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,
+                                    measure=False))
+    sets = [shared.held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
+            shared.mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu)]
     by_name = {b.name: b for b in sets}
 
     def compute(cell):
@@ -310,10 +201,10 @@ def roles_table(result: Result) -> pd.DataFrame:
     """Which heads play which role, and why: by behaviour, every candidate of the KV ranking
     with the measures that decide (means over the ranking's prompts)."""
     r = result.roles
-    if r.candidates is None:
+    if r.measures is None:
         return pd.DataFrame({"role": list(ROLE_NAMES.values()), "heads": [r.describe(x) for x in ROLE_NAMES]})
     rows = []
-    for index, m in r.candidates.iterrows():
+    for index, m in r.measures.iterrows():
         head = Head(*index)
         role = next((x for x in ROLE_NAMES if head in r.heads[x]), None)
         name = "-" if role is None else ROLE_NAMES[role] + ("" if r.filled[role] else " (closest; none behaves as one)")
@@ -335,7 +226,7 @@ def summary(result: Result) -> pd.DataFrame:
 
 def comparison(result: Result) -> pd.DataFrame:
     cfg, roles = result.cfg, result.roles
-    ref = cfg.model if paper_heads(cfg.model) else "llama-3.1-8b-instruct"
+    ref = cfg.model if shared.paper_heads(cfg.model) else "llama-3.1-8b-instruct"
     kv = result.measures[result.kv]
     g, a = kv[kv.role == "G"], kv[kv.role == "A"]
     return base.comparison_table([

@@ -556,6 +556,12 @@ class ByRole:
         return [b for b, r in self.roles.items() if r == bm.KNOWLEDGE]
 
 
+def knowledge_name(result: ByRole) -> str:
+    """Knowledge as the verdicts test it: the unweighted mean of the tasks, as the release scores it."""
+    tasks = result.knowledge_tasks
+    return tasks[0] if len(tasks) == 1 else f"knowledge (mean of {', '.join(tasks)})"
+
+
 class Timer:
     """Wall time of a run, for the page's provenance block."""
 

@@ -4,7 +4,7 @@ A head is zeroed where its output enters its layer's output projection (a hook; 
 edited). The chapter first finds the heads that matter on one set of prompts (the screen: the
 attribution estimate for every head, then the layers it points to swept exactly, or the layers
 of the paper's heads), names the Gather and the Aggregate head (the paper's where it names them
-for the model, else by behaviour among the ranking's candidates: `heads.assign_roles`), and then
+for the model, else by behaviour among the ranking's candidates: `roles.find_roles`), and then
 measures them on other prompts, disjoint from the screen's, beside random heads of the same
 layers and Table 1's "keep only" configurations.
 
@@ -15,13 +15,12 @@ check's. Knowledge (cloze questions: the letter set's facts on the CPU profile, 
 code's six tasks on the paper profiles) is scored under every condition too, as the paper's
 headline says it hardly moves. KV retrieval (`task="kv"`) is screened by the book's shared KV
 ranking. Where no minimal model is published for the model, the minimal model is found on the
-screen's prompts (`layer_pruning.minimal_depth`: the shallowest cut that keeps the task).
+screen's prompts (`minimal.minimal_depth`: the shallowest cut that keeps the task).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,167 +30,19 @@ from .. import benchmarks as bm
 from .. import heads as hd
 from .. import verdicts as v
 from ..engine import SweepEngine
-from ..errors import ConfigError
 from ..heads import Head, ablation
 from ..reference import paper
-from ..screen import attribution, gradient_batch_tokens
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base, layer_pruning, layer_removal, shared
+from . import base, shared
+# The screen (prompts split, minimal model, ranking, roles) is shared with masking: this chapter's
+# Config is the screen's; the check (the heads zeroed on fresh prompts) and its verdicts are here.
+from .head_screen import MAX_SWEPT, screen, screen_candidates
+from .head_screen import ScreenConfig as Config
+from .roles import ROLE_NAMES, Roles, missing_role
 
-PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
 SSM_TOY = "toy-mamba2"  # the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
-ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 CONTROL_SIZE = 4  # heads per random control: more than any one role holds, so a null result means something
-SWEEP_ALL = 64  # a minimal model with at most this many heads is swept whole
-MAX_SWEPT = 1024  # an exact sweep covers at most this many heads (Falcon-Mamba has 8192 one-channel heads a layer)
-
-
-# --- the roles ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Roles:
-    """The heads of each role ("G", "A"; empty where no candidate behaves as the role), and how
-    they were named: "paper" (data/reference), "set" (the reader's parameters) or "behaviour"."""
-
-    heads: dict[str, tuple[Head, ...]]
-    source: str
-    measures: pd.DataFrame | None = field(default=None, repr=False)  # the candidates' measures, where measured
-    found: dict[str, Head | None] | None = None  # by behaviour among the candidates, where measured
-
-    def label(self, role: str) -> str:
-        return ", ".join(map(str, self.heads[role])) or "none"
-
-    def describe(self) -> str:
-        return {"paper": "the paper's", "set": "as set",
-                "behaviour": "by behaviour among the ranking's top heads"}[self.source]
-
-    def role_of(self, head: Head) -> str:
-        return next((r for r in ROLE_NAMES if head in self.heads[r]), "")
-
-    def _eligible(self, role: str) -> tuple[pd.DataFrame, list]:
-        """The measured candidates that could play the role, and the previous-token heads left out
-        (they stay inside their segment whatever they do: not a Gather head)."""
-        m = self.measures
-        local = list(m.index[m[hd.LOCAL_MEASURE].astype(float) > hd.LOCAL]) if role == "G" else []
-        return m.drop(index=local), local
-
-    def surely_missing(self, role: str) -> bool:
-        """No eligible candidate can play the role: even the top of each one's interval (over the
-        prompts) stays at or under the line. A measure without its interval counts as exact."""
-        column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
-        eligible, _ = self._eligible(role)
-        top = eligible[f"{column} hi"] if f"{column} hi" in eligible else eligible[column]
-        return bool((top.astype(float) <= 0.5).all())
-
-    def missing(self, role: str) -> str:
-        """Why a role has no head: the best candidate's measure (and its interval) against the line."""
-        column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
-        if self.measures is None or self.measures.empty:
-            return f"no {ROLE_NAMES[role]} head: no candidate could be measured"
-        eligible, local = self._eligible(role)
-        best = eligible[column].astype(float)
-        interval = ""
-        if len(best) and f"{column} hi" in eligible:
-            top = Head(*best.idxmax())
-            interval = f" [{eligible.loc[[top], f'{column} lo'].iloc[0]:.2f}, {eligible.loc[[top], f'{column} hi'].iloc[0]:.2f}]"
-        why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f}"
-               f"{interval} ({Head(*best.idxmax())}), at most 0.5 is not the behaviour" if len(best) else "")
-        if len(local):
-            why = "; ".join(filter(None, [f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
-                                          f"the previous token (local share above {hd.LOCAL})", why]))
-        return f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: {why}"
-
-
-def check_pair(gather, aggregate) -> None:
-    """Both roles set, or neither (a half-named pair would mix the paper's heads with ours)."""
-    if (gather is None) != (aggregate is None):
-        raise ConfigError("set gather and aggregate together (lists of heads like ['L16H22']), or neither")
-
-
-def measurable(loaded, heads) -> list[Head]:
-    """The heads whose attention the book reads: every head, but not single SSM channels (their
-    maps would be built for all 8192 channels of a layer)."""
-    return [] if loaded.adapter.head_kind != "head" else list(dict.fromkeys(heads))
-
-
-def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, benchmark: bm.Benchmark | None = None,
-               candidates: list[Head] | None = None, seed: int | None = None) -> Roles:
-    """The heads of each role: as set; else the paper's for this model; else by behaviour
-    (`heads.assign_roles`) among `candidates` measured on `benchmark` (default: the shared KV
-    ranking's candidates, on its own prompts, as every chapter measures them; `seed` draws that
-    ranking's dictionaries, None the shared one's). The paper's heads are measured beside the
-    candidates too, so that a verdict can ask whether they behave."""
-    n = shared.ranking_settings(profile, smoke)["n"]
-    if gather is not None:
-        return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set")
-    named = shared.paper_heads(loaded.name)
-    if benchmark is None:
-        ranking = shared.kv_ranking(loaded, profile, smoke, seed=seed)
-        s = ranking.settings
-        benchmark = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
-        candidates = hd.candidates(ranking.table)
-    heads = measurable(loaded, list(candidates or []) + [h for hs in (named or {}).values() for h in hs])
-    measures, found = shared.roles(loaded, benchmark, heads, n) if heads else (None, None)
-    if named:
-        return Roles(named, "paper", measures, found)
-    found = found or {r: None for r in ROLE_NAMES}
-    return Roles({r: (found[r],) if found[r] else () for r in ROLE_NAMES}, "behaviour", measures, found)
-
-
-# --- the config --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Config(base.Config):
-    model: str = base.model("attention", "ssm")
-    task: str = base.one_of("kv", "mmlu")
-    layers_kept: int | None = base.count(optional=True)  # None: the published minimal model, else found on the screen
-    n_screen: int | None = base.count(optional=True)  # MMLU: None = half the test set
-    n_check: int | None = base.count(optional=True)  # MMLU: None = the other half
-    n_knowledge: int | None = base.count(optional=True)  # knowledge items per task (None: all)
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    top: int = base.count()
-    screen_alpha: float = base.number(0, 1)
-    sweep_layers: tuple[int, ...] | None = base.layers(optional=True)  # None: the paper's heads' layers, else the screen's
-    gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
-    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
-    n_controls: int = base.count()
-    seed: int = base.seed()
-
-    chapter = "head_zeroing"
-    smoke_sizes = dict(n_screen=shared.SMOKE["n"], top=1, n_check=4, n_controls=1, n_knowledge=4)
-
-    @classmethod
-    def defaults(cls, profile):
-        # The screen's settings are the shared KV ranking's, so that on KV the ranking is computed once for the book.
-        s = shared.RANKING[profile]
-        common = dict(kv_pairs=s["pairs"], kv_query=s["query"], sweep_layers=None,
-                      gather=None, aggregate=None, n_controls=5, seed=s["seed"], layers_kept=None)
-        if profile == "cpu":
-            # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), the found minimal
-            # model's last two layers swept exactly (see `run`); sizes that fit the book's 15 minutes a chapter.
-            return dict(model=shared.LETTER_MODEL, task="mmlu", n_screen=100, n_check=200, n_knowledge=200, top=2,
-                        screen_alpha=1.0, **common)
-        # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
-        return dict(model=PAPER_MODEL[profile], task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,
-                    n_knowledge=500, top=s["top"], screen_alpha=s["alpha"], **common)
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_pair(self.gather, self.aggregate)
-        if self.task == "kv" and (self.n_screen is None or self.n_check is None):
-            raise ConfigError("task='kv' needs n_screen and n_check as numbers of KV prompts, e.g. 200 and 1000 "
-                              "(None means half of MMLU)")
-        # Against the model, from its config: before the screen runs.
-        n_layers = base.shape(self.model).n_layers
-        if self.layers_kept is not None and self.layers_kept > n_layers:
-            raise ConfigError(f"layers_kept must be at most {n_layers} for {self.model}, got {self.layers_kept}")
-        kept = self.layers_kept or layer_removal.published_minimal(self.model) or n_layers
-        base.check_layers_of(self.model, "sweep_layers", self.sweep_layers, below=kept)
-        shared.check_roles_of(self.model, self.gather, self.aggregate, below=kept)
-        if self.task == "kv":
-            base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -247,49 +98,6 @@ def toy_config(cfg: Config) -> Config:
     return Config.for_profile("cpu", cfg.smoke, model=SSM_TOY, task="mmlu", seed=cfg.seed)
 
 
-def prompts(cfg: Config, loaded) -> tuple[bm.Benchmark, bm.Benchmark]:
-    """The screen's prompts and the check's, disjoint: KV dictionaries of two seeds, or MMLU's
-    test set shuffled with `seed` and cut in two (the screen's part first)."""
-    if cfg.task == "kv":
-        make = lambda n, seed: bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, n, seed, cfg.kv_query)
-        return make(cfg.n_screen, cfg.seed), make(cfg.n_check, cfg.seed + 1)
-    every = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, None, cfg.seed)
-    order = list(range(len(every)))
-    random.Random(f"mmlu-split-{cfg.seed}").shuffle(order)
-    n_screen = cfg.n_screen or len(order) // 2
-    n_check = cfg.n_check or len(order) - n_screen
-    if n_screen + n_check > len(order):
-        raise ConfigError(f"n_screen + n_check must be at most the {len(order)} MMLU questions, got {n_screen + n_check}")
-    part = lambda idx: bm.Benchmark(every.name, every.role, [every.items[i] for i in sorted(idx)], every.segments)
-    return part(order[:n_screen]), part(order[n_screen:n_screen + n_check])
-
-
-def rank(cfg: Config, loaded, screen: bm.Benchmark, layers: list[int], sweep_layers: list[int] | None) -> tuple[Score, pd.DataFrame]:
-    """The screen's ranking on its prompts: the shared KV ranking where this is the same
-    computation, else the screen here, through this chapter's store."""
-    settings = shared.ranking_settings(cfg.profile, cfg.smoke)
-    mine = dict(pairs=cfg.kv_pairs, n=cfg.n_screen, query=cfg.kv_query, form="released", top=cfg.top,
-                alpha=cfg.screen_alpha, seed=cfg.seed)  # `prompts` draws the released form (bm.kv's default)
-    if cfg.task == "kv" and len(layers) == loaded.adapter.n_layers and not sweep_layers and mine == settings:
-        ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
-        return ranking.clean, ranking.table
-
-    def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, screen.items, batch_tokens=gradient_batch_tokens(loaded.model))
-        estimate = attribution(engine, layers, cfg.screen_alpha)
-        chosen = sweep_layers or hd.layers_to_sweep(estimate, cfg.top)
-        if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
-            chosen = []  # one-channel heads: the screen's estimate stands alone
-        exact = engine.head_sweep(layers=chosen, model_layers=layers) if chosen else {}
-        return {"clean": engine.score(layers=layers).to_json(), "table": hd.ranking_table(estimate, exact).to_dict("records")}
-
-    store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded])
-    cell = dict(model=cfg.model, task=cfg.task, n=len(screen), layers=len(layers), sweep_layers=sweep_layers,
-                **{k: v for k, v in mine.items() if k != "n"})
-    row = sweep(store, [cell], compute, desc="screen")[0]
-    return Score.from_json(row["clean"]), pd.DataFrame(row["table"])
-
-
 def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_controls: int,
                seed: int) -> tuple[dict[str, dict[int, list[int]]], list[tuple[Head, ...]]]:
     """What is zeroed on the check's prompts: each role's heads, both, Table 1's "keep only"
@@ -327,35 +135,13 @@ def distinct_draws(pool: list[Head], size: int, n: int, seed: int) -> list[tuple
     return out
 
 
-def screen_candidates(ranking: pd.DataFrame) -> list[Head]:
-    """The heads whose roles are measured: the ranking's candidates where two or more layers were
-    swept, else every head measured."""
-    return hd.candidates(ranking) if len({h.layer for h in hd.measured(ranking)}) >= 2 else hd.measured(ranking)
-
-
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     n_layers = loaded.adapter.n_layers
-    screen, check = prompts(cfg, loaded)
-    given = cfg.layers_kept or layer_removal.published_minimal(cfg.model)
-    depths = {} if given else by_depth(cfg, loaded, screen)
-    kept = given or layer_pruning.minimal_depth(depths)
-    shared.check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
-    layers = list(range(kept))
-    named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
-    # Swept exactly: as set; else the paper's heads' layers; else, where the minimal model was found
-    # here on MMLU, its last two layers (the paper's minimal model ends with its Aggregate layer, and
-    # only its last two layers matter for MMLU, Fig. 3); else the layers the screen points to.
-    found = [kept - 2, kept - 1] if depths and cfg.task == "mmlu" and kept >= 2 else []
-    if found and sum(loaded.adapter.n_heads(l) for l in range(kept)) <= SWEEP_ALL:
-        found = list(range(kept))  # a toy: every head is swept exactly, the first layer's too
-    sweep_layers = list(cfg.sweep_layers or sorted({h.layer for hs in (named or {}).values() for h in hs}) or found)
-    if bad := [l for l in sweep_layers if l >= kept]:
-        raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
+    found = screen(cfg, loaded)
+    check, kept, layers, ranking, roles = found.check, found.layers_kept, found.layers, found.ranking, found.roles
     knowledge = bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)
-    screen_clean, ranking = rank(cfg, loaded, screen, layers, sweep_layers)
-    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, screen, screen_candidates(ranking))
     n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
     ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
 
@@ -372,23 +158,9 @@ def run(cfg: Config) -> Result:
              for name, b in sets.items()]
     rows = {r["benchmark"]: r for r in sweep(store, cells, compute, desc="heads zeroed on fresh prompts")}
     scored = {name: {c: Score.from_json(rows[name][c]) for c in ablations} for name in sets}
-    return Result(cfg, kept, n_layers, screen_clean, ranking, roles, scored[check.name], controls, check.chance,
+    return Result(cfg, kept, n_layers, found.screen_clean, ranking, roles, scored[check.name], controls, check.chance,
                   base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
-                  {b.name: b.chance for b in knowledge}, depths, check.name)
-
-
-def by_depth(cfg: Config, loaded, screen: bm.Benchmark) -> dict[int, Score]:
-    """The task on the screen's prompts with the model cut to each depth (one walk up the
-    residual stream: `SweepEngine.score_by_depth`), to find the minimal model."""
-    depths = list(range(1, loaded.adapter.n_layers + 1))
-
-    def compute(cell):
-        return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, screen.items).score_by_depth(depths).items()}
-
-    store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
-    cell = dict(model=cfg.model, task=cfg.task, n=len(screen), seed=cfg.seed, kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query)
-    row = sweep(store, [cell], compute, desc="minimal model on the screen's prompts")[0]
-    return {d: Score.from_json(row[str(d)]) for d in depths}
+                  {b.name: b.chance for b in knowledge}, found.depths, check.name)
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -406,16 +178,6 @@ def bottleneck(result: Result, role: str) -> tuple[str, str]:
     if not result.roles.heads[role]:
         return missing_role(result.roles, role, result.clean, result.chance)
     return v.beats_controls(result.clean, result.scores[zeroed(role)], result.control_scores(), result.chance)
-
-
-def missing_role(roles: Roles, role: str, clean: Score, chance: float) -> tuple[str, str]:
-    """A role no candidate plays: not reproduced (`verdicts.another_mechanism`) where the model can
-    do the task (`clean` clears `chance`) and the candidates were measured; not testable where it
-    cannot or they were not (every chapter that zeroes or masks a role's heads says this)."""
-    if not v.testable(clean, chance):
-        return v.NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
-    measured = roles.measures is not None and not roles.measures.empty
-    return v.another_mechanism(ROLE_NAMES[role], roles.missing(role), measured, measured and roles.surely_missing(role))
 
 
 def controls_do_little(result: Result) -> tuple[str, str]:
@@ -519,7 +281,7 @@ def roles_table(result: Result) -> pd.DataFrame:
 def comparison(result: Result) -> pd.DataFrame:
     s = result.scores
     fmt = lambda name: f"{s[name]}" if name in s else "-"
-    g, a = paper("head_zeroing", "gather_head", PAPER_MODEL["paper"]), paper("head_zeroing", "aggregate_head", PAPER_MODEL["paper"])
+    g, a = paper("head_zeroing", "gather_head", shared.PAPER_MODEL["paper"]), paper("head_zeroing", "aggregate_head", shared.PAPER_MODEL["paper"])
     controls = result.control_scores()
     return base.comparison_table([
         ("model", f"Llama-3.1-8B-Instruct, layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value}",
@@ -528,8 +290,8 @@ def comparison(result: Result) -> pd.DataFrame:
         ("task", f"MMLU, {paper('released_settings', 'num_fewshot').value}-shot",
          f"lm-eval {paper('released_settings', 'lm_eval_version').value}",
          f"{_task(result)}, fresh prompts disjoint from the screen's"),
-        ("Gather head", str(g), "GATHER_HEADS (cell 13)", f"{result.roles.label('G')} ({result.roles.describe()})"),
-        ("Aggregate head", str(a), "AGGREGATE_HEADS (cell 15)", f"{result.roles.label('A')} ({result.roles.describe()})"),
+        ("Gather head", str(g), "GATHER_HEADS (cell 13)", result.roles.describe("G")),
+        ("Aggregate head", str(a), "AGGREGATE_HEADS (cell 15)", result.roles.describe("A")),
         ("no head zeroed", str(paper("head_zeroing", "mmlu_minimal")), "-", fmt(NONE)),
         ("one head zeroed (G or A)", str(paper("head_zeroing", "mmlu_one_head_zeroed")), "-",
          f"G: {fmt(zeroed('G'))}; A: {fmt(zeroed('A'))} (chance {result.chance:.0%})"),

@@ -16,7 +16,7 @@ A hybrid here is a model that runs, the adapter that sees its attention heads an
 sees its Mamba heads. Besides a trained hybrid (Zamba2, the zoo's toy-hybrid) the chapter can
 build the paper's other kind (§5.4): a distilled SSM with one layer of its Transformer teacher
 swapped back in: the hybrid-swap chapter's pair for the profile, and the layer its rule names
-(`hybrid_swap.find_teacher_layer`).
+(`distilled.find_teacher_layer`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from ..interventions import swap_layers, zero_heads
 from ..reference import paper
 from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
-from . import base, hybrid_swap
-from .hybrid_swap import knowledge_name
+from . import base, distilled
 
 # Where mamba-ssm's CUDA kernels are missing (on every CPU) transformers warns, at a Mamba-2
 # mixer's first forward pass, that it runs its PyTorch reference path: expected, and not for the page.
@@ -82,9 +81,9 @@ class Config(base.BenchmarkConfig):
                               f"or neither: use a {'toy' if registry.spec(student).toy else 'paper'} hybrid on the "
                               f"{self.profile} profile, or swapped=False")
 
-    def swap(self) -> hybrid_swap.Config:
-        """The hybrid-swap chapter's settings on this profile: its student, teacher and layer rule."""
-        return hybrid_swap.Config.for_profile(self.profile, self.smoke)
+    def swap(self) -> distilled.Pair:
+        """The hybrid-swap chapter's pair on this profile: its student, teacher and layer rule."""
+        return distilled.pair(self.profile)
 
 
 # --- hybrids and conditions -----------------------------------------------------------------------
@@ -179,7 +178,7 @@ class Result(base.ByRole):
     conditions: dict[str, list[str]]  # hybrid -> its conditions, in order
     scores: dict[str, dict[str, dict[str, Score]]]  # hybrid -> condition -> benchmark -> score
     ssm: dict[str, Score]  # the pure SSM as is, per benchmark (empty without one)
-    swap_layer: hybrid_swap.TeacherLayer | None  # how the swapped hybrid's layer was chosen
+    swap_layer: distilled.TeacherLayer | None  # how the swapped hybrid's layer was chosen
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
@@ -211,7 +210,7 @@ def run(cfg: Config) -> Result:
     if cfg.swapped:
         pair = cfg.swap()
         student, teacher = base.load(pair.student), base.load(pair.teacher)
-        found = hybrid_swap.find_teacher_layer(teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke,
+        found = distilled.find_teacher_layer(teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke,
                                                cfg.seed, cfg.kv_query)
         hybrids.append(swapped(student, teacher, found.layer))
         loaded += [student, teacher]
@@ -224,7 +223,7 @@ def run(cfg: Config) -> Result:
         c = next(c for c in plans[cell["hybrid"]] if c.name == cell["condition"])
         return evaluate(by_hybrid[cell["hybrid"]], c, by_name[cell["benchmark"]].items).to_json()
 
-    cells = [dict(hybrid=h, condition=c.name, does=c.key, **hybrid_swap.cell_of(b, cfg.seed, cfg.kv_query))
+    cells = [dict(hybrid=h, condition=c.name, does=c.key, **distilled.cell_of(b, cfg.seed, cfg.kv_query))
              for h, cs in plans.items() for c in cs for b in benchmarks]
     scores: dict = {}
     for r in sweep(store, cells, compute, desc="hybrids x conditions x benchmarks"):
@@ -234,7 +233,7 @@ def run(cfg: Config) -> Result:
         pure = base.load(cfg.ssm)
         loaded.append(pure)
         rows = sweep(base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure]),
-                     [dict(model=cfg.ssm, **hybrid_swap.cell_of(b, cfg.seed, cfg.kv_query)) for b in benchmarks],
+                     [dict(model=cfg.ssm, **distilled.cell_of(b, cfg.seed, cfg.kv_query)) for b in benchmarks],
                      lambda cell: score(pure.model, pure.tokenizer, by_name[cell["benchmark"]].items).to_json(),
                      desc="pure SSM")
         ssm = {r["benchmark"]: Score.from_json(r) for r in rows}
@@ -270,7 +269,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
             outcome, evidence = v.kept(result.knowledge(h, AS_IS), result.knowledge(h, ablation),
                                        result.knowledge_chance)
             out.append(v.Verdict(f"{h}, {ablation}: knowledge is kept", "§5", outcome,
-                                 f"{knowledge_name(result)}: {evidence}"))
+                                 f"{base.knowledge_name(result)}: {evidence}"))
         if result.controls(h):
             out.append(control_verdict(result, h))
     return out
@@ -389,7 +388,7 @@ def comparison(result: Result) -> pd.DataFrame:
         quantities = [(f"{mcq} as is", f"{by[AS_IS][mcq].brief}, n={n}"),
                       (f"{mcq}, final row masked", f"{by[MASKED][mcq].brief}, n={n}"),
                       (f"{mcq}, all attention heads zeroed", f"{by[ZEROED][mcq].brief}, n={n}"),
-                      (f"{knowledge_name(result)}: as is → masked → zeroed",
+                      (f"{base.knowledge_name(result)}: as is → masked → zeroed",
                        " → ".join(result.knowledge(h, c).brief for c in (AS_IS, *ABLATIONS))
                        + f", n={result.knowledge(h, AS_IS).n}")]
         rows += [(f"{h}: {q}", p, r, mine) for (q, mine), (p, r) in zip(quantities, reference)]

@@ -7,10 +7,11 @@ one layer closes. The paper's claim: the swap of the layer that holds the teache
 (Llama-3.1-8B's L17, home of the Aggregate head L17H24) helps most; other layers' swaps help
 little or hurt.
 
-Which teacher layer aggregates is decided before any swap is scored, by one of three rules:
-the released code's Aggregate head (`reference`), the layer whose attention heads the teacher
-cannot do without on the retrieval tasks (`layer ablation`), or the Aggregate head found by
-behaviour among the top heads of the shared KV ranking (`KV ranking`).
+Which teacher layer aggregates is decided before any swap is scored, by one of three rules
+(`distilled.find_teacher_layer`, which the hybrid-models chapter calls too): the released code's
+Aggregate head (`reference`), the layer whose attention heads the teacher cannot do without on
+the retrieval tasks (`layer ablation`), or the Aggregate head found by behaviour among the top
+heads of the shared KV ranking (`KV ranking`).
 """
 
 from __future__ import annotations
@@ -21,23 +22,14 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import registry
 from .. import verdicts as v
-from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..evaluate import score
-from ..heads import Head
 from ..interventions import swap_layers
-from ..reference import paper, table
+from ..reference import paper
 from ..stats import Score, TaskMean, difference
 from ..sweep import sweep
-from . import base, shared
-
-PAPER_PAIR = {"paper": ("llamba-8b-unaligned", "llama-3.1-8b-instruct"),
-              # No unaligned 3B Llamba is published: the released Llamba-3B stands in.
-              "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
-LAYER_RULES = ("reference", "layer ablation", "KV ranking")
-ROLE_PROMPTS = 20  # KV prompts whose attention assigns the ranking's roles (smoke: the ranking's own)
+from . import base, distilled
 
 
 @dataclass(frozen=True)
@@ -45,7 +37,7 @@ class Config(base.BenchmarkConfig):
     student: str = base.model("ssm")
     teacher: str = base.model("attention")
     layers: tuple | None = base.layers()  # None: every layer
-    teacher_layer_by: str = base.one_of(*LAYER_RULES)
+    teacher_layer_by: str = base.one_of(*distilled.LAYER_RULES)
 
     chapter = "hybrid_swap"
     # Smoke: two layers besides the aggregating one (which is always swapped).
@@ -53,15 +45,12 @@ class Config(base.BenchmarkConfig):
 
     @classmethod
     def defaults(cls, profile):
-        if profile == "cpu":
-            return dict(student="toy-student", teacher="toy-transformer", layers=None,
-                        teacher_layer_by="layer ablation", n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500,
-                        kv_pairs=8, kv_query="repeat", seed=0)
-        student, teacher = PAPER_PAIR[profile]
-        return dict(student=student, teacher=teacher, layers=None,
-                    teacher_layer_by="reference" if profile == "paper" else "KV ranking", n_mmlu=None,
-                    k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500,
-                    kv_pairs=8, kv_query="paper", seed=0)
+        pair = distilled.pair(profile)  # the student, teacher and layer rule the hybrid-models chapter swaps too
+        sizes = (dict(n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500, kv_pairs=8, kv_query="repeat") if profile == "cpu"
+                 else dict(n_mmlu=None, k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None,
+                           n_kv=500, kv_pairs=8, kv_query="paper"))
+        return dict(student=pair.student, teacher=pair.teacher, layers=None, teacher_layer_by=pair.teacher_layer_by,
+                    seed=0, **sizes)
 
     def __post_init__(self):
         super().__post_init__()
@@ -73,71 +62,10 @@ class Config(base.BenchmarkConfig):
                               f"(width {teacher.width}) cannot swap layers: their residual streams must match; pick "
                               f"a teacher of the student's width")
         base.check_kv_sizes(self.student, "kv_pairs", [self.kv_pairs])
-        if self.teacher_layer_by == "reference" and self.teacher not in reference_teachers():
+        if self.teacher_layer_by == "reference" and self.teacher not in distilled.reference_teachers():
             raise ConfigError(f"teacher_layer_by='reference' needs a teacher whose Aggregate head the release names "
-                              f"({', '.join(reference_teachers())}), not {self.teacher}; for other teachers use "
+                              f"({', '.join(distilled.reference_teachers())}), not {self.teacher}; for other teachers use "
                               f"'layer ablation' or 'KV ranking'")
-
-
-def reference_teachers() -> list[str]:
-    """Attention models whose Aggregate head the released code names (data/reference)."""
-    rows = table()
-    rows = rows[(rows.experiment == "head_zeroing") & (rows.quantity == "aggregate_head")]
-    return [m for m in rows.model if m in registry.names("attention")]
-
-
-# --- which teacher layer aggregates ----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TeacherLayer:
-    layer: int
-    how: str  # how it was found, with the numbers that decided it
-    clean: dict[str, Score]  # benchmark -> the teacher as is (layer ablation only)
-    ablated: dict[str, dict[int, Score]]  # benchmark -> layer -> attention heads of that layer zeroed
-
-
-def cell_of(b: bm.Benchmark, seed: int, kv_query: str) -> dict:
-    """What identifies a benchmark's items in a results store cell."""
-    return dict(benchmark=b.name, n=len(b), seed=seed, kv_query=kv_query)
-
-
-def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profile: str, smoke: bool, seed: int,
-                       kv_query: str) -> TeacherLayer:
-    """The teacher layer that holds its aggregation, by `rule` (see the module's docstring);
-    the hybrid-models chapter calls this too, so both chapters swap the same layer."""
-    if rule == "reference":
-        head = paper("head_zeroing", "aggregate_head", teacher.name).heads[0]
-        return TeacherLayer(head.layer, f"the released code's Aggregate head {head}", {}, {})
-    if rule == "KV ranking":
-        n = shared.SMOKE["n"] if smoke else ROLE_PROMPTS
-        ranking, _, roles = shared.ranked_roles(teacher, profile, smoke, n)
-        if roles["A"] is not None:
-            return TeacherLayer(roles["A"].layer, f"the Aggregate head of the KV ranking, {roles['A']} "
-                                f"(assigned by behaviour among its top heads)", {}, {})
-        top = Head(int(ranking.table.layer[0]), int(ranking.table["head"][0]))
-        return TeacherLayer(top.layer, f"no top head of the KV ranking reads the segments' ends as an Aggregate "
-                            f"head does; the layer of its most harmful head, {top}", {}, {})
-    # Zero every attention head of one teacher layer at a time, on each retrieval task.
-    store = base.open_store("hybrid_swap", profile, "teacher-layers", [teacher])
-    layers = teacher.adapter.head_layers()
-
-    def compute(cell):
-        b = by_name[cell["benchmark"]]
-        engine = SweepEngine(teacher, teacher.tokenizer, b.items)
-        heads = {} if cell["layer"] is None else {cell["layer"]: list(range(teacher.adapter.n_heads(cell["layer"])))}
-        return engine.score(heads).to_json()
-
-    by_name = {b.name: b for b in retrieval}
-    cells = [dict(teacher=teacher.name, layer=l, **cell_of(b, seed, kv_query)) for b in retrieval for l in [None, *layers]]
-    rows = sweep(store, cells, compute, desc="teacher layers zeroed")
-    clean = {r["benchmark"]: Score.from_json(r) for r in rows if r["layer"] is None}
-    ablated = {b.name: {r["layer"]: Score.from_json(r) for r in rows if r["benchmark"] == b.name and r["layer"] is not None}
-               for b in retrieval}
-    # The layer whose loss hurts the retrieval tasks most, their items pooled.
-    pooled = {l: Score.of(np.concatenate([ablated[b.name][l].correct for b in retrieval])) for l in layers}
-    layer = min(layers, key=lambda l: pooled[l].acc)
-    return TeacherLayer(layer, f"the layer whose attention heads, zeroed, leave the teacher's retrieval lowest: "
-                        f"{pooled[layer]} (pooled over {', '.join(b.name for b in retrieval)})", clean, ablated)
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -154,7 +82,7 @@ class Result(base.ByRole):
     cfg: Config
     n_layers: int
     layers: list[int]  # the layers swapped one at a time
-    teacher_layer: TeacherLayer
+    teacher_layer: distilled.TeacherLayer
     scores: dict[str, dict[str, Score]]  # benchmark -> condition (student, teacher, "L3 swapped in") -> score
     roles: dict[str, str]
     chance: dict[str, float]
@@ -189,7 +117,7 @@ def run(cfg: Config) -> Result:
     retrieval = [bm.letter_mcq(cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
                  bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     knowledge = bm.knowledge(cfg.student, cfg.profile, cfg.n_knowledge, cfg.seed)
-    found = find_teacher_layer(teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke, cfg.seed,
+    found = distilled.find_teacher_layer(teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke, cfg.seed,
                                cfg.kv_query)
     layers = sorted(set(cfg.layers or range(student.adapter.n_layers)) | {found.layer})
     # Retrieval under every swap; knowledge (the control) for the aggregating layer's swap.
@@ -208,7 +136,7 @@ def run(cfg: Config) -> Result:
         with swap_layers(student, teacher, [cell["layer"]]):
             return score(student.model, student.tokenizer, items).to_json()
 
-    cells = [dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **cell_of(b, cfg.seed, cfg.kv_query))
+    cells = [dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b, cfg.seed, cfg.kv_query))
              for b, c, l in plan]
     scores: dict[str, dict[str, Score]] = {}
     for r in sweep(store, cells, compute, desc="swaps x benchmarks"):
@@ -262,14 +190,8 @@ def verdicts(result: Result) -> list[v.Verdict]:
     if all(x.outcome == v.NOT_TESTABLE for x in out):  # a control of nothing: no swap effect could be tested
         outcome, evidence = v.NOT_TESTABLE, f"no retrieval claim could be tested, so there is nothing to control; {evidence}"
     out.append(v.Verdict(f"Knowledge (the control) is kept when L{L} is swapped in", "control (this book)", outcome,
-                         f"{knowledge_name(result)}: {evidence}"))
+                         f"{base.knowledge_name(result)}: {evidence}"))
     return out
-
-
-def knowledge_name(result) -> str:
-    """Knowledge as the verdicts test it: the unweighted mean of the tasks, as the release scores it."""
-    tasks = result.knowledge_tasks
-    return tasks[0] if len(tasks) == 1 else f"knowledge (mean of {', '.join(tasks)})"
 
 
 # --- tables and figures --------------------------------------------------------------------------
@@ -281,7 +203,7 @@ def swap_table(result: Result) -> pd.DataFrame:
     for c in [STUDENT, TEACHER, *map(swapped, result.layers)]:
         row = {"": c, **{b: result.scores[b][c].brief for b in result.retrieval}}
         scored = all(c in result.scores[t] for t in result.knowledge_tasks)
-        rows.append({**row, knowledge_name(result): result.knowledge(c).brief if scored else "-"})
+        rows.append({**row, base.knowledge_name(result): result.knowledge(c).brief if scored else "-"})
     return pd.DataFrame(rows)
 
 
@@ -319,7 +241,7 @@ def comparison(result: Result) -> pd.DataFrame:
         (f"{mcq}, teacher", "-", "-", f"{s[mcq][TEACHER]}"),
         (f"{kv}: student, L{L} swapped in, teacher", "not run", "not run",
          f"{s[kv][STUDENT].brief}, {s[kv][swapped(L)].brief}, {s[kv][TEACHER].brief}; n={s[kv][STUDENT].n}"),
-        (f"{knowledge_name(result)}: student, L{L} swapped in", "not reported", "not run",
+        (f"{base.knowledge_name(result)}: student, L{L} swapped in", "not reported", "not run",
          f"{result.knowledge(STUDENT).brief}, {result.knowledge(swapped(L)).brief}; "
          f"n={result.knowledge(STUDENT).n}"),
     ])

@@ -12,7 +12,7 @@ an exact sweep of the layers it points to and of the paper heads' layers) in two
 query (`tasks.KV_FORMS`): the released scoring, the value right after the query ("is42"), and the
 book's spaced form ("is 42"). The trailing-space form ("is " + "42") is the spaced form's tokens
 under Llama-3's tokenizer, so it is compared only where the tokenizer tells them apart. The Gather and Aggregate heads are the paper's where it names them for the model,
-else the ranking's candidates that behave as them (`head_zeroing.find_roles`).
+else the ranking's candidates that behave as them (`roles.find_roles`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from ..reference import paper
 from ..stats import Score, brief
 from ..tasks import KV_FORMS, kv_items
 from ..sweep import sweep
-from . import base, head_zeroing, shared
-from .head_zeroing import ROLE_NAMES, Roles
+from . import base, shared
+from .roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, missing_role
 
 TOP = 4  # "the top-ranked heads": as many as the ranking hands on as candidates (`heads.candidates`)
 CURVES_SEED = 10_000  # the size curves' dictionaries: seed CURVES_SEED + seed, never the ranking's (seed)
@@ -57,16 +57,16 @@ class Config(base.Config):
             return dict(model="smollm2-135m-instruct", sizes=[2, 4, 8, 16, 32, 48], n_per_size=100, kv_query="repeat",
                         gather=None, aggregate=None, seed=0, workers=None)
         # The release states 55 configurations of 1,000 samples but not their sizes: every size 1..55.
-        return dict(model=head_zeroing.PAPER_MODEL[profile],
+        return dict(model=shared.PAPER_MODEL[profile],
                     sizes=list(range(1, paper("kv_retrieval", "n_configurations").integer + 1)),
                     n_per_size=paper("kv_retrieval", "samples_per_configuration").integer, kv_query="paper",
                     gather=None, aggregate=None, seed=0, workers=None)
 
     def __post_init__(self):
         super().__post_init__()
-        head_zeroing.check_pair(self.gather, self.aggregate)
+        check_pair(self.gather, self.aggregate)
         base.check_kv_sizes(self.model, "sizes", self.sizes)
-        shared.check_roles_of(self.model, self.gather, self.aggregate)
+        check_roles_of(self.model, self.gather, self.aggregate)
         if self.workers is not None:
             runner.check_installed()  # not installed: the install command now, before any model loads
 
@@ -103,7 +103,7 @@ def run(cfg: Config) -> Result:
     rankings = {form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form, cfg.seed, workers=cfg.workers)
                 for form in (FORMS[:1] if toy else FORMS)}
     same = {} if toy else same_tokens(loaded.tokenizer, shared.RANKING[cfg.profile]["query"])
-    roles = head_zeroing.find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed)
+    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed)
     conditions = size_conditions(heads={r: roles.heads[r] for r in ROLE_NAMES})
     store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded])
     heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}
@@ -162,7 +162,7 @@ def lowered_at_every_size(result: Result, role: str) -> tuple[str, str]:
     model = result.scores["model"]
     if not result.roles.heads[role]:
         best = max(model, key=lambda k: model[k].lo - result.chance(k))  # the size the model does best above chance
-        return head_zeroing.missing_role(result.roles, role, model[best], result.chance(best))
+        return missing_role(result.roles, role, model[best], result.chance(best))
     removed = result.scores[condition(role)]
     parts = {k: v.falls(model[k], removed[k], result.chance(k)) for k in result.sizes if model[k].above(result.chance(k))}
     if not parts:
@@ -283,7 +283,7 @@ def comparison(result: Result) -> pd.DataFrame:
          f"{sizes[0]} keys {model[sizes[0]]}; {sizes[-1]} keys {model[sizes[-1]]}"),
         ("head removed", " or ".join(map(str, paper("kv_retrieval", "head_ablated_summary").heads)) + " (Fig. 4; secondary summary)",
          f"{paper('kv_retrieval', 'head_ablated').value} only, o_proj columns zeroed in place",
-         f"{removed or 'none found'} (heads: {result.roles.describe()})"),
+         f"{removed or 'none found'} (heads: G {result.roles.describe('G')}, A {result.roles.describe('A')})"),
         ("top-ranked heads", "the G and A heads (Table 5)", "-",
          f"{top} ({settings['pairs']} keys, n={settings['n']}; G/A: {result.roles.label('G')}, {result.roles.label('A')})"),
         ("how the value follows the query", "no space, a deliberate probe choice (App. A.5; secondary summary)",

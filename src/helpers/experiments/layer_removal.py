@@ -1,11 +1,11 @@
 """Removing one layer at a time from the minimal model (the paper's Fig. 3).
 
 The minimal model is the published one where there is one (Llama-3.1-8B: layers 0-17), else the
-one the layer-pruning chapter finds (`layer_pruning.minimal_depth`, run at that chapter's own
-sizes and settings through its results store, so both pages name the same minimal model). Each
-of its layers is then skipped in turn and the retrieval probe (MMLU, or KV retrieval where the
-model picks letters at chance) and the knowledge tasks are scored without it, beside the minimal
-model itself on the same items. The sweep engine reuses the residual stream below the removed
+one the layer-pruning chapter finds (`minimal.minimal_depth` on that chapter's walk, `minimal.prune`,
+at its own sizes and settings through its results store, so both pages name the same minimal
+model). Each of its layers is then skipped in turn and the retrieval probe (MMLU, or KV retrieval
+where the model picks letters at chance) and the knowledge tasks are scored without it, beside
+the minimal model itself on the same items. The sweep engine reuses the residual stream below the removed
 layer, so each removal reruns only the layers above it; the whole sweep costs about d/2 full
 passes for a minimal model of d layers, so on the CPU profile this chapter scores fewer items
 than the pruning chapter (the letter model, Qwen2.5-Coder-1.5B, on the letter set and the same
@@ -30,7 +30,7 @@ from ..evaluate import mean_over_tasks
 from ..reference import paper
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base, layer_pruning, shared
+from . import base, minimal
 
 CPU_ITEMS = 30  # items per benchmark removed layer by layer on the CPU profile
 FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (the paper: 2 of 18), and at least 2
@@ -42,7 +42,7 @@ class Config(base.BenchmarkConfig):
     minimal_layers: int | None = base.count(optional=True)  # None: `run` resolves it
 
     chapter = "layer_removal"
-    smoke_sizes = layer_pruning.Config.smoke_sizes  # the same benchmarks: the pruning store serves both
+    smoke_sizes = minimal.PruningConfig.smoke_sizes  # the same benchmarks: the pruning store serves both
 
     @classmethod
     def defaults(cls, profile):
@@ -50,7 +50,7 @@ class Config(base.BenchmarkConfig):
         # it depends on the model. On 2 CPU cores the sweep of a 24-layer minimal model of the
         # 1.5B letter model costs ~11 full passes per item: fewer items, to fit 15 minutes.
         sizes = dict(n_mmlu=CPU_ITEMS, n_knowledge=CPU_ITEMS, n_kv=CPU_ITEMS) if profile == "cpu" else {}
-        return {**layer_pruning.Config.defaults(profile), **sizes, "minimal_layers": None}
+        return {**minimal.PruningConfig.defaults(profile), **sizes, "minimal_layers": None}
 
     def __post_init__(self):
         super().__post_init__()
@@ -59,17 +59,6 @@ class Config(base.BenchmarkConfig):
         n_layers = base.shape(self.model).n_layers
         if self.minimal_layers is not None and self.minimal_layers > n_layers:
             raise ConfigError(f"minimal_layers must be at most {n_layers} for {self.model}, got {self.minimal_layers}")
-
-
-def published_minimal(model: str) -> int | None:
-    """Layers of `model`'s published minimal model: the paper's layers 0-17 for Llama-3.1-8B;
-    for the release's other models its own rule (`get_minimal_model`: every layer up to the
-    Aggregate heads' layer); None where nothing is published."""
-    try:
-        return paper("layer_pruning", "minimal_model_last_layer", model).integer + 1
-    except KeyError:
-        heads = shared.paper_heads(model)
-        return heads["A"][0].layer + 1 if heads else None
 
 
 @dataclass(frozen=True)
@@ -109,10 +98,10 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    pruning = layer_pruning.run(pruning_config(cfg))
-    probe = layer_pruning.probe(pruning)
-    given = cfg.minimal_layers or published_minimal(cfg.model)
-    d = given or layer_pruning.minimal_depth(pruning.scores[probe])
+    pruning = minimal.prune(pruning_config(cfg))
+    probe = minimal.probe(pruning)
+    given = cfg.minimal_layers or minimal.published_minimal(cfg.model)
+    d = given or minimal.minimal_depth(pruning.scores[probe])
     loaded = base.load(cfg.model)
     if d > loaded.adapter.n_layers:
         raise ConfigError(f"minimal_layers must be at most {loaded.adapter.n_layers} for {cfg.model}, got {d}")
@@ -123,29 +112,29 @@ def run(cfg: Config) -> Result:
     else:
         sets.insert(0, bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query))
     by_name = {b.name: b for b in sets}
-    minimal = list(range(d))
+    kept = list(range(d))
 
     def compute(cell):
         engine = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items)
-        removed = engine.layer_sweep(minimal, minimal)
-        return {"full": engine.score().to_json(), "minimal": engine.score(layers=minimal).to_json(),
+        removed = engine.layer_sweep(kept, kept)
+        return {"full": engine.score().to_json(), "minimal": engine.score(layers=kept).to_json(),
                 **{str(l): s.to_json() for l, s in removed.items()}}
 
     store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded])
     cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, k_shot=cfg.k_shot, kv_pairs=cfg.kv_pairs,
                   kv_query=cfg.kv_query, minimal_layers=d) for b in sets]
     rows = sweep(store, cells, compute, desc="benchmarks x layers removed")
-    removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in minimal} for r in rows}
+    removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in kept} for r in rows}
     at = lambda key: {r["benchmark"]: Score.from_json(r[key]) for r in rows}
     return Result(cfg, d, "given" if cfg.minimal_layers else "published" if given else "found", probe,
                   at("full"), at("minimal"), removed, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
                   base.record(cfg, [loaded], timer))
 
 
-def pruning_config(cfg: Config) -> layer_pruning.Config:
-    """The layer-pruning chapter's run for this model and prompt settings, at that chapter's own
+def pruning_config(cfg: Config) -> minimal.PruningConfig:
+    """The layer-pruning chapter's walk for this model and prompt settings, at that chapter's own
     sizes (its results store then serves both pages)."""
-    return layer_pruning.Config.for_profile(cfg.profile, cfg.smoke, model=cfg.model, k_shot=cfg.k_shot,
+    return minimal.PruningConfig.for_profile(cfg.profile, cfg.smoke, model=cfg.model, k_shot=cfg.k_shot,
                                             kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query, seed=cfg.seed)
 
 

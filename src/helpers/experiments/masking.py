@@ -10,8 +10,8 @@ Every condition runs in the keep-only minimal model: the minimal model's layers,
 roles' layers every head but G and A zeroed (Table 1's "only G and A kept"). In the whole model
 other heads stand in for a masked one, so a mask would keep accuracy whatever the head does. On
 the CPU profile the model is the letter model (`shared.LETTER_MODEL`) on the book's letter set,
-with the minimal model and the roles of the head-zeroing chapter (`head_zeroing.run`, through
-its results store: one role assignment for both pages), scored on the head-zeroing check's
+with the minimal model and the roles of the head-zeroing chapter (its screen, `head_screen.screen`,
+through its results stores: one role assignment for both pages), scored on the head-zeroing check's
 prompts, disjoint from the screen's prompts on which the roles were named. On the paper profiles
 the minimal model is the published one and the heads the paper's.
 
@@ -41,8 +41,8 @@ from ..reference import paper
 from ..segments import aggregate_pattern, gather_pattern
 from ..stats import Score, difference
 from ..sweep import sweep
-from . import base, head_zeroing, layer_removal, shared
-from .attention_maps import ROLE_NAMES, Roles, check_roles, closest_roles, find_roles, held_out_kv, mmlu
+from . import base, head_screen, minimal, shared
+from .roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, with_closest
 
 PATTERN = {"G": gather_pattern, "A": aggregate_pattern}
 BOTH = "G and A"
@@ -104,12 +104,12 @@ class Config(base.Config):
 
     def __post_init__(self):
         super().__post_init__()
-        check_roles(self.gather, self.aggregate)
+        check_pair(self.gather, self.aggregate)
         if self.gather is not None and len(self.models) > 1:
             raise ConfigError(f"gather and aggregate name the heads of one model; models lists {len(self.models)}: "
                               "list one model, or leave the heads to None (each model's own)")
         for name in self.models:  # every model, from its config, before the first one runs
-            shared.check_roles_of(name, self.gather, self.aggregate)
+            check_roles_of(name, self.gather, self.aggregate)
             if self.task == "kv":
                 base.check_kv_sizes(name, "kv_pairs", [self.kv_pairs])
         checked = check_questions(self.profile, self.smoke)
@@ -120,7 +120,7 @@ class Config(base.Config):
 
 def check_questions(profile: str, smoke: bool) -> int | None:
     """How many questions head zeroing measures its roles on (the prompts masked here)."""
-    return head_zeroing.Config.smoke_sizes["n_check"] if smoke else head_zeroing.Config.defaults(profile)["n_check"]
+    return head_screen.ScreenConfig.smoke_sizes["n_check"] if smoke else head_screen.ScreenConfig.defaults(profile)["n_check"]
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,8 @@ def benchmark(cfg: Config, model: str, tokenizer) -> bm.Benchmark:
     """The prompts every condition is scored on: KV prompts the head ranking did not see, or
     MMLU questions."""
     if cfg.task == "kv":
-        return held_out_kv(cfg, model, tokenizer, cfg.n)
-    return mmlu(cfg, model, tokenizer, cfg.n)
+        return shared.held_out_kv(cfg, model, tokenizer, cfg.n)
+    return shared.mmlu(cfg, model, tokenizer, cfg.n)
 
 
 def masked_loglikelihoods(loaded, b: bm.Benchmark, patterns, layers: list[int] | None = None,
@@ -235,41 +235,28 @@ def scores(loaded, b: bm.Benchmark, roles: Roles, layers: list[int], keep: dict[
     return {name: out[name] for name in CONDITIONS}
 
 
-def letter_roles(zeroing) -> Roles:
-    """The head-zeroing chapter's roles (`head_zeroing.Roles`) as this chapter masks them: a role
-    no candidate plays goes to the closest candidate (`attention_maps.closest_roles`), said so."""
-    r = zeroing.roles
-    filled = {x: bool(r.heads[x]) for x in ROLE_NAMES}
-    heads = dict(r.heads)
-    if not all(filled.values()) and r.measures is not None and len(r.measures) >= 2:
-        closest, _ = closest_roles(r.measures)
-        heads = {x: heads[x] if filled[x] else closest[x] for x in ROLE_NAMES}
-    return Roles(heads, r.source, filled if r.source == "behaviour" else {x: True for x in ROLE_NAMES}, r.measures,
-                 "the letter screen")
-
-
 def uses_head_zeroing(cfg: Config, model: str) -> bool:
     """Letter selection on a model with no published heads or minimal model: the minimal model and
     roles are the head-zeroing chapter's (found on its screen's prompts)."""
     return (cfg.task == "mmlu" and cfg.gather is None and shared.paper_heads(model) is None
-            and layer_removal.published_minimal(model) is None)
+            and minimal.published_minimal(model) is None)
 
 
 def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dict]:
     loaded = base.load(model)
     n_layers = loaded.adapter.n_layers
     if uses_head_zeroing(cfg, model):
-        zcfg = head_zeroing.Config.for_profile(cfg.profile, cfg.smoke, model=model, task="mmlu", seed=cfg.seed)
-        zeroing = head_zeroing.run(zcfg)
-        roles, kept = letter_roles(zeroing), zeroing.layers_kept
-        check = head_zeroing.prompts(zcfg, loaded)[1]
-        b = bm.Benchmark(check.name, check.role, check.items[:cfg.n], check.segments)
-        minimal = "found by the head-zeroing chapter on its screen's prompts"
+        zcfg = head_screen.ScreenConfig.for_profile(cfg.profile, cfg.smoke, model=model, task="mmlu", seed=cfg.seed)
+        found = head_screen.screen(zcfg, loaded)
+        roles, kept = with_closest(found.roles), found.layers_kept
+        b = bm.Benchmark(found.check.name, found.check.role, found.check.items[:cfg.n], found.check.segments)
+        where = "found by the head-zeroing chapter on its screen's prompts"
     else:
-        roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate)
+        roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,
+                                        measure=False))
         b = benchmark(cfg, model, loaded.tokenizer)
-        published = layer_removal.published_minimal(model)
-        kept, minimal = (published, "the published minimal model") if published else (n_layers, "the whole model")
+        published = minimal.published_minimal(model)
+        kept, where = (published, "the published minimal model") if published else (n_layers, "the whole model")
     if bad := [h for hs in roles.heads.values() for h in hs if h.layer >= kept]:
         raise ConfigError(f"heads {', '.join(map(str, bad))} lie above the minimal model's layers 0..{kept - 1}")
     layers = list(range(kept))
@@ -280,7 +267,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
     row = sweep(store, [cell], lambda c: {k: s.to_json() for k, s in scores(loaded, b, roles, layers, keep).items()},
                 desc=f"{model}: conditions")[0]
     by_condition = {c: Score.from_json(row[c]) for c in CONDITIONS}
-    return (ModelRun(model, roles, b.name, b.chance, by_condition, kept, n_layers, minimal, keep),
+    return (ModelRun(model, roles, b.name, b.chance, by_condition, kept, n_layers, where, keep),
             base.record(cfg, [loaded], timer))
 
 

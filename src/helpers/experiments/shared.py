@@ -1,6 +1,7 @@
 """What several chapters share, computed once per model and setting: the KV-retrieval head
-ranking (head zeroing, KV retrieval, attention maps and masking all start from it) and the
-roles its top heads play.
+ranking (head zeroing, KV retrieval, attention maps and masking all start from it; the roles its
+top heads play are `roles`), the profiles' shared model choices, and the prompts held out from
+the ranking.
 
 The ranking's settings live here, once per profile, so that every chapter asks for the same
 ranking and the results store computes it once.
@@ -14,11 +15,10 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
-from ..heads import ROLE_MEASURES, Head, assign_roles, candidates, layers_to_sweep, measured, ranking_table
+from ..heads import Head, layers_to_sweep, measured, ranking_table
 from ..reference import paper
 from ..screen import attribution
-from ..segments import measure_heads
-from ..stats import Score, mean_interval, rank_correlation
+from ..stats import Score, rank_correlation
 from ..sweep import sweep
 from . import base
 
@@ -34,6 +34,8 @@ RANKING = {
 # The CPU profile's model that picks MMLU letters (SmolLM2-135M picks them at chance): every
 # chapter whose task is letter selection defaults to it on the CPU profile.
 LETTER_MODEL = "qwen2.5-coder-1.5b-instruct"
+# The paper profiles' attention model (the paper's Llama, the 3B one on a 16 GB GPU).
+PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
 SWEEP_WIDEST = 256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
 SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
 
@@ -46,15 +48,6 @@ def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
                 "A": paper("head_zeroing", "aggregate_head", model).heads}
     except KeyError:
         return None
-
-
-def check_roles_of(model: str, gather, aggregate, below: int | None = None) -> None:
-    """The heads set as `gather` and `aggregate`, or where they are unset the paper's heads of
-    `model`, are heads of `model` (in its first `below` layers): checked from its config, before
-    any work, naming the parameters that fix it."""
-    named = paper_heads(model) if gather is None else {"G": gather, "A": aggregate}
-    for role, field in (("G", "gather"), ("A", "aggregate")):
-        base.check_heads_of(model, field, (named or {}).get(role), paper=gather is None, below=below)
 
 
 @dataclass(frozen=True)
@@ -138,34 +131,6 @@ def measure_layer(cell: dict) -> dict:
     return {"heads": {str(h.head): s.to_json() for h, s in exact.items()}}
 
 
-def roles(loaded, benchmark: bm.Benchmark, heads: list[Head], n: int) -> tuple[pd.DataFrame, dict]:
-    """What `heads` do on `n` prompts of `benchmark` (`segments.head_measures`, `averaged`), and
-    which of them act as the Gather and the Aggregate head (`heads.assign_roles`)."""
-    measures = averaged(measure_heads(loaded, benchmark.items[:n], benchmark.segments, heads, average=False))
-    return measures, assign_roles(measures)
-
-
-def averaged(per_prompt: pd.DataFrame) -> pd.DataFrame:
-    """`segments.measure_heads(..., average=False)` averaged over prompts, one row per head, with
-    the 95% interval of each role measure over the prompts (columns "<measure> lo" / "hi"), so
-    that a role's absence can be told from a measure too noisy to decide."""
-    means = per_prompt.drop(columns="prompt").groupby("head", sort=False).mean()
-    for m in ROLE_MEASURES:
-        bounds = {h: mean_interval(g[m].to_numpy())[1:] for h, g in per_prompt.groupby("head", sort=False)}
-        means[f"{m} lo"] = [bounds[h][0] for h in means.index]
-        means[f"{m} hi"] = [bounds[h][1] for h in means.index]
-    return means
-
-
-def ranked_roles(loaded, profile: str, smoke: bool, n: int) -> tuple[Ranking, pd.DataFrame, dict]:
-    """The ranking, then the roles of its candidate heads on its own KV prompts."""
-    ranking = kv_ranking(loaded, profile, smoke)
-    s = ranking.settings
-    kv = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
-    measures, found = roles(loaded, kv, candidates(ranking.table), n)
-    return ranking, measures, found
-
-
 def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:
     """How far two rankings agree: the overlap of their top `k` measured heads (and what random
     orders of the heads measured in both would share on average, k^2 / n), and Spearman's rank
@@ -177,3 +142,17 @@ def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:
     top_a, top_b = set(measured(a)[:k]), set(measured(b)[:k])
     return dict(k=k, overlap=len(top_a & top_b), chance_overlap=k * k / len(both) if both else float("nan"),
                 rho=rho, lo=lo, hi=hi, n=len(both))
+
+
+def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
+    """`n` KV prompts the shared ranking did not see: those after its own (with the ranking's
+    settings the first prompts are the ranking's; with others, skipping them costs nothing).
+    `cfg`: a chapter's config with profile, smoke, kv_pairs, seed and kv_query."""
+    skip = ranking_settings(cfg.profile, cfg.smoke)["n"]
+    kv = bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query)
+    return bm.Benchmark(kv.name, kv.role, kv.items[skip:], kv.segments)
+
+
+def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:
+    """MMLU questions with the release's number of shots (`cfg`: profile and seed)."""
+    return bm.letter_mcq(model, tokenizer, cfg.profile, n, cfg.seed, paper("released_settings", "num_fewshot").integer)

@@ -40,6 +40,7 @@ from ..segments import Segments, measure_heads
 from ..stats import Z95, Difference, Score, difference
 from ..sweep import sweep
 from . import base, shared
+from .roles import check_roles_of
 
 # transformers warns once per process that Mamba layers run its reference PyTorch scan when
 # mamba-ssm's CUDA kernels are not installed (always, on a CPU): true and useless on a page.
@@ -87,7 +88,7 @@ class Config(base.Config):
     def __post_init__(self):
         super().__post_init__()
         for name in self.models:
-            shared.check_roles_of(name, None, None)  # the paper's heads, where it names them, are this model's
+            check_roles_of(name, None, None)  # the paper's heads, where it names them, are this model's
             most = synthetic.N_VALUES if registry.spec(name).toy else kv_values()
             if max(self.sizes) > most:
                 raise ConfigError(f"sizes: a dictionary of {name} holds at most {most} keys (one distinct value "

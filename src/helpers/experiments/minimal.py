@@ -1,0 +1,128 @@
+"""The minimal model: the shallowest cut of a model's layers that still does the task (the
+paper's Llama-3.1-8B layers 0-17).
+
+Pruning from the top leaves the layers below the cut unchanged, so one walk up the residual
+stream scores every depth (`SweepEngine.score_by_depth`, tested against `prune_top`): the stream
+after layer d, through the final norm and the unembedding, *is* the model pruned to d layers.
+The walk over the layer-pruning chapter's benchmarks (`PruningConfig`, `prune`) is that chapter's
+measurement, and layer removal reads the same walk through the same results store to find the
+minimal model it removes layers from, so both pages name the same minimal model. The published
+minimal models (`published_minimal`) are what head zeroing and masking work in where they exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import benchmarks as bm
+from ..engine import SweepEngine
+from ..reference import paper
+from ..stats import Score, TaskMean
+from ..sweep import sweep
+from . import base, shared
+
+
+@dataclass(frozen=True)
+class PruningConfig(base.BenchmarkConfig):
+    """The layer-pruning chapter's settings: its model and benchmarks (its `Config`)."""
+
+    model: str = base.model("attention", "ssm")
+
+    chapter = "layer_pruning"
+    smoke_sizes = dict(n_mmlu=8, n_knowledge=4, n_kv=4)
+
+    def __post_init__(self):
+        super().__post_init__()
+        base.refuse_toy(self.chapter, "model", self.model)
+        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+
+    @classmethod
+    def defaults(cls, profile):
+        if profile == "cpu":
+            # The letter model; letters and cloze on the same 150 facts, one walk up the stream each.
+            return dict(model=shared.LETTER_MODEL, n_mmlu=150, k_shot=0, n_knowledge=150, n_kv=60, kv_pairs=8,
+                        kv_query="repeat", seed=0)
+        return dict(model=shared.PAPER_MODEL[profile], n_mmlu=None,
+                    k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=8,
+                    kv_query="paper", seed=0)
+
+
+@dataclass(frozen=True)
+class Pruned(base.ByRole):
+    """Every benchmark scored at every depth (the layer-pruning chapter's `Result`)."""
+
+    cfg: PruningConfig
+    n_layers: int
+    scores: dict[str, dict[int, Score]]  # benchmark -> layers kept -> score
+    roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
+    chance: dict[str, float]
+    provenance: dict
+
+    @property
+    def mmlu(self) -> str:
+        return next(b for b in self.scores if b.startswith("MMLU"))
+
+    @property
+    def kv(self) -> str:
+        return next(b for b in self.scores if b.startswith("KV"))
+
+    def knowledge(self, depth: int) -> TaskMean:
+        """Knowledge at one depth as the release scores it: the unweighted mean over the
+        knowledge tasks (paired across depths task by task: `stats.mean_difference`)."""
+        return TaskMean.of([self.scores[t][depth] for t in self.knowledge_tasks],
+                           [self.chance[t] for t in self.knowledge_tasks])
+
+
+def prune(cfg: PruningConfig) -> Pruned:
+    """Every benchmark at every depth: one walk up the residual stream per benchmark."""
+    timer = base.Timer()
+    loaded = base.load(cfg.model)
+    sets = [bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+            *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
+            bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    depths = list(range(1, loaded.adapter.n_layers + 1))
+    store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
+    by_name = {b.name: b for b in sets}
+
+    def compute(cell):
+        scores = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items).score_by_depth(depths)
+        return {str(d): s.to_json() for d, s in scores.items()}
+
+    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query) for b in sets]
+    rows = sweep(store, cells, compute, desc="benchmarks x depths")
+    scores = {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
+    return Pruned(cfg, len(depths), scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
+                  base.record(cfg, [loaded], timer))
+
+
+def minimal_depth(by_depth: dict[int, Score], margin: float = 0.05) -> int:
+    """The shallowest depth from which every deeper cut keeps the full model's accuracy within
+    `margin` (the point estimate): the paper's "minimal model". This picks the model to study, it
+    is no claim: the claims about it are tested with their intervals. Requiring a sure "kept"
+    here let one cut's 2-point dip on 100 questions stop the walk at the top (Qwen's letters at
+    seed 1: 28 of 28 layers, where seed 0 found 24)."""
+    top = max(by_depth)
+    depth = top
+    for d in sorted(by_depth, reverse=True)[1:]:
+        if by_depth[top].acc - by_depth[d].acc > margin:
+            break
+        depth = d
+    return depth
+
+
+def probe(result: Pruned) -> str:
+    """The retrieval probe the verdicts use: MMLU where the model picks letters above chance,
+    else KV retrieval (the book's stand-in, said so on the page)."""
+    full = result.scores[result.mmlu][result.n_layers]
+    return result.mmlu if full.above(result.chance[result.mmlu]) else result.kv
+
+
+def published_minimal(model: str) -> int | None:
+    """Layers of `model`'s published minimal model: the paper's layers 0-17 for Llama-3.1-8B;
+    for the release's other models its own rule (`get_minimal_model`: every layer up to the
+    Aggregate heads' layer); None where nothing is published."""
+    try:
+        return paper("layer_pruning", "minimal_model_last_layer", model).integer + 1
+    except KeyError:
+        heads = shared.paper_heads(model)
+        return heads["A"][0].layer + 1 if heads else None

@@ -87,13 +87,22 @@ def test_a_role_no_candidate_plays_is_masked_on_the_closest_candidate_and_said_s
                                                               23: [h for h in range(12) if h != 4]}
 
 
-def made_up(accuracy: dict[str, float], n=200, filled=True, chance=0.125):
+def made_up(accuracy: dict[str, float], n=200, filled=True, chance=0.125, aggregate_hi=0.45):
     """A one-model Result: each condition gets the first acc*n prompts right (so that conditions
-    are nested, as a paired test sees them); conditions not given keep the unmasked accuracy."""
+    are nested, as a paired test sees them); conditions not given keep the unmasked accuracy.
+    Unfilled: the Aggregate role went to the closest candidate, whose aggregate measure (0.4) has
+    the upper bound `aggregate_hi` over the prompts."""
+    import pandas as pd
+
+    from helpers import heads as hd
+
     at = lambda acc: Score.of(np.arange(n) < round(acc * n))
     scores = {c: at(accuracy.get(c, accuracy["no mask"])) for c in chapter.CONDITIONS}
+    measures = pd.DataFrame({hd.GATHER_MEASURE: [0.9, 0.3], f"{hd.GATHER_MEASURE} hi": [0.95, 0.35],
+                             hd.AGGREGATE_MEASURE: [0.1, 0.4], f"{hd.AGGREGATE_MEASURE} hi": [0.15, aggregate_hi],
+                             hd.LOCAL_MEASURE: [0.1, 0.1]}, index=[(16, 10), (17, 3)])
     roles = Roles({"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}, "paper" if filled else "behaviour",
-                  closest=() if filled else ("A",))
+                  measures=None if filled else measures, closest=() if filled else ("A",))
     run = chapter.ModelRun("llamba-8b", roles, "MMLU (0-shot)", chance, scores)
     return chapter.Result(chapter.Config.for_profile("paper"), (run,), {})
 
@@ -123,6 +132,10 @@ def test_at_chance_nothing_is_testable_and_without_an_aggregate_head_it_is_anoth
     assert a.evidence.startswith("llamba-8b: another mechanism")
     assert by_claim["G and A heads masked to the control patterns: accuracy falls"].outcome == v.NOT_REPRODUCED
     assert by_claim["G head masked to the control pattern: accuracy falls"].outcome == v.REPRODUCED
+    # the closest candidate's interval reaches the line: too few prompts to say no head plays it
+    unsure = {x.claim: x for x in chapter.verdicts(made_up(PAPERS, filled=False, aggregate_hi=0.55))}
+    a = unsure["A head masked to the hypothesised pattern: accuracy is kept"]
+    assert a.outcome == v.INCONCLUSIVE and "a candidate's interval reaches the line" in a.evidence
 
 
 def test_a_pattern_keeps_accuracy_only_where_the_head_is_needed():

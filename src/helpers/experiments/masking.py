@@ -304,7 +304,8 @@ def compare(r: ModelRun, which: str, rule, a: str, b: str, needs_harm: bool = Fa
         names = " or ".join(ROLE_NAMES[x] for x in missing)
         outcome, why = v.another_mechanism(names, f"no top head behaves as the {names} head; the closest "
                                            f"({', '.join(r.roles.label(x) for x in missing)}) says nothing about the "
-                                           f"paper's: {b}: {r.scores[b]} against {a}: {r.scores[a]}", measured=True)
+                                           f"paper's: {b}: {r.scores[b]} against {a}: {r.scores[a]}", measured=True,
+                                           sure=all(r.roles.surely_missing(x) for x in missing))  # an interval at the line: inconclusive
         return outcome, f"{r.model}: {why}"
     if needs_harm:
         harm = {x: v.falls(clean, r.scores[f"{x} zeroed"], r.chance) for x in roles_of(which)}

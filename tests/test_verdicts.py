@@ -226,6 +226,6 @@ def test_a_ranking_needs_a_model_above_chance_and_a_head_that_moves_it():
     clean = right(200, (0, 180))
     assert v.ranking_readable(clean, (0.40, 0.33, 0.47), 0.125) == (True, "")
     readable, why = v.ranking_readable(clean, (0.90, 0.85, 0.93), 0.125)  # the top head leaves 90%: ties
-    assert not readable and why.startswith("at ceiling")
+    assert not readable and why.startswith("no single head moves it")
     readable, why = v.ranking_readable(right(200, (0, 26)), (0.10, 0.06, 0.15), 0.125)
     assert not readable and "at chance" in why

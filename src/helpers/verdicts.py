@@ -240,13 +240,14 @@ def ranking_readable(clean: Score, most_harmful: tuple[float, float, float], cha
     rank counts: chance (the clean model's interval clears it: there is retrieval to remove) and
     ceiling (zeroing the most harmful head takes accuracy below the clean model's, its interval
     `most_harmful` = (acc, lo, hi) under the clean point: where no single head moves a saturated
-    model, every head ties and the order is only the screen's estimate)."""
+    or redundant model, every head ties and the order is only the screen's estimate)."""
     acc, lo, hi = most_harmful
     if not testable(clean, chance):
         return False, f"the model is at chance on the ranking's prompts ({clean}, chance {chance:.0%})"
     if not hi < clean.acc:
-        return False, (f"at ceiling: zeroing the most harmful head leaves {acc:.1%} [{lo:.1%}, {hi:.1%}] against "
-                       f"{clean.acc:.1%} clean, so no head's zeroing is told apart and the order is the screen's")
+        return False, (f"no single head moves it (at ceiling, or redundant): zeroing the most harmful head leaves "
+                       f"{acc:.1%} [{lo:.1%}, {hi:.1%}] against {clean.acc:.1%} clean, so no head's zeroing is told "
+                       "apart and the order is the screen's")
     return True, ""
 
 

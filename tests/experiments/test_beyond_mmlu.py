@@ -127,7 +127,7 @@ def test_a_task_below_its_floor_or_an_unreadable_ranking_cannot_test_the_claim()
     # the ranking at ceiling: no head's zeroing below clean, so its order is only the screen's
     result = made_up(["gsm8k"], clean=0.7, top=0.3, controls=[0.7], ranking_clean=0.9, most_harmful=0.9)
     verdicts = chapter.verdicts(result)
-    assert {x.outcome for x in verdicts} == {v.NOT_TESTABLE} and "at ceiling" in verdicts[0].evidence
+    assert {x.outcome for x in verdicts} == {v.NOT_TESTABLE} and "no single head moves it" in verdicts[0].evidence
 
 
 def test_the_table_2_comparison_says_the_papers_numbers_were_not_read():

@@ -113,7 +113,7 @@ def test_a_ranking_is_read_only_past_the_chance_and_the_ceiling_checks():
     flat = ranking([G, A, Head(3, 1), Head(5, 2), Head(8, 0)], accs=[0.9] * 5)  # no head moves the clean 90%
     at_ceiling = dataclasses.replace(result, rankings={"released": flat, "spaced": flat})
     top_g = chapter.verdicts(at_ceiling)[3]
-    assert top_g.outcome == v.NOT_TESTABLE and "at ceiling" in top_g.evidence
+    assert top_g.outcome == v.NOT_TESTABLE and "no single head moves it" in top_g.evidence
     at_chance = dataclasses.replace(flat, clean=at(0.12), table=ranking([G, A]).table)
     assert "at chance" in chapter.verdicts(dataclasses.replace(result, rankings={"released": at_chance}))[3].evidence
     assert chapter.verdicts(result)[3].outcome == v.REPRODUCED  # the readable ranking of the paper's picture

@@ -110,9 +110,9 @@ class Config(base.Config):
         if profile == "cpu":
             # Qwen-1.5B reads a prompt of ~100-300 tokens in about 4 s on 2 busy cores (measured: 8 items of
             # page_field in 35 s, batched); the prompt dominates, the few tokens generated cost little. So
-            # 4 tasks x 4 conditions x 10 items (~160 prompts), after a ranking on 12 KV prompts, should fit the
-            # 15 minutes a chapter has (an estimate: the full size is not yet timed); 10 paired items tell a
-            # collapse (10 of 10 -> 0 of 10) from no change, not small losses.
+            # 4 tasks x 4 conditions x 10 items (~160 prompts), after a ranking on 12 KV prompts: measured at
+            # 861 CPU-seconds, 22.6 minutes wall on a machine loaded 3-4x over (alone unmeasured); 10 paired
+            # items tell a collapse (10 of 10 -> 0 of 10) from no change, not small losses.
             return dict(model=CPU_MODEL, tasks=CPU_TASKS, n=10, ranking="screen", n_rank=12, n_controls=2,
                         max_gen_toks=None, batch_size=10, **common)
         return dict(model=PAPER_MODEL[profile], tasks=PAPER_TASKS, n=None, ranking="shared", n_rank=200, n_controls=3,

@@ -150,7 +150,7 @@ def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
 
 @pytest.fixture(scope="module")
 def swapped_runs(smol):
-    items = helpers.kv_items(4, 4, seed=3, query="repeat")
+    items = helpers.kv_items(4, 6, seed=3, query="repeat")
     pairs = [(it, c) for it in items if (c := chapter.key_swapped(smol.tokenizer, it)) is not None]
     assert len(pairs) >= 3
     clean, corrupted = (SweepEngine(smol, smol.tokenizer, [p[i] for p in pairs]) for i in (0, 1))

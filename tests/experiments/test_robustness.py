@@ -254,3 +254,13 @@ def test_the_stability_verdict_needs_every_condition_to_agree():
     # a condition at chance is left out; the reference at chance makes the claim untestable
     assert chapter.stability_verdict(stability_made_up([good, good], [True, True, False])).outcome == v.REPRODUCED
     assert chapter.stability_verdict(stability_made_up([good, good], [False, True, True])).outcome == v.NOT_TESTABLE
+
+
+def test_the_random_overlap_line_is_the_hypergeometric_975_point():
+    from itertools import combinations
+
+    n, k = 7, 3
+    # every top-k set of one order against a fixed top-k of the other: the exact overlap distribution
+    overlaps = sorted(len(set(c) & {0, 1, 2}) for c in combinations(range(n), k))
+    point = next(x for x in range(k + 1) if sum(o <= x for o in overlaps) >= 0.975 * len(overlaps))
+    assert chapter.overlap_chance(n, k) == (pytest.approx(np.mean(overlaps)), point)

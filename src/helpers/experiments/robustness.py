@@ -606,9 +606,14 @@ def _interval(values: np.ndarray) -> tuple[float, float]:
 def overlap_chance(n: int, k: int) -> tuple[float, float]:
     """The top-k overlap of two random orders of n heads: its mean k^2 / n and its 97.5% point
     (hypergeometric), the line an overlap must pass to beat chance."""
-    from scipy.stats import hypergeom
+    from math import comb
 
-    return k * k / n, float(hypergeom(n, k, k).ppf(0.975))
+    cdf = 0.0
+    for x in range(k + 1):  # the overlap is hypergeometric: k of n drawn, k of them "top" in the other order
+        cdf += comb(k, x) * comb(n - k, k - x) / comb(n, k)
+        if cdf >= 0.975 - 1e-12:
+            break
+    return k * k / n, float(x)
 
 
 def patch_agreement(table: pd.DataFrame, patched: dict, clean: np.ndarray, corrupted: np.ndarray, k: int,

@@ -283,4 +283,4 @@ def rankings_agree(rho: tuple[float, float, float], overlap: tuple[float, float,
     disagree = r_hi <= 0 or o_hi <= chance
     outcome = REPRODUCED if agree else NOT_REPRODUCED if disagree else INCONCLUSIVE
     return outcome, (f"{what}: rank correlation {r:.2f} [{r_lo:.2f}, {r_hi:.2f}]; top-k overlap {o:g} [{o_lo:g}, {o_hi:g}] "
-                     f"against {chance:.1f} for random orders (97.5% point {chance_line:g})")
+                     f"against {chance:.2f} for random orders (97.5% point {chance_line:g})")

@@ -441,7 +441,7 @@ def _patching_rows(result: Result) -> list[tuple]:
         a = p.agreement
         rows.append(("heads found by patching vs zeroing", "not measured (heads found by zeroing)", "-",
                      f"query key swapped, {a['n']} heads, n={a['prompts']}: rank correlation {a['rho']:.2f} "
-                     f"[{a['lo']:.2f}, {a['hi']:.2f}], top {a['k']} overlap {a['overlap']} (random {a['chance']:.1f})"))
+                     f"[{a['lo']:.2f}, {a['hi']:.2f}], top {a['k']} overlap {a['overlap']} (random {a['chance']:.2f})"))
     if s := result.stability:
         rows.append(("stability of the ranking", "one prompt set", "one prompt set",
                      f"{len(s.conditions)} rankings (seeds x query forms x trailing space), layers {s.layers}; "
@@ -871,7 +871,7 @@ def stability_table(result: Result) -> pd.DataFrame:
         else:
             r = s.pairs.iloc[i - 1]
             row |= {"rho [95%]": f"{r.rho:.2f} [{r.lo:.2f}, {r.hi:.2f}]",
-                    "overlap [95%]": f"{r.overlap:g} [{r.overlap_lo:g}, {r.overlap_hi:g}] (random {r.chance:.1f})"}
+                    "overlap [95%]": f"{r.overlap:g} [{r.overlap_lo:g}, {r.overlap_hi:g}] (random {r.chance:.2f})"}
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -335,7 +335,7 @@ class SweepEngine:
 
     # --- activation patching: heads' outputs taken from another run of the same layout ----------
 
-    def patched(self, ablations: dict, source: "SweepEngine") -> dict:
+    def patched(self, ablations: dict, source: "SweepEngine", progress: bool = True) -> dict:
         """Activation patching: for each named ablation ({layer: [heads]}), the [n_pairs]
         log-likelihoods of our rows with those heads' site inputs taken from `source`'s unablated
         run (typically ours the corrupted prompts, `source` the clean ones), batch by batch and
@@ -348,7 +348,7 @@ class SweepEngine:
         names = sorted(ablations, key=lambda n: min(ablations[n], default=0))
         held: dict[int, list[torch.Tensor]] = {}
         out = {}
-        for i in range(0, len(names), self.copies):
+        for i in bar(range(0, len(names), self.copies), desc="patching", disable=not progress):
             chunk = names[i:i + self.copies]
             layers = sorted({l for n in chunk for l in ablations[n]})
             held = {l: held[l] if l in held else source.site_inputs(l) for l in layers}

@@ -264,3 +264,14 @@ def test_the_random_overlap_line_is_the_hypergeometric_975_point():
     overlaps = sorted(len(set(c) & {0, 1, 2}) for c in combinations(range(n), k))
     point = next(x for x in range(k + 1) if sum(o <= x for o in overlaps) >= 0.975 * len(overlaps))
     assert chapter.overlap_chance(n, k) == (pytest.approx(np.mean(overlaps)), point)
+
+
+def test_stability_conditions_factorial_and_one_factor_at_a_time():
+    full = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_design="factorial"), toy=False)
+    assert len(full) == 12 and full[0] == (0, "repeat", "released") and len(set(full)) == 12
+    one = chapter.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)  # the CPU default
+    assert one == [(0, "repeat", "released"), (1, "repeat", "released"), (2, "repeat", "released"),
+                   (0, "repeat", "trailing"), (0, "paper", "released"), (0, "paper", "trailing")]
+    assert set(one) <= set(full)
+    paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
+    assert len(paper) == 12 and paper[0] == (0, "paper", "released")  # the paper profile's query first

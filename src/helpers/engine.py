@@ -332,3 +332,26 @@ class SweepEngine:
             for name, ll in zip(chunk, self.replaced([ablations[n] for n in chunk], values)):
                 out[name] = self.score_loglikelihoods(ll)
         return out
+
+    # --- activation patching: heads' outputs taken from another run of the same layout ----------
+
+    def patched(self, ablations: dict, source: "SweepEngine", progress: bool = True) -> dict:
+        """Activation patching: for each named ablation ({layer: [heads]}), the [n_pairs]
+        log-likelihoods of our rows with those heads' site inputs taken from `source`'s unablated
+        run (typically ours the corrupted prompts, `source` the clean ones), batch by batch and
+        position by position (`replaced` with `source.site_inputs`; `same_layout` checked). The
+        ablations run `copies` side by side, lowest layer first, so that both engines' cached
+        residual streams walk up the model once; only the layers a chunk patches are held."""
+        if not self.same_layout(source):
+            raise InterventionError("patching needs the source run's rows to line up with ours token by token "
+                                    "(`same_layout`): build the corrupted prompts with the clean prompts' layout")
+        names = sorted(ablations, key=lambda n: min(ablations[n], default=0))
+        held: dict[int, list[torch.Tensor]] = {}
+        out = {}
+        for i in bar(range(0, len(names), self.copies), desc="patching", disable=not progress):
+            chunk = names[i:i + self.copies]
+            layers = sorted({l for n in chunk for l in ablations[n]})
+            held = {l: held[l] if l in held else source.site_inputs(l) for l in layers}
+            for name, ll in zip(chunk, self.replaced([ablations[n] for n in chunk], held)):
+                out[name] = ll
+        return out

@@ -263,3 +263,25 @@ def falls_beyond_controls(clean: Measured, ablated: Measured, controls: Sequence
     outcome, evidence = falls(clean, ablated, floor, margin)
     return _beyond_controls(outcome, f"lowers it: {evidence}" if outcome != NOT_TESTABLE else evidence, ablated,
                             controls, margin)
+
+
+def rankings_agree(rho: tuple[float, float, float], overlap: tuple[float, float, float], chance: float,
+                   chance_line: float, what: str = "the two rankings") -> tuple[str, str]:
+    """Do two rankings of the same heads agree? `rho` = (Spearman's rho, lo, hi) and `overlap`
+    = (top-k overlap, lo, hi) with their 95% intervals (lo = hi = the value where it has none);
+    `chance` and `chance_line`: the overlap two random orders share on average and its 97.5%
+    point. Agree (reproduced) when rho's whole interval is above 0 AND the overlap's whole
+    interval is above the random orders' 97.5% point; disagree (not reproduced) when rho's whole
+    interval is at or below 0 OR the overlap's whole interval is at or below the random mean
+    (the top sets share no more than random ones would, even at the interval's top); else
+    inconclusive. Not testable where rho is unknown (fewer than 5 heads in common, or a constant
+    side: every head ties)."""
+    r, r_lo, r_hi = rho
+    o, o_lo, o_hi = overlap
+    if r != r or r_lo != r_lo:
+        return NOT_TESTABLE, f"{what}: no rank correlation (fewer than 5 common heads, or every head ties)"
+    agree = r_lo > 0 and o_lo > chance_line
+    disagree = r_hi <= 0 or o_hi <= chance
+    outcome = REPRODUCED if agree else NOT_REPRODUCED if disagree else INCONCLUSIVE
+    return outcome, (f"{what}: rank correlation {r:.2f} [{r_lo:.2f}, {r_hi:.2f}]; top-k overlap {o:g} [{o_lo:g}, {o_hi:g}] "
+                     f"against {chance:.2f} for random orders (97.5% point {chance_line:g})")

@@ -4,8 +4,11 @@ ways on hand-built results."""
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+import helpers
 from helpers import verdicts as v
+from helpers.engine import SweepEngine
 from helpers.errors import ConfigError, InterventionError
 from helpers.experiments import robustness as chapter
 from helpers.heads import Head
@@ -26,6 +29,14 @@ def test_run_at_smoke_size_removes_every_set_every_way():
     assert [x.outcome for x in chapter.verdicts(result)][-1] == v.NOT_TESTABLE  # the 30-head claim is Llamba-8B's
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
     assert len(chapter.kinds_table(result)) == 4 and len(chapter.redundancy_table(result)) == 4
+    # patching: every head the ranking measured exactly, each prompt's corruption asks another key
+    p = result.patching
+    assert len(p.heads) == 8 and len(p.clean) == 6 and set(p.patched) == set(p.heads["head"])
+    assert p.corrupted.mean() < p.clean.mean()  # the swapped key moves the answer: there is something to recover
+    # stability: two seeds of the toy's one prompt form, the screen's layers swept on each
+    s = result.stability
+    assert list(s.conditions.seed) == [0, 1] and len(s.pairs) == 1 and s.layers == [0, 1]
+    assert len(chapter.patching_table(result)) == 8 and len(chapter.stability_table(result)) == 2
 
 
 def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():
@@ -113,3 +124,154 @@ def test_the_30_head_claim_both_ways_on_llamba_and_not_testable_elsewhere():
     assert "3 points" in kept.evidence  # 5% of 60%: the margin follows the clean accuracy
     assert chapter.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE  # no k = 30 in the run
     assert chapter.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE  # the toy is not Llamba-8B
+
+
+# --- activation patching ------------------------------------------------------------------------------
+
+class CharTokenizer:
+    def encode(self, s):
+        return [ord(c) for c in s]
+
+
+def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
+    ctx = "Memorize the following dictionary:\nab:1\nxyz:2\ncd:3\n"
+    item = Item(((ctx + "ab:", "1"), (ctx + "ab:", "2"), (ctx + "ab:", "3")), 0)
+    swapped = chapter.key_swapped(CharTokenizer(), item)
+    assert swapped.pairs[0][0] == ctx + "cd:" and swapped.gold == 0 and [c for _, c in swapped.pairs] == ["1", "2", "3"]
+    q = ctx + "The value of the key 'cd' is"
+    paper_query = Item(((q, "1"), (q, "2"), (q, "3")), 2)
+    assert chapter.key_swapped(CharTokenizer(), paper_query).pairs[1][0] == ctx + "The value of the key 'ab' is"
+    assert chapter.key_swapped(CharTokenizer(), Item(((ctx + "xyz:", "1"), (ctx + "xyz:", "2")), 1)) is None  # none of 3 letters
+    toy = Item((("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v4"), ("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v5")), 0)
+    assert chapter.key_swapped(CharTokenizer(), toy).pairs[0][0] == "<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k3 k4 :"
+    with pytest.raises(InterventionError, match="not a KV prompt"):
+        chapter.key_swapped(CharTokenizer(), Item((("no query here", " 1"),), 0))
+
+
+@pytest.fixture(scope="module")
+def swapped_runs(smol):
+    items = helpers.kv_items(4, 6, seed=3, query="repeat")
+    pairs = [(it, c) for it in items if (c := chapter.key_swapped(smol.tokenizer, it)) is not None]
+    assert len(pairs) >= 3
+    clean, corrupted = (SweepEngine(smol, smol.tokenizer, [p[i] for p in pairs]) for i in (0, 1))
+    return clean, corrupted
+
+
+def test_patching_every_head_restores_the_clean_answer_and_patching_none_restores_nothing(smol, swapped_runs):
+    # Known answers: the candidates' tokens are the same in both runs and only attention moves
+    # information between positions, so with every head of every layer patched from the clean
+    # run the scored positions compute exactly what the clean run computes (recovery 1); with
+    # none patched the corrupted run is unchanged (recovery 0).
+    clean, corrupted = swapped_runs
+    every = {l: list(range(smol.adapter.n_heads(l))) for l in smol.adapter.head_layers()}
+    out = corrupted.patched({"none": {}, "every head": every}, clean)
+    c, x = clean.loglikelihoods([{}])[0], corrupted.loglikelihoods([{}])[0]
+    gold = lambda engine, ll: engine.margins(torch.as_tensor(ll)).double().numpy()
+    assert np.abs(gold(clean, c) - gold(corrupted, x)).max() > 0.5  # the swap moves the answer
+    # (to float32's rounding: the two ablations run side by side, a batch twice as large)
+    np.testing.assert_allclose(out["every head"], c, atol=1e-4)
+    np.testing.assert_allclose(out["none"], x, atol=1e-4)
+    rec = chapter.recoveries(gold(clean, c), gold(corrupted, x), np.stack([gold(corrupted, out[k]) for k in out]))
+    assert rec == pytest.approx([0, 1], abs=1e-4)
+
+
+def test_patching_a_layers_heads_feeds_it_the_clean_runs_head_outputs(smol, swapped_runs):
+    clean, corrupted = swapped_runs
+    layer = smol.adapter.head_layers()[-1]
+    seen = []
+    hook = smol.adapter.head_site(layer).register_forward_hook(lambda m, args, out: seen.append(args[0].clone()))
+    try:
+        corrupted.patched({"all": {layer: list(range(smol.adapter.n_heads(layer)))}}, clean)
+    finally:
+        hook.remove()
+    # the first calls are the clean run's own (its site inputs taken), the last the patched run's
+    patched_run = seen[-len(corrupted.batches):]
+    assert len(seen) == 2 * len(clean.batches)
+    assert all(torch.equal(a, b) for a, b in zip(patched_run, clean.site_inputs(layer)))
+    unpatched = corrupted.site_inputs(layer)
+    assert not all(torch.equal(a, b) for a, b in zip(patched_run, unpatched))
+    with pytest.raises(InterventionError, match="line up"):
+        corrupted.patched({"one": {layer: [0]}}, SweepEngine(smol, smol.tokenizer, clean.items[:1]))
+
+
+def test_recovery_rank_correlation_and_overlap_follow_the_heads_that_recover():
+    # five heads measured by zeroing, most harmful first; patching recovers them in that order or reversed
+    table = pd.DataFrame(dict(layer=[1] * 5, head=range(5), acc=[0.1, 0.3, 0.5, 0.7, 0.9], estimate=0.0))
+    rng = np.random.default_rng(0)
+    clean, corrupted = rng.normal(2, 0.1, 50), rng.normal(0, 0.1, 50)
+    same = {str(Head(1, h)): corrupted + (1 - 0.2 * h) * (clean - corrupted) for h in range(5)}
+    heads, a = chapter.patch_agreement(table, same, clean, corrupted, k=2)
+    assert np.allclose(heads.recovery, [1, 0.8, 0.6, 0.4, 0.2]) and a["rho"] == pytest.approx(1) and a["overlap"] == 2
+    assert a["lo"] > 0 and a["overlap_lo"] == 2
+    reversed_ = {str(Head(1, h)): same[str(Head(1, 4 - h))] for h in range(5)}
+    _, b = chapter.patch_agreement(table, reversed_, clean, corrupted, k=2)
+    assert b["rho"] == pytest.approx(-1) and b["overlap"] == 0 and b["hi"] < 0
+    assert (a["chance"], a["chance_line"]) == (pytest.approx(0.8), 2.0)  # 2 of 5 twice: 4/5 on average
+
+
+def test_rankings_agree_both_ways_and_inconclusive_between():
+    agree = v.rankings_agree((0.8, 0.5, 0.9), (4, 3, 5), 1.0, 2.0)
+    assert agree[0] == v.REPRODUCED and "0.80 [0.50, 0.90]" in agree[1]
+    assert v.rankings_agree((-0.2, -0.5, 0.0), (3, 3, 4), 1.0, 2.0)[0] == v.NOT_REPRODUCED  # rho at or below 0
+    assert v.rankings_agree((0.8, 0.5, 0.9), (1, 0, 1), 1.0, 2.0)[0] == v.NOT_REPRODUCED  # top sets share no more than random
+    assert v.rankings_agree((0.3, -0.1, 0.6), (3, 2, 4), 1.0, 2.0)[0] == v.INCONCLUSIVE
+    assert v.rankings_agree((0.8, 0.5, 0.9), (2, 2, 2), 1.0, 2.0)[0] == v.INCONCLUSIVE  # at the random 97.5% point
+    assert v.rankings_agree((float("nan"),) * 3, (2, 2, 2), 1.0, 2.0)[0] == v.NOT_TESTABLE
+
+
+def patching_made_up(rho=(0.8, 0.5, 0.9), overlap=(4, 3, 5), gap=2.0, readable=(True, "")):
+    rng = np.random.default_rng(0)
+    clean = rng.normal(gap, 0.1, 40)
+    a = dict(rho=rho[0], lo=rho[1], hi=rho[2], overlap=overlap[0], overlap_lo=overlap[1], overlap_hi=overlap[2],
+             chance=1.0, chance_line=2.0, k=5, n=27, prompts=40)
+    return chapter.Patching(pd.DataFrame(), clean, np.zeros(40), {}, a, at(0.7), readable, at(0.7), at(0.1))
+
+
+def test_the_patching_verdict_both_ways_and_not_testable_without_a_gap_or_a_readable_ranking():
+    assert chapter.patching_verdict(patching_made_up()).outcome == v.REPRODUCED
+    assert chapter.patching_verdict(patching_made_up(rho=(0.0, -0.3, 0.0), overlap=(1, 0, 2))).outcome == v.NOT_REPRODUCED
+    assert chapter.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE  # nothing to recover
+    unread = chapter.patching_verdict(patching_made_up(readable=(False, "at chance")))
+    assert unread.outcome == v.NOT_TESTABLE and "at chance" in unread.evidence
+
+
+def stability_made_up(rhos, readable=None):
+    readable = readable or [True] * (len(rhos) + 1)
+    conditions = pd.DataFrame([dict(seed=i, query="repeat", form="released", n=100, clean=at(0.7), readable=ok,
+                                    why="" if ok else "at chance", top="L1H0, L2H3") for i, ok in enumerate(readable)])
+    pairs = pd.DataFrame([dict(seed=i + 1, query="repeat", form="released", readable=readable[0] and readable[i + 1],
+                               rho=r[0], lo=r[1], hi=r[2], overlap=4, overlap_lo=r[3], overlap_hi=5, chance=1.0,
+                               chance_line=2.0, k=5, n=27) for i, r in enumerate(rhos)])
+    return chapter.Stability(conditions, pairs, ["L1H0", "L2H3"], 5, [1, 2])
+
+
+def test_the_stability_verdict_needs_every_condition_to_agree():
+    good = (0.8, 0.5, 0.9, 3)
+    assert chapter.stability_verdict(stability_made_up([good, good])).outcome == v.REPRODUCED
+    assert "L1H0, L2H3" in chapter.stability_verdict(stability_made_up([good, good])).evidence
+    assert chapter.stability_verdict(stability_made_up([good, (-0.3, -0.6, -0.1, 3)])).outcome == v.NOT_REPRODUCED
+    assert chapter.stability_verdict(stability_made_up([good, (0.3, -0.1, 0.6, 3)])).outcome == v.INCONCLUSIVE
+    # a condition at chance is left out; the reference at chance makes the claim untestable
+    assert chapter.stability_verdict(stability_made_up([good, good], [True, True, False])).outcome == v.REPRODUCED
+    assert chapter.stability_verdict(stability_made_up([good, good], [False, True, True])).outcome == v.NOT_TESTABLE
+
+
+def test_the_random_overlap_line_is_the_hypergeometric_975_point():
+    from itertools import combinations
+
+    n, k = 7, 3
+    # every top-k set of one order against a fixed top-k of the other: the exact overlap distribution
+    overlaps = sorted(len(set(c) & {0, 1, 2}) for c in combinations(range(n), k))
+    point = next(x for x in range(k + 1) if sum(o <= x for o in overlaps) >= 0.975 * len(overlaps))
+    assert chapter.overlap_chance(n, k) == (pytest.approx(np.mean(overlaps)), point)
+
+
+def test_stability_conditions_factorial_and_one_factor_at_a_time():
+    full = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_design="factorial"), toy=False)
+    assert len(full) == 12 and full[0] == (0, "repeat", "released") and len(set(full)) == 12
+    one = chapter.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)  # the CPU default
+    assert one == [(0, "repeat", "released"), (1, "repeat", "released"), (2, "repeat", "released"),
+                   (0, "repeat", "trailing"), (0, "paper", "released"), (0, "paper", "trailing")]
+    assert set(one) <= set(full)
+    paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
+    assert len(paper) == 12 and paper[0] == (0, "paper", "released")  # the paper profile's query first

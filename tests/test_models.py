@@ -272,6 +272,9 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     from_copy = models._packaged(s, None, None)
     assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
     assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]}"
+    config = models.packaged_config(s.name)  # the shape checks' config: from the copy now
+    plain = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "quantization_config")}
+    assert config._name_or_path == str(folder) and plain(config) == plain(from_gguf.model.config)
     a = dict(from_gguf.model.named_parameters(remove_duplicate=False))
     b = dict(from_copy.model.named_parameters(remove_duplicate=False))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -209,6 +209,16 @@ def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cache
     return Loaded(s.name, model, tokenizer, adapter_for(model), f"gguf {s.gguf.sha256[:12]}")
 
 
+def packaged_config(name: str, dtype: torch.dtype = torch.float32):
+    """A CPU-tier model's config: from its dequantized copy where there is one (a small JSON
+    file), else from the GGUF's header (Qwen's takes some 9 s to parse)."""
+    from transformers import AutoConfig
+
+    gguf = gguf_file(name)
+    copy = dequantized_copy(name, dtype)
+    return AutoConfig.from_pretrained(copy) if copy is not None else AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 DEQUANTIZED_WEIGHTS = "model.safetensors"
 MANIFEST = "dequantized.json"  # what the copy was made from, and the SHA-256 of each of its files
 

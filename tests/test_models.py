@@ -269,7 +269,11 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     from_gguf = models._packaged(s, None, None)  # dequantizes the GGUF, then keeps the copy
     folder = models.dequantized_folder(s.name, torch.float32)
     assert (folder / models.DEQUANTIZED_WEIGHTS).exists() and not list(tmp_path.glob("*.partial"))
+    hashed = []
+    real = models.file_sha256
+    monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
     from_copy = models._packaged(s, None, None)
+    assert not [p for p in hashed if p.parent == folder]  # hashed when written, not again on the first read
     assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
     assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]}"
     config = models.packaged_config(s.name)  # the shape checks' config: from the copy now

@@ -253,9 +253,7 @@ def dequantized_copy(name: str, dtype: torch.dtype) -> Path | None:
     if manifest.get("key") != dequantization_key(name, dtype) or DEQUANTIZED_WEIGHTS not in files:
         shutil.rmtree(folder, ignore_errors=True)
         return None
-    stamp = folder / "verified"
-    seen = "".join(f"{f}\n{(folder / f).stat().st_size}\n{(folder / f).stat().st_mtime_ns}\n"
-                   for f in sorted(files) if (folder / f).exists())
+    stamp, seen = folder / VERIFIED, _file_stamps(folder, files)
     if stamp.exists() and stamp.read_text() == seen:
         return folder
     if all((folder / f).exists() and file_sha256(folder / f) == sha for f, sha in files.items()):
@@ -263,6 +261,14 @@ def dequantized_copy(name: str, dtype: torch.dtype) -> Path | None:
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     return None
+
+
+VERIFIED = "verified"  # the size and modification time of each file when its hash last matched
+
+
+def _file_stamps(folder: Path, files) -> str:
+    return "".join(f"{f}\n{(folder / f).stat().st_size}\n{(folder / f).stat().st_mtime_ns}\n"
+                   for f in sorted(files) if (folder / f).exists())
 
 
 def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | None:
@@ -292,6 +298,7 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
         tokenizer.save_pretrained(partial)
         files = {p.name: file_sha256(p) for p in sorted(partial.iterdir())}
         (partial / MANIFEST).write_text(json.dumps({"key": dequantization_key(name, dtype), "files": files}, indent=2))
+        (partial / VERIFIED).write_text(_file_stamps(partial, files))  # just hashed: the first read need not hash again
         try:
             partial.rename(target)
         except OSError:  # another process put a copy there first: keep it

@@ -39,15 +39,20 @@ def gradient_batch_tokens(model) -> int:
 
 
 def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alpha: float = 0.5,
-                progress: bool = True) -> dict[Head, float]:
+                progress: bool = True, checkpoint: bool | None = None) -> dict[Head, float]:
     """For every head of the layers the model runs: the estimated change of the mean gold margin
     when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
     each log-likelihood in the margin, then a forward and backward pass from the cached residual
-    stream entering the layer, batch by batch (memory: one batch's graph)."""
+    stream entering the layer, batch by batch (memory: one batch's graph; with `checkpoint`, by
+    default on CPU, one layer's activations of it, the same numbers)."""
     adapter = engine.adapter
     model_layers = engine.layer_list(model_layers)
     layers = [l for l in adapter.head_layers() if l in model_layers]
     groups = [layers] if alpha == 1 else [[l] for l in layers]
+    # On CPU each layer's activations are recomputed in the backward pass rather than kept
+    # (`run_layers`' checkpoint): a batch is at least one row, and a row of MMLU questions behind
+    # their shared prefix (up to 2,048 tokens) far exceeds GRAPH_BYTES through every layer.
+    checkpoint = engine.device.type == "cpu" if checkpoint is None else checkpoint
     out = {}
     for group in bar(groups, desc="attribution", disable=not progress or len(groups) == 1):
         scales = {l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group}
@@ -61,7 +66,8 @@ def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alph
         seen: dict[int, list] = {}
         with engine.scaling(scales, seen), torch.enable_grad():
             for i, (b, h) in enumerate(zip(engine.batches, engine.residual(start))):
-                lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:]), i)[0]
+                seen.clear()  # a recomputed layer records its site again, after this batch's pop
+                lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:], checkpoint), i)[0]
                 sites = [seen.pop(l)[0] for l in group]
                 grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
                 for l, (x, _), g in zip(group, sites, grads):

@@ -316,3 +316,17 @@ def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_
     assert models.dequantization_key(name, torch.bfloat16) != key and models.dequantized_folder(name, torch.bfloat16) != folder
     (folder / models.MANIFEST).write_text(json.dumps({**manifest, "key": {**key, "transformers": "0.0.1"}}))
     assert models.dequantized_copy(name, torch.float32) is None and not folder.exists()
+
+
+def test_a_copy_the_disk_refuses_is_not_kept_and_the_load_goes_on(monkeypatch, tmp_path):
+    import safetensors
+    import safetensors.torch
+
+    monkeypatch.setenv("GA_CACHE", str(tmp_path))
+
+    def full_disk(*args, **kwargs):
+        raise safetensors.SafetensorError("No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    assert models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(2, 2), None) is None
+    assert not any(tmp_path.iterdir())  # no partial folder left behind

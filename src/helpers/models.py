@@ -278,6 +278,7 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
     gigabytes). Nothing is kept when the disk refuses; the model loaded from the GGUF is used."""
     import tempfile
 
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     target = dequantized_folder(name, dtype)
@@ -307,7 +308,7 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
         return target
-    except OSError:
+    except (OSError, SafetensorError):  # a full disk, say: this run goes on with the GGUF's model
         return None
     finally:
         shutil.rmtree(partial, ignore_errors=True)

@@ -107,6 +107,29 @@ def test_attribution_is_the_derivative_of_the_margin(smol, kv, alpha):
         assert attribution[layer, head] == pytest.approx(finite, rel=0.05, abs=1e-4)
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_the_checkpointed_screen_gives_the_same_numbers(smol, alpha, monkeypatch):
+    """The CPU screen recomputes each layer's activations in the backward pass instead of keeping
+    them (a row of MMLU questions behind a shared prefix is up to 2,048 tokens): the estimates
+    are the same to the bit, with several questions per row and several rows and batches."""
+    from helpers import benchmarks as bm
+
+    items = bm.letter_mcq("smollm2-135m-instruct", smol.tokenizer, "cpu", 6, seed=3).items
+    engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=200)
+    assert len(engine.batches) > 1 and len(set(engine.rows.row.tolist())) < len(items)  # rows hold several questions
+    layers = list(range(3))  # a pruned model: the model_layers path too, and quick
+    kept = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=False)
+    recomputed = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=True)
+    assert kept == recomputed and any(v != 0 for v in kept.values())
+    # By default only a batch whose graph would exceed the budget is recomputed.
+    sizes = [b.width * len(b.rows) for b in engine.batches]
+    monkeypatch.setattr(screen, "GRAPH_BYTES", min(sizes) * screen.graph_bytes_per_token(smol.model))
+    decided = [screen.needs_checkpoint(engine, b) for b in engine.batches]
+    assert decided == [n > min(sizes) for n in sizes] and True in decided and False in decided
+    assert screen.attribution(engine, layers, alpha=alpha, progress=False) == kept
+    assert not any(smol.adapter.head_site(l)._forward_pre_hooks for l in range(30))
+
+
 def test_pruned_and_removed_layers_equal_the_interventions(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv)
     minimal = list(range(22))

@@ -259,3 +259,74 @@ def test_the_book_cli_sets_the_hub_mode_before_any_chapter_runs(monkeypatch, tmp
     monkeypatch.setattr(book, "build", lambda *a, **k: seen.update(offline=os.environ["HF_HUB_OFFLINE"]))
     book.main(argv)
     assert seen == {"offline": offline}
+
+
+def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on_read(monkeypatch, tmp_path):
+    from helpers import registry
+
+    monkeypatch.setenv("GA_CACHE", str(tmp_path))
+    s = registry.spec("smollm2-135m-instruct")
+    from_gguf = models._packaged(s, None, None)  # dequantizes the GGUF, then keeps the copy
+    folder = models.dequantized_folder(s.name, torch.float32)
+    assert (folder / models.DEQUANTIZED_WEIGHTS).exists() and not list(tmp_path.glob("*.partial"))
+    hashed = []
+    real = models.file_sha256
+    monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
+    from_copy = models._packaged(s, None, None)
+    assert not [p for p in hashed if p.parent == folder]  # hashed when written, not again on the first read
+    assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
+    assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]}"
+    config = models.packaged_config(s.name)  # the shape checks' config: from the copy now
+    plain = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "quantization_config")}
+    assert config._name_or_path == str(folder) and plain(config) == plain(from_gguf.model.config)
+    a = dict(from_gguf.model.named_parameters(remove_duplicate=False))
+    b = dict(from_copy.model.named_parameters(remove_duplicate=False))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert from_copy.model.lm_head.weight is from_copy.model.model.embed_tokens.weight  # tied, as in the GGUF load
+    text = ["The capital of France is", "Question: 2+2=?\nA. 3\nB. 4\nAnswer:", "<|im_start|>user\nhi<|im_end|>"]
+    ids = [from_gguf.tokenizer(t).input_ids for t in text]
+    assert ids == [from_copy.tokenizer(t).input_ids for t in text]
+    with torch.inference_mode():
+        x = torch.tensor([ids[1]])
+        assert torch.equal(from_gguf.model(x).logits, from_copy.model(x).logits)
+
+    # Checked on read: one changed byte (same size, later mtime) and the copy is deleted, not used.
+    weights = folder / models.DEQUANTIZED_WEIGHTS
+    with open(weights, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    assert models.dequantized_copy(s.name, torch.float32) is None and not folder.exists()
+
+
+def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.setenv("GA_CACHE", str(tmp_path))
+    name = "smollm2-135m-instruct"
+    folder = models.dequantized_folder(name, torch.float32)
+    folder.mkdir()
+    (folder / models.DEQUANTIZED_WEIGHTS).write_bytes(b"weights")
+    key = models.dequantization_key(name, torch.float32)
+    manifest = {"key": key, "files": {models.DEQUANTIZED_WEIGHTS: models.file_sha256(folder / models.DEQUANTIZED_WEIGHTS)}}
+    (folder / models.MANIFEST).write_text(json.dumps(manifest))
+    assert models.dequantized_copy(name, torch.float32) == folder
+    assert models.dequantization_key(name, torch.bfloat16) != key and models.dequantized_folder(name, torch.bfloat16) != folder
+    (folder / models.MANIFEST).write_text(json.dumps({**manifest, "key": {**key, "transformers": "0.0.1"}}))
+    assert models.dequantized_copy(name, torch.float32) is None and not folder.exists()
+
+
+def test_a_copy_the_disk_refuses_is_not_kept_and_the_load_goes_on(monkeypatch, tmp_path):
+    import safetensors
+    import safetensors.torch
+
+    monkeypatch.setenv("GA_CACHE", str(tmp_path))
+
+    def full_disk(*args, **kwargs):
+        raise safetensors.SafetensorError("No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    assert models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(2, 2), None) is None
+    assert not any(tmp_path.iterdir())  # no partial folder left behind

@@ -8,6 +8,7 @@ paper model on CPU instead: the rehearsal of the paper profile against `helpers.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -186,14 +187,131 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
     return loaded
 
 
-def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loaded:
+def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cached: bool = True) -> Loaded:
+    """A CPU-tier model from its GGUF file. Dequantizing it takes most of a minute for Qwen, so the
+    float32 result is kept in the cache folder (`dequantized_copy`) and later loads read that copy
+    through transformers' safetensors path (the same tensors, bit for bit: tested)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = gguf_file(s.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype or torch.float32)
+    dtype = dtype or torch.float32
+    copy = dequantized_copy(s.name, dtype) if cached else None
+    if copy is not None:
+        tokenizer = AutoTokenizer.from_pretrained(copy)
+        model = AutoModelForCausalLM.from_pretrained(copy, dtype=dtype)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+        if cached:
+            keep_dequantized(s.name, dtype, model, tokenizer)
     model = model.to(device or "cpu")
+    # Provenance names the GGUF either way: the copy is that file's tensors, not another source.
     return Loaded(s.name, model, tokenizer, adapter_for(model), f"gguf {s.gguf.sha256[:12]}")
+
+
+def packaged_config(name: str, dtype: torch.dtype = torch.float32):
+    """A CPU-tier model's config: from its dequantized copy where there is one (a small JSON
+    file), else from the GGUF's header (Qwen's takes some 9 s to parse)."""
+    from transformers import AutoConfig
+
+    gguf = gguf_file(name)
+    copy = dequantized_copy(name, dtype)
+    return AutoConfig.from_pretrained(copy) if copy is not None else AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+DEQUANTIZED_WEIGHTS = "model.safetensors"
+MANIFEST = "dequantized.json"  # what the copy was made from, and the SHA-256 of each of its files
+
+
+def dequantization_key(name: str, dtype: torch.dtype) -> dict:
+    """Everything that decides a GGUF's dequantized tensors: the file (its SHA-256), the dtype
+    asked for, and the versions of the code that unpacks the blocks (gguf, transformers, torch).
+    A copy made under any other key is not used."""
+    from importlib.metadata import version
+
+    return {"model": name, "gguf_sha256": spec(name).gguf.sha256, "dtype": str(dtype).removeprefix("torch."),
+            **{package: version(package) for package in ("gguf", "transformers", "torch", "safetensors")}}
+
+
+def dequantized_folder(name: str, dtype: torch.dtype) -> Path:
+    key = dequantization_key(name, dtype)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return paths.cache_dir() / f"{name}.{key['gguf_sha256'][:12]}.{digest[:12]}.dequantized"
+
+
+def dequantized_copy(name: str, dtype: torch.dtype) -> Path | None:
+    """The folder of the model's dequantized copy (safetensors, config, tokenizer), if one was made
+    under the current key and every file still matches the SHA-256 its manifest recorded (hashed
+    again only when a file's size or modification time changed, as for the GGUF). A copy that
+    fails the check is deleted, and the caller loads the GGUF again (which writes a new copy)."""
+    folder = dequantized_folder(name, dtype)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = manifest.get("files", {})
+    if manifest.get("key") != dequantization_key(name, dtype) or DEQUANTIZED_WEIGHTS not in files:
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    stamp, seen = folder / VERIFIED, _file_stamps(folder, files)
+    if stamp.exists() and stamp.read_text() == seen:
+        return folder
+    if all((folder / f).exists() and file_sha256(folder / f) == sha for f, sha in files.items()):
+        stamp.write_text(seen)
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
+
+
+VERIFIED = "verified"  # the size and modification time of each file when its hash last matched
+
+
+def _file_stamps(folder: Path, files) -> str:
+    return "".join(f"{f}\n{(folder / f).stat().st_size}\n{(folder / f).stat().st_mtime_ns}\n"
+                   for f in sorted(files) if (folder / f).exists())
+
+
+def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | None:
+    """Write the model's weights (tied ones once), config and tokenizer as an ordinary
+    transformers folder, under a temporary name renamed into place when whole: a reader finds a
+    complete copy or none. Copies of the same model made under another key are removed (each is
+    gigabytes). Nothing is kept when the disk refuses; the model loaded from the GGUF is used."""
+    import tempfile
+
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    target = dequantized_folder(name, dtype)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".partial", dir=target.parent))
+    try:
+        tensors, seen = {}, set()
+        for key, tensor in model.state_dict().items():
+            if tensor.data_ptr() not in seen:  # a tied weight (lm_head = embeddings): the model ties it on load
+                seen.add(tensor.data_ptr())
+                tensors[key] = tensor.contiguous()
+        save_file(tensors, partial / DEQUANTIZED_WEIGHTS, metadata={"format": "pt"})
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the copy is plain float weights, not a GGUF
+        config.save_pretrained(partial)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        files = {p.name: file_sha256(p) for p in sorted(partial.iterdir())}
+        (partial / MANIFEST).write_text(json.dumps({"key": dequantization_key(name, dtype), "files": files}, indent=2))
+        (partial / VERIFIED).write_text(_file_stamps(partial, files))  # just hashed: the first read need not hash again
+        try:
+            partial.rename(target)
+        except OSError:  # another process put a copy there first: keep it
+            return None
+        for old in target.parent.glob(f"{name}.*.dequantized"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        return target
+    except (OSError, SafetensorError):  # a full disk, say: this run goes on with the GGUF's model
+        return None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loaded:

@@ -33,17 +33,31 @@ def gradient_batch_tokens(model) -> int:
     device = next(model.parameters()).device
     if device.type == "cuda":
         return default_batch_tokens(device)
+    return int(max(64, min(default_batch_tokens(device), GRAPH_BYTES // graph_bytes_per_token(model))))
+
+
+def graph_bytes_per_token(model) -> int:
+    """What a gradient pass through every layer keeps per token (see `gradient_batch_tokens`)."""
     c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    per_token = 36 * 4 * c.num_hidden_layers * c.hidden_size
-    return int(max(64, min(default_batch_tokens(device), GRAPH_BYTES // per_token)))
+    return 36 * 4 * c.num_hidden_layers * c.hidden_size
+
+
+def needs_checkpoint(engine: SweepEngine, batch) -> bool:
+    """Whether a CPU gradient pass recomputes this batch's activations layer by layer rather than
+    keeping them: where its graph would exceed GRAPH_BYTES. A batch is at least one row, and a row
+    of MMLU questions behind their shared prefix (up to 2,048 tokens) can be ten times the budget
+    (Qwen-1.5B, 1,699 tokens: 7.4 GB kept, measured); smaller batches keep their graph (the
+    recomputation costs about one more forward pass)."""
+    return engine.device.type == "cpu" and batch.width * len(batch.rows) * graph_bytes_per_token(engine.model) > GRAPH_BYTES
 
 
 def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alpha: float = 0.5,
-                progress: bool = True) -> dict[Head, float]:
+                progress: bool = True, checkpoint: bool | None = None) -> dict[Head, float]:
     """For every head of the layers the model runs: the estimated change of the mean gold margin
     when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
     each log-likelihood in the margin, then a forward and backward pass from the cached residual
-    stream entering the layer, batch by batch (memory: one batch's graph)."""
+    stream entering the layer, batch by batch (memory: one batch's graph; with `checkpoint`, by
+    default where `needs_checkpoint`, one layer's activations of it, the same numbers)."""
     adapter = engine.adapter
     model_layers = engine.layer_list(model_layers)
     layers = [l for l in adapter.head_layers() if l in model_layers]
@@ -61,7 +75,9 @@ def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alph
         seen: dict[int, list] = {}
         with engine.scaling(scales, seen), torch.enable_grad():
             for i, (b, h) in enumerate(zip(engine.batches, engine.residual(start))):
-                lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:]), i)[0]
+                seen.clear()  # a recomputed layer records its site again, after this batch's pop
+                recompute = needs_checkpoint(engine, b) if checkpoint is None else checkpoint
+                lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:], recompute), i)[0]
                 sites = [seen.pop(l)[0] for l in group]
                 grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
                 for l, (x, _), g in zip(group, sites, grads):

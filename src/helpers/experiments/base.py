@@ -334,12 +334,9 @@ def _shape(name: str, config_file: str | None):
 
 
 def _packaged_config(name: str):
-    from transformers import AutoConfig
-
     from .. import models
 
-    gguf = models.gguf_file(name)
-    return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return models.packaged_config(name)
 
 
 def check_layers_of(model: str, name: str, layers: Iterable[int] | None, below: int | None = None) -> None:

@@ -122,6 +122,24 @@ def test_sweep_engine_runs_on_llamba_and_equals_the_plain_scorer():
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
 
 
+def test_the_screen_runs_on_llamba():
+    """The attribution screen sizes its CPU graph from the adapter (Llamba's config names its
+    layers n_layer and its width d_model: the rehearsal's screen once stopped on that), and
+    recomputing layer by layer gives the same estimates."""
+    from helpers import screen
+    from helpers.engine import SweepEngine
+    from test_engine import CharTokenizer
+
+    torch.manual_seed(0)
+    model = LlambaForCausalLM(tiny_config()).eval()
+    assert screen.graph_bytes_per_token(model) == 36 * 4 * 2 * 32
+    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2")), 0)]
+    engine = SweepEngine(model, CharTokenizer(), items)
+    kept, recomputed = (screen.attribution(engine, alpha=1.0, progress=False, checkpoint=c) for c in (False, True))
+    assert kept == recomputed and len(kept) == sum(engine.adapter.n_heads(l) for l in range(2))
+    assert screen.attribution(engine, alpha=1.0, progress=False) == kept  # the default decides by size
+
+
 def test_tied_checkpoint_loads_without_a_head_and_ties_it(tmp_path):
     """Llamba-3B stores its embedding once (tie_embeddings): no lm_head.weight in the file."""
     import json

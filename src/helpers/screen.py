@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from .adapters import unwrap
 from .progress import bar
 from .engine import SweepEngine
 from .heads import Head, layers_to_sweep, ranking_table
@@ -37,9 +38,11 @@ def gradient_batch_tokens(model) -> int:
 
 
 def graph_bytes_per_token(model) -> int:
-    """What a gradient pass through every layer keeps per token (see `gradient_batch_tokens`)."""
-    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return 36 * 4 * c.num_hidden_layers * c.hidden_size
+    """What a gradient pass through every layer keeps per token (see `gradient_batch_tokens`),
+    from the adapter's layers and width (every family's, our Llamba's included, whose config
+    names them otherwise)."""
+    _, adapter = unwrap(model)
+    return 36 * 4 * len(adapter.layers) * adapter.width
 
 
 def needs_checkpoint(engine: SweepEngine, batch) -> bool:

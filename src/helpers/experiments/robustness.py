@@ -884,7 +884,9 @@ def stability_table(result: Result) -> pd.DataFrame:
             row |= {"rho [95%]": "reference", "overlap [95%]": "reference"}
         else:
             r = s.pairs.iloc[i - 1]
-            row |= {"rho [95%]": f"{r.rho:.2f} [{r.lo:.2f}, {r.hi:.2f}]",
+            rho = (f"{r.rho:.2f} [{r.lo:.2f}, {r.hi:.2f}]" if r.rho == r.rho else
+                   "undefined (every head ties in a ranking)")  # Spearman's rho of a constant is 0/0
+            row |= {"rho [95%]": rho,
                     "overlap [95%]": f"{r.overlap:g} [{r.overlap_lo:g}, {r.overlap_hi:g}] (random {r.chance:.2f})"}
         rows.append(row)
     return pd.DataFrame(rows)

@@ -13,12 +13,15 @@ KV, KNOW = "KV retrieval (8 keys)", "capitals"
 
 def test_run_at_smoke_size_removes_every_layer_of_the_minimal_model():
     # SmolLM2 (the letter model's smoke runs in the book's build): MMLU at chance, KV is the probe.
-    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="smollm2-135m-instruct", minimal_layers=3))
+    # n_kv as the pruning walk's smoke size, so that both score the same KV items
+    n_kv = chapter.pruning_config(chapter.Config.for_profile("cpu", smoke=True)).n_kv
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="smollm2-135m-instruct", minimal_layers=3,
+                                                    n_kv=n_kv))
     assert result.minimal_layers == 3 and result.source == "given" and result.probe == KV
     assert all(sorted(by_layer) == [0, 1, 2] for by_layer in result.removed.values())
     # the probe and knowledge are swept; MMLU, at chance, is not
     assert set(result.removed) == set(result.minimal) == set(result.full) == set(result.roles) == {KV, "facts (cloze)"}
-    assert len(result.removed[KV][1].correct) == 4
+    assert len(result.removed[KV][1].correct) == n_kv
     # the minimal model's score is on the removal's own items: with a layer "removed" past its top
     # nothing changes, so removing L2 of layers 0-2 equals the 2-layer cut of the pruning chapter
     from helpers.experiments import layer_pruning

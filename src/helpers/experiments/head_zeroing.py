@@ -146,21 +146,25 @@ def run(cfg: Config) -> Result:
     ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
 
     sets = {b.name: b for b in [check, *knowledge]}
-
-    def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, sets[cell["benchmark"]].items)
-        return {name: s.to_json() for name, s in engine.score_each(ablations, layers).items()}
-
     store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
-    cells = [dict(model=cfg.model, task=cfg.task, benchmark=name, n=len(b), seed=cfg.seed, layers=kept,
-                  kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query,
+    cells = [dict(model=cfg.model, benchmark=name, items=b.spec, layers=kept,
                   ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()})
              for name, b in sets.items()]
-    rows = {r["benchmark"]: r for r in sweep(store, cells, compute, desc="heads zeroed on fresh prompts")}
+    rows = {r["benchmark"]: r for r in sweep(store, cells, measure_conditions, desc="heads zeroed on fresh prompts")}
     scored = {name: {c: Score.from_json(rows[name][c]) for c in ablations} for name in sets}
     return Result(cfg, kept, n_layers, found.screen_clean, ranking, roles, scored[check.name], controls, check.chance,
                   base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
                   {b.name: b.chance for b in knowledge}, found.depths, check.name)
+
+
+def measure_conditions(cell: dict) -> dict:
+    """One benchmark (the cell's items) in the model's first `layers` layers under each of the
+    cell's `ablations` ({condition: {layer: [heads]}}, layers as text), {condition: score} (a
+    measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    engine = SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
+    ablations = {name: {int(l): hs for l, hs in a.items()} for name, a in cell["ablations"].items()}
+    return {name: s.to_json() for name, s in engine.score_each(ablations, list(range(cell["layers"]))).items()}
 
 
 # --- verdicts ----------------------------------------------------------------------------------

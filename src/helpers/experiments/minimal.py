@@ -82,17 +82,20 @@ def prune(cfg: PruningConfig) -> Pruned:
             bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     depths = list(range(1, loaded.adapter.n_layers + 1))
     store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
-    by_name = {b.name: b for b in sets}
-
-    def compute(cell):
-        scores = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items).score_by_depth(depths)
-        return {str(d): s.to_json() for d, s in scores.items()}
-
-    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query) for b in sets]
-    rows = sweep(store, cells, compute, desc="benchmarks x depths")
+    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec) for b in sets]
+    rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
     scores = {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
     return Pruned(cfg, len(depths), scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
                   base.record(cfg, [loaded], timer))
+
+
+def measure_depths(cell: dict) -> dict:
+    """One benchmark (`benchmarks.from_spec` of the cell's items) scored at every depth of the
+    model, {depth: score}: one walk up the residual stream (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    items = bm.from_spec(cell["items"], loaded.tokenizer).items
+    depths = range(1, loaded.adapter.n_layers + 1)
+    return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, items).score_by_depth(depths).items()}
 
 
 def minimal_depth(by_depth: dict[int, Score], margin: float = 0.05) -> int:

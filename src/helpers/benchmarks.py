@@ -29,6 +29,7 @@ from .segments import Segments, kv_segments, mcq_segments
 from .tasks import Item
 
 RETRIEVAL, KNOWLEDGE = "retrieval", "knowledge"
+KV, MCQ = "kv", "mcq"  # kinds of benchmark (`Benchmark.kind`) besides KNOWLEDGE's tasks
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,15 @@ class Benchmark:
     items: list[Item] = field(repr=False)
     segments: Callable[[Item], Segments] | None = field(default=None, repr=False, compare=False)
     spec: dict | None = field(default=None, repr=False, compare=False)  # what makes it again: `from_spec`
+
+    @property
+    def kind(self) -> str | None:
+        """What it is, from its spec: KV (dictionaries), MCQ (answer letters: MMLU, or a toy's
+        letter MCQ) or KNOWLEDGE (a part of one: the whole's kind); None without a spec."""
+        spec = self.spec
+        while spec is not None and spec["kind"] == "part":
+            spec = spec["of"]
+        return None if spec is None else spec["kind"]
 
     @property
     def chance(self) -> float:
@@ -62,7 +72,7 @@ def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "p
     question's form, `form` how the value follows it, `tasks.KV_FORMS`), or the zoo's token task
     for a toy model (two-token keys; no query forms)."""
     name = f"KV retrieval ({pairs} keys)"
-    spec = dict(kind="kv", model=model, pairs=pairs, n=n, seed=seed, query=query, form=form)
+    spec = dict(kind=KV, model=model, pairs=pairs, n=n, seed=seed, query=query, form=form)
     if _toy(model):
         return Benchmark(name, RETRIEVAL, synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))), synthetic.segments,
                          spec)
@@ -74,7 +84,7 @@ def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0
                options: int = 4) -> Benchmark:
     """Answer-letter selection: MMLU in lm-eval's prompt (`k_shot` solved examples; the CPU
     profile's fixture set or `cais/mmlu`), or the zoo's letter MCQ with `options` options."""
-    spec = dict(kind="mcq", model=model, profile=profile, n=n, seed=seed, k_shot=k_shot, options=options)
+    spec = dict(kind=MCQ, model=model, profile=profile, n=n, seed=seed, k_shot=k_shot, options=options)
     if _toy(model):
         return Benchmark(f"letter MCQ ({options} options)", RETRIEVAL,
                          synthetic.items(synthetic.mcq(n or 500, options, _rng(seed, 100 + options))), synthetic.segments,
@@ -88,7 +98,7 @@ def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0
 def knowledge(model: str, profile: str, n: int | None, seed: int = 0) -> list[Benchmark]:
     """Knowledge tasks: the six of the released code (paper profiles), the CPU profile's cloze
     fixtures, or the zoo's fact table for a toy model."""
-    spec = lambda task: dict(kind="knowledge", model=model, profile=profile, n=n, seed=seed, task=task)
+    spec = lambda task: dict(kind=KNOWLEDGE, model=model, profile=profile, n=n, seed=seed, task=task)
     if _toy(model):
         return [Benchmark("knowledge", KNOWLEDGE, synthetic.items(synthetic.knowledge(n or 500, _rng(seed, 1000))),
                           spec=spec("knowledge"))]
@@ -137,9 +147,9 @@ def _knowledge_task(s: dict, tokenizer) -> Benchmark:
 
 
 _MAKERS = {
-    "kv": lambda s, tok: kv(s["model"], tok, s["pairs"], s["n"], s["seed"], s["query"], s["form"]),
-    "mcq": lambda s, tok: letter_mcq(s["model"], tok, s["profile"], s["n"], s["seed"], s["k_shot"], s["options"]),
-    "knowledge": _knowledge_task,
+    KV: lambda s, tok: kv(s["model"], tok, s["pairs"], s["n"], s["seed"], s["query"], s["form"]),
+    MCQ: lambda s, tok: letter_mcq(s["model"], tok, s["profile"], s["n"], s["seed"], s["k_shot"], s["options"]),
+    KNOWLEDGE: _knowledge_task,
     "part": lambda s, tok: part(from_spec(s["of"], tok), s["start"], s["stop"], s["shuffle"]),
 }
 

@@ -19,7 +19,7 @@ plays a role, the closest: `roles.with_closest`, as masking does). Where a role 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -120,10 +120,11 @@ class Result:
     measures: dict[str, pd.DataFrame]  # benchmark -> one row per role and prompt
     examples: dict[str, tuple[Segments, dict[str, np.ndarray]]]  # benchmark -> its first prompt: segments, role maps
     provenance: dict
+    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
 
     @property
     def kv(self) -> str:
-        return next(b for b in self.measures if b.startswith("KV"))
+        return next(b for b in self.measures if self.kinds.get(b) == bm.KV)
 
     @property
     def mcq(self) -> str:
@@ -145,7 +146,7 @@ def run(cfg: Config) -> Result:
     examples = {b.name: (b.segments(b.items[0]), role_maps(loaded, b.items[0].pairs[0][0], roles.heads)) for b in sets}
     return Result(cfg, roles, {b: Score.from_json(r["accuracy"]) for b, r in rows.items()},
                   {b.name: b.chance for b in sets}, {b: pd.DataFrame(r["rows"]) for b, r in rows.items()},
-                  examples, base.record(cfg, [loaded], timer))
+                  examples, base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
 
 
 def measure_maps(cell: dict) -> dict:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from .. import heads as hd
+from .. import registry
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation
@@ -172,7 +173,7 @@ def measure_conditions(cell: dict) -> dict:
 def _task(result: Result) -> str:
     if result.cfg.task == "kv":
         return "KV retrieval"
-    return "MMLU" if result.task_name.startswith("MMLU") or not result.task_name else result.task_name
+    return result.task_name if registry.spec(result.cfg.model).toy and result.task_name else "MMLU"  # a toy's letter MCQ
 
 
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
@@ -253,10 +254,15 @@ def _describe(result: Result, name: str, short: bool = False) -> str:
     if name in (zeroed("G"), zeroed("A")):
         role = name[0]
         return f"{role} {result.roles.label(role)}" if short else f"{ROLE_NAMES[role]} {result.roles.label(role)} zeroed"
-    if name.startswith("random"):
-        i = int(name.split("#")[1]) - 1
+    if name in (drawn := control_names(result)):
+        i = drawn.index(name)
         return f"random #{i + 1}" if short else f"{name}: {', '.join(map(str, result.controls[i]))}"
     return name.replace(" kept in its layers", " kept").replace(" kept in their layers", " kept") if short else name
+
+
+def control_names(result: Result) -> list[str]:
+    """The conditions that are random controls, in the order of `result.controls`."""
+    return [control(i) for i in range(len(result.controls))]
 
 
 def conditions_table(result: Result, short: bool = False, knowledge: bool = False) -> pd.DataFrame:
@@ -392,7 +398,7 @@ def conditions_figure(result: Result):
     fig, axes = plt.subplots(1, len(panels), figsize=(plots.WIDTH, 1.6 + 0.32 * n), sharey=True, squeeze=False)
     for ax, (table, title, chance) in zip(axes[0], panels):
         y = np.arange(len(table))[::-1]
-        colours = ["0.45" if z.startswith("random") else "tab:blue" for z in table.zeroed]
+        colours = ["0.45" if k in control_names(result) else "tab:blue" for k in result.scores]  # the table's rows
         ax.barh(y, 100 * table.acc, xerr=[100 * (table.acc - table.lo), 100 * (table.hi - table.acc)], color=colours,
                 capsize=2, height=0.6)
         ax.set_yticks(y, table.zeroed)

@@ -128,12 +128,17 @@ def hybrid_of(spec: dict) -> Hybrid:
     return swapped(*base.models_for(spec["student"], spec["teacher"]), spec["layer"])
 
 
+# What a condition is, beside its name: the verdicts and tables read this, never the name.
+BASELINE, ABLATION, CONTROL_DRAW, SINGLE_HEAD = "as is", "ablation", "control", "single head"
+
+
 @dataclass(frozen=True)
 class Condition:
     name: str
     attention: dict[int, list[int]] = field(default_factory=dict)  # attention heads zeroed
     mamba: dict[int, list[int]] = field(default_factory=dict)  # Mamba heads zeroed
     final_row: bool = False  # the released code's mask
+    kind: str = BASELINE  # BASELINE, ABLATION, CONTROL_DRAW or SINGLE_HEAD
 
     def cell(self) -> dict:
         """What the condition does, as JSON values for a results store cell (`of_cell` reads it back)."""
@@ -142,6 +147,7 @@ class Condition:
 
     @classmethod
     def of_cell(cls, cell: dict) -> "Condition":
+        """The condition a cell does (its kind is not needed to run it)."""
         ints = lambda d: {int(l): list(hs) for l, hs in d.items()}
         return cls(cell["condition"], ints(cell["attention"]), ints(cell["mamba"]), cell["final_row"])
 
@@ -152,7 +158,8 @@ CONTROL = "random Mamba heads zeroed"
 def conditions(h: Hybrid, cfg: Config) -> list[Condition]:
     """As is, the two ablations, `n_controls` draws of as many random Mamba heads as the hybrid
     has attention heads, and each attention head alone (`single_heads`)."""
-    out = [Condition(AS_IS), Condition(MASKED, final_row=True), Condition(ZEROED, attention=h.attention_heads)]
+    out = [Condition(AS_IS), Condition(MASKED, final_row=True, kind=ABLATION),
+           Condition(ZEROED, attention=h.attention_heads, kind=ABLATION)]
     count = sum(map(len, h.attention_heads.values()))
     pool = [(l, k) for l in h.mamba_layers for k in range(h.mamba.n_heads(l))]
     for i in range(cfg.n_controls):
@@ -160,9 +167,10 @@ def conditions(h: Hybrid, cfg: Config) -> list[Condition]:
         chosen: dict[int, list[int]] = {}
         for j in sorted(picks):
             chosen.setdefault(pool[j][0], []).append(pool[j][1])
-        out.append(Condition(f"{CONTROL} #{i + 1}", mamba=chosen))
+        out.append(Condition(f"{CONTROL} #{i + 1}", mamba=chosen, kind=CONTROL_DRAW))
     if cfg.single_heads:
-        out += [Condition(f"L{l}H{k} zeroed", attention={l: [k]}) for l, hs in h.attention_heads.items() for k in hs]
+        out += [Condition(f"L{l}H{k} zeroed", attention={l: [k]}, kind=SINGLE_HEAD)
+                for l, hs in h.attention_heads.items() for k in hs]
     return out
 
 
@@ -196,6 +204,7 @@ class Result(base.ByRole):
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
+    kinds: dict[str, dict[str, str]] = field(default_factory=dict)  # hybrid -> condition -> its `Condition.kind`
 
     def knowledge(self, hybrid: str, condition: str) -> TaskMean:
         """Knowledge under one condition as the release scores it: the unweighted mean over the
@@ -207,8 +216,12 @@ class Result(base.ByRole):
     def knowledge_chance(self) -> float:
         return float(np.mean([self.chance[t] for t in self.knowledge_tasks]))
 
+    def of_kind(self, hybrid: str, kind: str) -> list[str]:
+        """The hybrid's conditions of one kind (`Condition.kind`), in order."""
+        return [c for c in self.conditions[hybrid] if self.kinds.get(hybrid, {}).get(c) == kind]
+
     def controls(self, hybrid: str) -> list[str]:
-        return [c for c in self.conditions[hybrid] if c.startswith(CONTROL)]
+        return self.of_kind(hybrid, CONTROL_DRAW)
 
 
 def run(cfg: Config) -> Result:
@@ -243,7 +256,7 @@ def run(cfg: Config) -> Result:
         ssm = {r["benchmark"]: Score.from_json(r) for r in rows}
     return Result(cfg, {h: [c.name for c in cs] for h, cs in plans.items()}, scores, ssm, found,
                   {b.name: b.role for b in benchmarks}, {b.name: b.chance for b in benchmarks},
-                  base.record(cfg, loaded, timer))
+                  base.record(cfg, loaded, timer), {h: {c.name: c.kind for c in cs} for h, cs in plans.items()})
 
 
 def measure_condition(cell: dict) -> dict:
@@ -369,7 +382,7 @@ def single_heads(result: Result) -> pd.DataFrame:
     """Each attention head zeroed alone, against the hybrid as is (a note where none was run)."""
     rows = []
     for h, by in result.scores.items():
-        heads = [c for c in result.conditions[h] if c.startswith("L") and c.endswith(" zeroed")]
+        heads = result.of_kind(h, SINGLE_HEAD)
         if not heads:
             rows.append({"hybrid": h, "attention heads zeroed": "none run (single_heads=False)"})
             continue

@@ -18,7 +18,7 @@ takes retrieval to chance, while the knowledge tasks change little whichever lay
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -73,6 +73,7 @@ class Result(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
+    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
 
     def knowledge(self, layer: int | None = None) -> TaskMean:
         """Knowledge as the release scores it, the unweighted mean over the knowledge tasks, with
@@ -119,7 +120,7 @@ def run(cfg: Config) -> Result:
     at = lambda key: {r["benchmark"]: Score.from_json(r[key]) for r in rows}
     return Result(cfg, d, "given" if cfg.minimal_layers else "published" if given else "found", probe,
                   at("full"), at("minimal"), removed, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer))
+                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
 
 
 def measure_removals(cell: dict) -> dict:
@@ -191,7 +192,7 @@ def the_papers_layers(result: Result) -> tuple[str, str]:
 
 def verdicts(result: Result) -> list[v.Verdict]:
     name = result.probe
-    label = "MMLU" if name.startswith("MMLU") else f"{name} (in place of MMLU)"
+    label = "MMLU" if result.kinds.get(name) == bm.MCQ else f"{name} (in place of MMLU)"
     claims = {f"Removing one layer takes {label} most of the way to chance": collapse,
               "Only a few layers do": only_a_few, "Knowledge stays when those layers go": knowledge_stays}
     critical = _published_critical(result.cfg.model)

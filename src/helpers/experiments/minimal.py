@@ -12,7 +12,7 @@ minimal models (`published_minimal`) are what head zeroing and masking work in w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
@@ -57,14 +57,15 @@ class Pruned(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
+    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
 
     @property
     def mmlu(self) -> str:
-        return next(b for b in self.scores if b.startswith("MMLU"))
+        return next(b for b, k in self.kinds.items() if k == bm.MCQ)
 
     @property
     def kv(self) -> str:
-        return next(b for b in self.scores if b.startswith("KV"))
+        return next(b for b, k in self.kinds.items() if k == bm.KV)
 
     def knowledge(self, depth: int) -> TaskMean:
         """Knowledge at one depth as the release scores it: the unweighted mean over the
@@ -86,7 +87,7 @@ def prune(cfg: PruningConfig) -> Pruned:
     rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
     scores = {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
     return Pruned(cfg, len(depths), scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer))
+                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
 
 
 def measure_depths(cell: dict) -> dict:

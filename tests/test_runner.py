@@ -15,8 +15,8 @@ import pytest
 from helpers import benchmarks as bm
 from helpers import runner
 from helpers.errors import ConfigError
-from helpers.experiments import (attention_maps, base, distilled, head_screen, head_zeroing, hybrid_models, hybrid_swap,
-                                 kv_retrieval, layer_removal, masking, minimal, shared)
+from helpers.experiments import (attention_maps, base, beyond_mmlu, distilled, head_screen, head_zeroing, hybrid_models,
+                                 hybrid_swap, kv_retrieval, layer_removal, masking, minimal, robustness, shared)
 from helpers.sweep import Store, sweep
 
 TOY = "toy-transformer"
@@ -188,7 +188,9 @@ def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
 MEASUREMENTS = [minimal.measure_depths, layer_removal.measure_removals, head_screen.measure_screen,
                 head_zeroing.measure_conditions, attention_maps.measure_maps, distilled.measure_teacher_layer,
                 hybrid_swap.measure_swap, hybrid_models.measure_condition, hybrid_models.measure_as_is,
-                masking.measure_conditions, kv_retrieval.measure_size, shared.measure_screen, shared.measure_layer]
+                masking.measure_conditions, kv_retrieval.measure_size, shared.measure_screen, shared.measure_layer,
+                beyond_mmlu.measure_ranking, robustness.measure_kinds, robustness.measure_cut,
+                robustness.measure_patching, robustness.measure_stability]
 
 
 @pytest.mark.parametrize("measure", MEASUREMENTS, ids=lambda m: f"{m.__module__.rpartition('.')[2]}.{m.__name__}")

@@ -247,7 +247,6 @@ def run(cfg: Config) -> Result:
     attention = base.load(cfg.model)
     ranking = shared.kv_ranking(attention, cfg.profile, cfg.smoke)
     order = ranked(ranking.table)
-    s = ranking.settings
     kv = measured_set(attention, cfg, "kv")
     store = base.open_store(cfg.chapter, cfg.profile, "kinds", [attention])
     sets, controls = with_controls(order, sorted({1, cfg.top}), cfg)

@@ -12,9 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from helpers import benchmarks as bm
 from helpers import runner
 from helpers.errors import ConfigError
-from helpers.experiments import base, kv_retrieval, shared
+from helpers.experiments import (attention_maps, base, beyond_mmlu, distilled, head_screen, head_zeroing, hybrid_models,
+                                 hybrid_swap, kv_retrieval, layer_removal, masking, minimal, robustness, shared)
 from helpers.sweep import Store, sweep
 
 TOY = "toy-transformer"
@@ -120,6 +122,16 @@ def failing_size(cell):
     return kv_retrieval.measure_size(cell)
 
 
+def test_a_chapters_measurement_of_benchmark_specs_gives_the_table_of_one_process_on_two_workers(cluster, tmp_path):
+    """A measurement whose cell names its items by a benchmark's spec (`benchmarks.from_spec`):
+    the workers make the same items again (the pruning walk on the toy's letter MCQ and KV task)."""
+    cells = [dict(model=TOY, benchmark=b.name, items=b.spec)
+             for b in (bm.letter_mcq(TOY, None, "cpu", 12, seed=3), bm.kv(TOY, None, 8, 12, seed=3))]
+    alone = sweep(Store(tmp_path / "one.jsonl"), cells, minimal.measure_depths)
+    assert sweep(Store(tmp_path / "two.jsonl"), cells, minimal.measure_depths, workers=2) == alone
+    assert len({r["1"]["correct"] for r in alone}) == 2  # two benchmarks' own items, not one twice
+
+
 def test_a_measurement_that_raises_on_a_worker_raises_its_own_error_after_the_cells_in_flight(cluster, tmp_path):
     path = tmp_path / "s.jsonl"
     with pytest.raises(ValueError, match="no room for 32 keys"):
@@ -172,6 +184,45 @@ def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
     assert runner.measurement_name("helpers.experiments.shared:measure_layer") == "helpers.experiments.shared:measure_layer"
 
 
+# The chapters' measurements: module-level functions of a cell, each can be sent to a worker.
+MEASUREMENTS = [minimal.measure_depths, layer_removal.measure_removals, head_screen.measure_screen,
+                head_zeroing.measure_conditions, attention_maps.measure_maps, distilled.measure_teacher_layer,
+                hybrid_swap.measure_swap, hybrid_models.measure_condition, hybrid_models.measure_as_is,
+                masking.measure_conditions, kv_retrieval.measure_size, shared.measure_screen, shared.measure_layer,
+                beyond_mmlu.measure_ranking, robustness.measure_kinds, robustness.measure_cut,
+                robustness.measure_patching, robustness.measure_stability]
+
+
+@pytest.mark.parametrize("measure", MEASUREMENTS, ids=lambda m: f"{m.__module__.rpartition('.')[2]}.{m.__name__}")
+def test_every_chapters_measurement_can_be_sent_to_a_worker(measure):
+    assert runner.measurement_name(measure) == f"{measure.__module__}:{measure.__name__}"
+    assert runner.measurement(runner.measurement_name(measure)) is measure
+
+
+def test_a_benchmark_made_again_from_its_spec_holds_the_same_items_in_order():
+    """`benchmarks.from_spec` of a benchmark's spec, read back from JSON as a store holds it,
+    gives its items again: for each kind, on a toy and on the CPU profile's letter set, and for
+    a part of a seeded split of a part."""
+    smol = "smollm2-135m-instruct"  # its items need no model: only a segments function reads the tokenizer
+    made = [bm.kv(TOY, None, 4, 6, seed=2), bm.kv(smol, None, 4, 6, seed=2, query="repeat"),
+            bm.letter_mcq(TOY, None, "cpu", 6, seed=1), bm.letter_mcq(smol, None, "cpu", 6, seed=1, k_shot=1),
+            *bm.knowledge(TOY, "cpu", 5), *bm.knowledge(smol, "cpu", 5, seed=4)]
+    every = bm.letter_mcq(smol, None, "cpu", 40, seed=1)
+    check = bm.part(every, 10, 30, shuffle="split-1")
+    made += [check, bm.part(check, 0, 5), bm.part(bm.kv(smol, None, 4, 9), 3)]
+    for b in made:
+        again = bm.from_spec(json.loads(json.dumps(b.spec)), None)
+        assert (again.name, again.role, again.items) == (b.name, b.role, b.items) and again.spec == b.spec
+    # the seeded split: disjoint consecutive ranges, each in the whole's order; not the whole's first items
+    screen = bm.part(every, 0, 10, shuffle="split-1")
+    assert not set(screen.items) & set(check.items) and len(set(screen.items + check.items)) == 30
+    assert check.items == [it for it in every.items if it in check.items] and check.items != every.items[10:30]
+    assert bm.part(check, 0, 5).items == check.items[:5]
+    assert bm.from_spec(bm.kv(TOY, None, 4, 6, seed=3).spec, None).items != made[0].items  # the seed is in the spec
+    with pytest.raises(ConfigError, match="kind is one of kv, mcq, knowledge, part"):
+        bm.from_spec({"kind": "mmlu"}, None)
+
+
 def test_workers_without_ray_installed_name_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
@@ -209,6 +260,10 @@ def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads
     first, kept = weakref.ref(kept), None
     base.model_for("llama-3.1-8b-instruct")  # another model: the worker lets go of the first
     assert first() is None and len(loads) == 3
+    # A measurement of two models (a swap) keeps both: its next cell loads nothing, the one before's goes.
+    student, teacher = base.models_for("llamba-3b", "llama-3.2-3b-instruct")
+    assert base.models_for("llamba-3b", "llama-3.2-3b-instruct") == [student, teacher] and len(loads) == 5
+    assert set(base._kept) == {"llamba-3b", "llama-3.2-3b-instruct"}
 
 
 def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(monkeypatch, tmp_path):

@@ -5,21 +5,31 @@ and how to find the segments of one of its prompts (for attention measures and p
 The one place that knows the toy zoo speaks its own token language is here: `kv`, `letter_mcq`
 and `knowledge` give the zoo's synthetic tasks for a toy model and the paper's prompts for any
 other, so chapters never branch on the kind of model or data.
+
+Every benchmark made here carries its `spec`: the JSON values it was made from (its kind, the
+model it was made for, sizes, seed, prompt form; a part of another benchmark names the whole and
+the part). `from_spec(spec, tokenizer)` makes the same benchmark again, the same items in the
+same order, so that a measurement sent to another process (`runner`) can be handed the spec in
+its cell instead of the items.
 """
 
 from __future__ import annotations
 
+import json
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from . import registry, synthetic, tasks
+from .errors import ConfigError
 from .progress import quiet
 from .segments import Segments, kv_segments, mcq_segments
 from .tasks import Item
 
 RETRIEVAL, KNOWLEDGE = "retrieval", "knowledge"
+KV, MCQ = "kv", "mcq"  # kinds of benchmark (`Benchmark.kind`) besides KNOWLEDGE's tasks
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,16 @@ class Benchmark:
     role: str  # RETRIEVAL (the answer is in the prompt) or KNOWLEDGE (in the weights)
     items: list[Item] = field(repr=False)
     segments: Callable[[Item], Segments] | None = field(default=None, repr=False, compare=False)
+    spec: dict | None = field(default=None, repr=False, compare=False)  # what makes it again: `from_spec`
+
+    @property
+    def kind(self) -> str | None:
+        """What it is, from its spec: KV (dictionaries), MCQ (answer letters: MMLU, or a toy's
+        letter MCQ) or KNOWLEDGE (a part of one: the whole's kind); None without a spec."""
+        spec = self.spec
+        while spec is not None and spec["kind"] == "part":
+            spec = spec["of"]
+        return None if spec is None else spec["kind"]
 
     @property
     def chance(self) -> float:
@@ -52,32 +72,86 @@ def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "p
     question's form, `form` how the value follows it, `tasks.KV_FORMS`), or the zoo's token task
     for a toy model (two-token keys; no query forms)."""
     name = f"KV retrieval ({pairs} keys)"
+    spec = dict(kind=KV, model=model, pairs=pairs, n=n, seed=seed, query=query, form=form)
     if _toy(model):
-        return Benchmark(name, RETRIEVAL, synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))), synthetic.segments)
+        return Benchmark(name, RETRIEVAL, synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))), synthetic.segments,
+                         spec)
     return Benchmark(name, RETRIEVAL, tasks.kv_items(pairs, n, seed=seed, query=query, form=form),
-                     lambda item: kv_segments(tokenizer, item.pairs[0][0]))
+                     lambda item: kv_segments(tokenizer, item.pairs[0][0]), spec)
 
 
 def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0, k_shot: int = 0,
                options: int = 4) -> Benchmark:
     """Answer-letter selection: MMLU in lm-eval's prompt (`k_shot` solved examples; the CPU
     profile's fixture set or `cais/mmlu`), or the zoo's letter MCQ with `options` options."""
+    spec = dict(kind=MCQ, model=model, profile=profile, n=n, seed=seed, k_shot=k_shot, options=options)
     if _toy(model):
         return Benchmark(f"letter MCQ ({options} options)", RETRIEVAL,
-                         synthetic.items(synthetic.mcq(n or 500, options, _rng(seed, 100 + options))), synthetic.segments)
+                         synthetic.items(synthetic.mcq(n or 500, options, _rng(seed, 100 + options))), synthetic.segments,
+                         spec)
     with quiet():  # datasets' cache messages
         items = tasks.load_mmlu(profile, k=k_shot, n=n, seed=seed)
-    return Benchmark(f"MMLU ({k_shot}-shot)", RETRIEVAL, items, lambda item: mcq_segments(tokenizer, item.pairs[0][0], item.gold))
+    return Benchmark(f"MMLU ({k_shot}-shot)", RETRIEVAL, items, lambda item: mcq_segments(tokenizer, item.pairs[0][0], item.gold),
+                     spec)
 
 
 def knowledge(model: str, profile: str, n: int | None, seed: int = 0) -> list[Benchmark]:
     """Knowledge tasks: the six of the released code (paper profiles), the CPU profile's cloze
     fixtures, or the zoo's fact table for a toy model."""
+    spec = lambda task: dict(kind=KNOWLEDGE, model=model, profile=profile, n=n, seed=seed, task=task)
     if _toy(model):
-        return [Benchmark("knowledge", KNOWLEDGE, synthetic.items(synthetic.knowledge(n or 500, _rng(seed, 1000))))]
+        return [Benchmark("knowledge", KNOWLEDGE, synthetic.items(synthetic.knowledge(n or 500, _rng(seed, 1000))),
+                          spec=spec("knowledge"))]
     with quiet():  # datasets' cache messages
         sets = tasks.load_knowledge(profile, n=n, seed=seed)
-    return [Benchmark(name, KNOWLEDGE, items) for name, items in sets.items()]
+    return [Benchmark(name, KNOWLEDGE, items, spec=spec(name)) for name, items in sets.items()]
+
+
+def part(b: Benchmark, start: int, stop: int | None = None, shuffle: str | None = None) -> Benchmark:
+    """Items `start:stop` of `b` (same name, role and segments), in their order in `b`; with
+    `shuffle`, of its items shuffled by `random.Random(shuffle)` (a split into disjoint parts:
+    the same `shuffle`, consecutive ranges)."""
+    order = list(range(len(b)))
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(order)
+    picked = order[start:stop] if shuffle is None else sorted(order[start:stop])
+    spec = None if b.spec is None else dict(kind="part", of=b.spec, start=start, stop=stop, shuffle=shuffle)
+    return Benchmark(b.name, b.role, [b.items[i] for i in picked], b.segments, spec)
+
+
+def from_spec(spec: dict, tokenizer) -> Benchmark:
+    """The benchmark that `spec` (a Benchmark's `spec`) was made from, made again: the same
+    items in the same order. `tokenizer` is the one its segments are found with (the items do
+    not depend on it). The last few are kept: a sweep's cells on one benchmark make it once."""
+    if not isinstance(spec, dict) or spec.get("kind") not in _MAKERS:
+        raise ConfigError(f"a benchmark spec is a dict whose kind is one of {', '.join(_MAKERS)} (a Benchmark's "
+                          f"`spec`, put in a cell as it is), got {spec!r}")
+    # A kept benchmark's segments hold its tokenizer, so the id is not reused while it is kept.
+    key = (json.dumps(spec, sort_keys=True), id(tokenizer))
+    if key not in _made:
+        if len(_made) >= KEEP_MADE:
+            del _made[next(iter(_made))]
+        _made[key] = _MAKERS[spec["kind"]](spec, tokenizer)
+    return _made[key]
+
+
+KEEP_MADE = 8  # benchmarks `from_spec` keeps (the oldest goes first)
+_made: dict[tuple[str, int], Benchmark] = {}
+
+
+def _knowledge_task(s: dict, tokenizer) -> Benchmark:
+    found = [b for b in knowledge(s["model"], s["profile"], s["n"], s["seed"]) if b.name == s["task"]]
+    if not found:
+        raise ConfigError(f"no knowledge task {s['task']!r} for {s['model']} on the {s['profile']} profile")
+    return found[0]
+
+
+_MAKERS = {
+    KV: lambda s, tok: kv(s["model"], tok, s["pairs"], s["n"], s["seed"], s["query"], s["form"]),
+    MCQ: lambda s, tok: letter_mcq(s["model"], tok, s["profile"], s["n"], s["seed"], s["k_shot"], s["options"]),
+    KNOWLEDGE: _knowledge_task,
+    "part": lambda s, tok: part(from_spec(s["of"], tok), s["start"], s["stop"], s["shuffle"]),
+}
 
 
 def pooled(benchmarks: list[Benchmark], name: str = "knowledge (pooled)") -> Benchmark:

@@ -44,7 +44,7 @@ def made_up(g_own, g_local, a_ends, a_answer, acc=0.8, n=40, filled=True):
     named = roles.Roles({"G": (Head(16, 22),), "A": (Head(17, 24),)}, "paper" if filled else "behaviour",
                         closest=() if filled else ("A",))
     return chapter.Result(chapter.Config.for_profile("paper"), named, {name: Score.of(np.arange(n) < acc * n)},
-                          {name: 0.125}, {name: pd.DataFrame(rows)}, {name: (seg, {})}, {})
+                          {name: 0.125}, {name: pd.DataFrame(rows)}, {name: (seg, {})}, {}, {name: "kv"})
 
 
 def test_the_papers_patterns_are_reproduced():

@@ -52,8 +52,8 @@ def test_run_at_smoke_size_scores_both_hybrids_under_every_condition():
     assert list(result.scores) == ["toy-hybrid", f"toy-student + toy-transformer L{result.swap_layer.layer}"]
     for h, by in result.scores.items():
         assert result.conditions[h][:3] == [chapter.AS_IS, *chapter.ABLATIONS]
-        assert len(result.controls(h)) == 5 and sum(c.endswith(" zeroed") and c.startswith("L")
-                                                    for c in result.conditions[h]) == 4
+        singles = result.of_kind(h, chapter.SINGLE_HEAD)
+        assert len(result.controls(h)) == 5 and len(singles) == 4 and all(c.endswith(" zeroed") for c in singles)
         assert all(len(by[c][b].correct) == len(by[chapter.AS_IS][b].correct) for c in by for b in by[c])
     assert set(result.ssm) == set(result.roles)
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
@@ -74,8 +74,9 @@ def made_up(mmlu, knowledge, control=0.6):
                                 "piqa": at(knowledge[c])} for c in conditions}}
     roles = {"MMLU (0-shot)": "retrieval", "KV retrieval (16 keys)": "retrieval", "piqa": "knowledge"}
     chance = {"MMLU (0-shot)": 0.25, "KV retrieval (16 keys)": 1 / 16, "piqa": 0.5}
+    kinds = dict(zip(conditions, [chapter.BASELINE, chapter.ABLATION, chapter.ABLATION, chapter.CONTROL_DRAW]))
     return chapter.Result(chapter.Config.for_profile("paper"), {"zamba2-7b": conditions}, scores,
-                          {}, None, roles, chance, {})
+                          {}, None, roles, chance, {}, {"zamba2-7b": kinds})
 
 
 def test_the_papers_dissociation_is_reproduced():

@@ -31,7 +31,8 @@ def made_up(mmlu, knowledge, kv, n=200):
               "KV retrieval (8 keys)": {d + 1: at(a) for d, a in enumerate(kv)}}
     roles = {"MMLU (0-shot)": "retrieval", "capitals": "knowledge", "KV retrieval (8 keys)": "retrieval"}
     chance = {"MMLU (0-shot)": 0.25, "capitals": 0.25, "KV retrieval (8 keys)": 0.125}
-    return chapter.Result(chapter.Config.for_profile("paper"), len(mmlu), scores, roles, chance, {})
+    kinds = {"MMLU (0-shot)": "mcq", "capitals": "knowledge", "KV retrieval (8 keys)": "kv"}
+    return chapter.Result(chapter.Config.for_profile("paper"), len(mmlu), scores, roles, chance, {}, kinds)
 
 
 def test_the_papers_dissociation_is_reproduced():

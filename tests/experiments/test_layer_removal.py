@@ -47,7 +47,7 @@ def made_up(kv, knowledge, minimal=(0.8, 0.8), n=200):
     removed = {KV: {l: at(a) for l, a in enumerate(kv)}, KNOW: {l: at(a) for l, a in enumerate(knowledge)}}
     return chapter.Result(chapter.Config.for_profile("cpu"), len(kv), "found", KV, {KV: at(minimal[0]), KNOW: at(minimal[1])},
                           {KV: at(minimal[0]), KNOW: at(minimal[1])}, removed, {KV: "retrieval", KNOW: "knowledge"},
-                          {KV: 0.125, KNOW: 0.25}, {})
+                          {KV: 0.125, KNOW: 0.25}, {}, {KV: "kv", KNOW: "knowledge"})
 
 
 def test_two_critical_layers_with_knowledge_kept_reproduce_the_paper():
@@ -89,11 +89,19 @@ def test_bad_parameters_fail_before_any_model_loads():
         chapter.Config.for_profile("cpu", kv_query="ask")
 
 
+def test_the_claim_names_mmlu_by_the_probes_kind_not_by_its_label():
+    result = made_up(kv=[0.8, 0.78, 0.8, 0.8, 0.15, 0.2], knowledge=[0.8] * 6)
+    assert chapter.verdicts(result)[0].claim == f"Removing one layer takes {KV} (in place of MMLU) most of the way to chance"
+    letters = chapter.Result(**{**result.__dict__, "kinds": {KV: "mcq", KNOW: "knowledge"}})
+    assert chapter.verdicts(letters)[0].claim == "Removing one layer takes MMLU most of the way to chance"
+    assert [x.outcome for x in chapter.verdicts(letters)] == [x.outcome for x in chapter.verdicts(result)]
+
+
 def test_on_the_papers_model_the_collapsing_layers_are_compared_with_its_own():
     kv = [0.8] * 16 + [0.15, 0.2]
     result = made_up(kv=kv, knowledge=[0.8] * 18)
     result = chapter.Result(chapter.Config.for_profile("paper"), *[getattr(result, f) for f in (
-        "minimal_layers", "source", "probe", "full", "minimal", "removed", "roles", "chance", "provenance")])
+        "minimal_layers", "source", "probe", "full", "minimal", "removed", "roles", "chance", "provenance", "kinds")])
     last = chapter.verdicts(result)[-1]
     assert last.claim == "The layers are the paper's (L16, L17)" and last.outcome == v.REPRODUCED
 

@@ -19,11 +19,12 @@ plays a role, the closest: `roles.with_closest`, as masking does). Where a role 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from .. import benchmarks as bm
 from .. import heads as hd
 from .. import verdicts as v
 from ..engine import SweepEngine
@@ -78,10 +79,11 @@ class Config(base.Config):
 
 # --- maps and measures -------------------------------------------------------------------------
 
-def role_maps(loaded, context: str, roles: Roles) -> dict[str, np.ndarray]:
-    """Each role's map: |attention| of its head, the mean over its heads where it has several."""
-    maps = head_maps(loaded, context, [h for hs in roles.heads.values() for h in hs])
-    return {r: np.mean([np.abs(maps[h]) for h in hs], axis=0) for r, hs in roles.heads.items()}
+def role_maps(loaded, context: str, heads: dict[str, tuple[Head, ...]]) -> dict[str, np.ndarray]:
+    """Each role's map: |attention| of its head, the mean over its heads where it has several
+    (`heads`: role -> its heads, a `Roles`' heads)."""
+    maps = head_maps(loaded, context, [h for hs in heads.values() for h in hs])
+    return {r: np.mean([np.abs(maps[h]) for h in hs], axis=0) for r, hs in heads.items()}
 
 
 def interval(values) -> tuple[float, float, float, int]:
@@ -118,10 +120,11 @@ class Result:
     measures: dict[str, pd.DataFrame]  # benchmark -> one row per role and prompt
     examples: dict[str, tuple[Segments, dict[str, np.ndarray]]]  # benchmark -> its first prompt: segments, role maps
     provenance: dict
+    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
 
     @property
     def kv(self) -> str:
-        return next(b for b in self.measures if b.startswith("KV"))
+        return next(b for b in self.measures if self.kinds.get(b) == bm.KV)
 
     @property
     def mcq(self) -> str:
@@ -136,22 +139,26 @@ def run(cfg: Config) -> Result:
                                     measure=False))
     sets = [shared.held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
             shared.mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu)]
-    by_name = {b.name: b for b in sets}
-
-    def compute(cell):
-        b = by_name[cell["benchmark"]]
-        rows = [dict(role=r, prompt=i, **measures(a, b.segments(item)))
-                for i, item in enumerate(b.items) for r, a in role_maps(loaded, item.pairs[0][0], roles).items()]
-        return {"accuracy": SweepEngine(loaded, loaded.tokenizer, b.items).score().to_json(), "rows": rows}
-
     store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded])
-    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query,
-                  G=roles.label("G"), A=roles.label("A")) for b in sets]
-    rows = {r["benchmark"]: r for r in sweep(store, cells, compute, desc="benchmarks")}
-    examples = {b.name: (b.segments(b.items[0]), role_maps(loaded, b.items[0].pairs[0][0], roles)) for b in sets}
+    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, **{r: list(map(str, hs)) for r, hs in roles.heads.items()})
+             for b in sets]
+    rows = {r["benchmark"]: r for r in sweep(store, cells, measure_maps, desc="benchmarks")}
+    examples = {b.name: (b.segments(b.items[0]), role_maps(loaded, b.items[0].pairs[0][0], roles.heads)) for b in sets}
     return Result(cfg, roles, {b: Score.from_json(r["accuracy"]) for b, r in rows.items()},
                   {b.name: b.chance for b in sets}, {b: pd.DataFrame(r["rows"]) for b, r in rows.items()},
-                  examples, base.record(cfg, [loaded], timer))
+                  examples, base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
+
+
+def measure_maps(cell: dict) -> dict:
+    """On one benchmark (the cell's items), the model's accuracy and each role's measures on
+    every prompt, its heads given by the cell's "G" and "A" (lists of heads as text; a
+    measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    b = bm.from_spec(cell["items"], loaded.tokenizer)
+    heads = {r: tuple(map(Head.parse, cell[r])) for r in ROLE_NAMES}
+    rows = [dict(role=r, prompt=i, **measures(a, b.segments(item)))
+            for i, item in enumerate(b.items) for r, a in role_maps(loaded, item.pairs[0][0], heads).items()]
+    return {"accuracy": SweepEngine(loaded, loaded.tokenizer, b.items).score().to_json(), "rows": rows}
 
 
 # --- what it says ------------------------------------------------------------------------------

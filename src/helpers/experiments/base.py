@@ -452,10 +452,17 @@ def model_for(name: str):
     one this process already holds (the chapter's own in process, so nothing loads twice), else
     loaded here and kept, so that a Ray worker loads each model once; a worker keeps one paper
     model at a time (the next one's load lets go of it)."""
-    found = _held_models.get(name)
-    if found is None:
-        _kept.clear()
-        found = _kept[name] = load(name)
+    return models_for(name)[0]
+
+
+def models_for(*names: str) -> list:
+    """`model_for` of a measurement that runs several models together (a student and its
+    teacher): a worker keeps all of them, and lets go of any other paper model it kept."""
+    found = [_held_models.get(n) for n in names]
+    if any(f is None for f in found):
+        for other in [k for k in _kept if k not in names]:
+            del _kept[other]
+        found = [f if f is not None else _kept.setdefault(n, load(n)) for n, f in zip(names, found)]
     return found
 
 

@@ -154,18 +154,10 @@ def top_heads(cfg: Config, loaded) -> TopHeads:
         how = (f"the book's shared KV ranking ({s['pairs']} keys, {s['n']} prompts; the screen, then the layers of "
                f"its top {s['top']} heads swept exactly)")
     else:
-        def compute(cell):
-            engine = SweepEngine(loaded, loaded.tokenizer, kv.items, batch_tokens=gradient_batch_tokens(loaded.model))
-            estimate = attribution(engine, alpha=1.0)
-            confirm = sorted(estimate, key=estimate.get)[:cfg.n_heads + CONFIRM_MORE]
-            exact = engine.score_each({str(h): h.ablation for h in confirm})
-            return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],
-                    "exact": {k: s.to_json() for k, s in exact.items()}}
-
         store = base.open_store(cfg.chapter, cfg.profile, "ranking", [loaded])
         cell = dict(model=cfg.model, n=cfg.n_rank, pairs=s["pairs"], query=s["query"], form=s["form"], seed=s["seed"],
                     confirm=cfg.n_heads + CONFIRM_MORE)
-        row = sweep(store, [cell], compute, desc="KV ranking (screen)")[0]
+        row = sweep(store, [cell], measure_ranking, desc="KV ranking (screen)")[0]
         estimate = {Head(l, h): e for l, h, e in row["estimate"]}
         table = hd.ranking_table(estimate, {Head.parse(k): Score.from_json(x) for k, x in row["exact"].items()})
         clean = Score.from_json(row["clean"])
@@ -176,6 +168,20 @@ def top_heads(cfg: Config, loaded) -> TopHeads:
         raise ConfigError(f"n_heads={cfg.n_heads}, but the ranking measured only {len(heads)} heads exactly: "
                           f"set n_heads to at most {len(heads)}")
     return TopHeads(heads, table, clean, kv.chance, how)
+
+
+def measure_ranking(cell: dict) -> dict:
+    """The cheap ranking (a measurement, `runner`): the screen's estimate of every head in one
+    pass (alpha 1) on the cell's KV prompts, then its `confirm` best candidates zeroed one at a
+    time on the same prompts."""
+    loaded = base.model_for(cell["model"])
+    items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"], cell["form"]).items
+    engine = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model))
+    estimate = attribution(engine, alpha=1.0)
+    confirm = sorted(estimate, key=estimate.get)[:cell["confirm"]]
+    exact = engine.score_each({str(h): h.ablation for h in confirm})
+    return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],
+            "exact": {k: s.to_json() for k, s in exact.items()}}
 
 
 def controls(top: TopHeads, n_heads: dict[int, int], n_controls: int, seed: int) -> list[tuple[Head, ...]]:
@@ -366,7 +372,8 @@ def verdicts(result: Result) -> list[v.Verdict]:
 def describe(result: Result, condition: str) -> str:
     if condition == CLEAN:
         return "no head zeroed"
-    heads = result.top.heads if condition == TOP else result.controls[int(condition.split("#")[1]) - 1]
+    drawn = [control(i) for i in range(len(result.controls))]
+    heads = result.top.heads if condition == TOP else result.controls[drawn.index(condition)]
     return f"{condition}: {', '.join(map(str, heads))}"
 
 

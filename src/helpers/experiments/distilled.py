@@ -60,13 +60,13 @@ class TeacherLayer:
     ablated: dict[str, dict[int, Score]]  # benchmark -> layer -> attention heads of that layer zeroed
 
 
-def cell_of(b: bm.Benchmark, seed: int, kv_query: str) -> dict:
-    """What identifies a benchmark's items in a results store cell."""
-    return dict(benchmark=b.name, n=len(b), seed=seed, kv_query=kv_query)
+def cell_of(b: bm.Benchmark) -> dict:
+    """What identifies a benchmark's items in a results store cell: its name (for the rows) and
+    its spec (what makes the items again: `benchmarks.from_spec`)."""
+    return dict(benchmark=b.name, items=b.spec)
 
 
-def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profile: str, smoke: bool, seed: int,
-                       kv_query: str) -> TeacherLayer:
+def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profile: str, smoke: bool) -> TeacherLayer:
     """The teacher layer that holds its aggregation, by `rule` (see the module's docstring)."""
     if rule == "reference":
         head = paper("head_zeroing", "aggregate_head", teacher.name).heads[0]
@@ -84,16 +84,8 @@ def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profil
     # Zero every attention head of one teacher layer at a time, on each retrieval task.
     store = base.open_store("hybrid_swap", profile, "teacher-layers", [teacher])
     layers = teacher.adapter.head_layers()
-
-    def compute(cell):
-        b = by_name[cell["benchmark"]]
-        engine = SweepEngine(teacher, teacher.tokenizer, b.items)
-        heads = {} if cell["layer"] is None else {cell["layer"]: list(range(teacher.adapter.n_heads(cell["layer"])))}
-        return engine.score(heads).to_json()
-
-    by_name = {b.name: b for b in retrieval}
-    cells = [dict(teacher=teacher.name, layer=l, **cell_of(b, seed, kv_query)) for b in retrieval for l in [None, *layers]]
-    rows = sweep(store, cells, compute, desc="teacher layers zeroed")
+    cells = [dict(teacher=teacher.name, layer=l, **cell_of(b)) for b in retrieval for l in [None, *layers]]
+    rows = sweep(store, cells, measure_teacher_layer, desc="teacher layers zeroed")
     clean = {r["benchmark"]: Score.from_json(r) for r in rows if r["layer"] is None}
     ablated = {b.name: {r["layer"]: Score.from_json(r) for r in rows if r["benchmark"] == b.name and r["layer"] is not None}
                for b in retrieval}
@@ -102,3 +94,12 @@ def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profil
     layer = min(layers, key=lambda l: pooled[l].acc)
     return TeacherLayer(layer, f"the layer whose attention heads, zeroed, leave the teacher's retrieval lowest: "
                         f"{pooled[layer]} (pooled over {', '.join(b.name for b in retrieval)})", clean, ablated)
+
+
+def measure_teacher_layer(cell: dict) -> dict:
+    """The teacher on one benchmark (the cell's items) with every attention head of `layer`
+    zeroed (None: none), its score (a measurement, `runner`)."""
+    teacher = base.model_for(cell["teacher"])
+    engine = SweepEngine(teacher, teacher.tokenizer, bm.from_spec(cell["items"], teacher.tokenizer).items)
+    layer = cell["layer"]
+    return engine.score({} if layer is None else {layer: list(range(teacher.adapter.n_heads(layer)))}).to_json()

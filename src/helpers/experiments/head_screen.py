@@ -11,7 +11,6 @@ same results stores (one role assignment for both pages).
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import pandas as pd
@@ -95,14 +94,12 @@ def prompts(cfg: ScreenConfig, loaded) -> tuple[bm.Benchmark, bm.Benchmark]:
         make = lambda n, seed: bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, n, seed, cfg.kv_query)
         return make(cfg.n_screen, cfg.seed), make(cfg.n_check, cfg.seed + 1)
     every = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, None, cfg.seed)
-    order = list(range(len(every)))
-    random.Random(f"mmlu-split-{cfg.seed}").shuffle(order)
-    n_screen = cfg.n_screen or len(order) // 2
-    n_check = cfg.n_check or len(order) - n_screen
-    if n_screen + n_check > len(order):
-        raise ConfigError(f"n_screen + n_check must be at most the {len(order)} MMLU questions, got {n_screen + n_check}")
-    part = lambda idx: bm.Benchmark(every.name, every.role, [every.items[i] for i in sorted(idx)], every.segments)
-    return part(order[:n_screen]), part(order[n_screen:n_screen + n_check])
+    n_screen = cfg.n_screen or len(every) // 2
+    n_check = cfg.n_check or len(every) - n_screen
+    if n_screen + n_check > len(every):
+        raise ConfigError(f"n_screen + n_check must be at most the {len(every)} MMLU questions, got {n_screen + n_check}")
+    shuffle = f"mmlu-split-{cfg.seed}"
+    return bm.part(every, 0, n_screen, shuffle), bm.part(every, n_screen, n_screen + n_check, shuffle)
 
 
 def rank(cfg: ScreenConfig, loaded, screen: bm.Benchmark, layers: list[int], sweep_layers: list[int] | None) -> tuple[Score, pd.DataFrame]:
@@ -114,21 +111,28 @@ def rank(cfg: ScreenConfig, loaded, screen: bm.Benchmark, layers: list[int], swe
     if cfg.task == "kv" and len(layers) == loaded.adapter.n_layers and not sweep_layers and mine == settings:
         ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         return ranking.clean, ranking.table
-
-    def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, screen.items, batch_tokens=gradient_batch_tokens(loaded.model))
-        estimate = attribution(engine, layers, cfg.screen_alpha)
-        chosen = sweep_layers or hd.layers_to_sweep(estimate, cfg.top)
-        if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
-            chosen = []  # one-channel heads: the screen's estimate stands alone
-        exact = engine.head_sweep(layers=chosen, model_layers=layers) if chosen else {}
-        return {"clean": engine.score(layers=layers).to_json(), "table": hd.ranking_table(estimate, exact).to_dict("records")}
-
     store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded])
-    cell = dict(model=cfg.model, task=cfg.task, n=len(screen), layers=len(layers), sweep_layers=sweep_layers,
-                **{k: v for k, v in mine.items() if k != "n"})
-    row = sweep(store, [cell], compute, desc="screen")[0]
+    cell = dict(model=cfg.model, items=screen.spec, layers=len(layers), sweep_layers=sweep_layers, top=cfg.top,
+                alpha=cfg.screen_alpha)
+    row = sweep(store, [cell], measure_screen, desc="screen")[0]
     return Score.from_json(row["clean"]), pd.DataFrame(row["table"])
+
+
+def measure_screen(cell: dict) -> dict:
+    """The screen on its prompts (the cell's items) in the model's first `layers` layers (a
+    measurement, `runner`): the attribution estimate of every head at `alpha`, then the layers
+    `sweep_layers` (None: the `top` heads' layers) swept exactly; the accuracy with no head
+    zeroed and the ranking table's records."""
+    loaded = base.model_for(cell["model"])
+    items = bm.from_spec(cell["items"], loaded.tokenizer).items
+    layers = list(range(cell["layers"]))
+    engine = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model))
+    estimate = attribution(engine, layers, cell["alpha"])
+    chosen = cell["sweep_layers"] or hd.layers_to_sweep(estimate, cell["top"])
+    if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
+        chosen = []  # one-channel heads: the screen's estimate stands alone
+    exact = engine.head_sweep(layers=chosen, model_layers=layers) if chosen else {}
+    return {"clean": engine.score(layers=layers).to_json(), "table": hd.ranking_table(estimate, exact).to_dict("records")}
 
 
 def screen_candidates(ranking: pd.DataFrame) -> list[Head]:
@@ -179,12 +183,7 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
 def by_depth(cfg: ScreenConfig, loaded, screen: bm.Benchmark) -> dict[int, Score]:
     """The task on the screen's prompts with the model cut to each depth (one walk up the
     residual stream: `SweepEngine.score_by_depth`), to find the minimal model."""
-    depths = list(range(1, loaded.adapter.n_layers + 1))
-
-    def compute(cell):
-        return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, screen.items).score_by_depth(depths).items()}
-
     store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
-    cell = dict(model=cfg.model, task=cfg.task, n=len(screen), seed=cfg.seed, kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query)
-    row = sweep(store, [cell], compute, desc="minimal model on the screen's prompts")[0]
-    return {d: Score.from_json(row[str(d)]) for d in depths}
+    cell = dict(model=cfg.model, items=screen.spec)
+    row = sweep(store, [cell], minimal.measure_depths, desc="minimal model on the screen's prompts")[0]
+    return {d: Score.from_json(row[str(d)]) for d in range(1, loaded.adapter.n_layers + 1)}

@@ -28,6 +28,7 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from .. import heads as hd
+from .. import registry
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation
@@ -146,21 +147,25 @@ def run(cfg: Config) -> Result:
     ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
 
     sets = {b.name: b for b in [check, *knowledge]}
-
-    def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, sets[cell["benchmark"]].items)
-        return {name: s.to_json() for name, s in engine.score_each(ablations, layers).items()}
-
     store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
-    cells = [dict(model=cfg.model, task=cfg.task, benchmark=name, n=len(b), seed=cfg.seed, layers=kept,
-                  kv_pairs=cfg.kv_pairs, kv_query=cfg.kv_query,
+    cells = [dict(model=cfg.model, benchmark=name, items=b.spec, layers=kept,
                   ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()})
              for name, b in sets.items()]
-    rows = {r["benchmark"]: r for r in sweep(store, cells, compute, desc="heads zeroed on fresh prompts")}
+    rows = {r["benchmark"]: r for r in sweep(store, cells, measure_conditions, desc="heads zeroed on fresh prompts")}
     scored = {name: {c: Score.from_json(rows[name][c]) for c in ablations} for name in sets}
     return Result(cfg, kept, n_layers, found.screen_clean, ranking, roles, scored[check.name], controls, check.chance,
                   base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
                   {b.name: b.chance for b in knowledge}, found.depths, check.name)
+
+
+def measure_conditions(cell: dict) -> dict:
+    """One benchmark (the cell's items) in the model's first `layers` layers under each of the
+    cell's `ablations` ({condition: {layer: [heads]}}, layers as text), {condition: score} (a
+    measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    engine = SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
+    ablations = {name: {int(l): hs for l, hs in a.items()} for name, a in cell["ablations"].items()}
+    return {name: s.to_json() for name, s in engine.score_each(ablations, list(range(cell["layers"]))).items()}
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -168,7 +173,7 @@ def run(cfg: Config) -> Result:
 def _task(result: Result) -> str:
     if result.cfg.task == "kv":
         return "KV retrieval"
-    return "MMLU" if result.task_name.startswith("MMLU") or not result.task_name else result.task_name
+    return result.task_name if registry.spec(result.cfg.model).toy and result.task_name else "MMLU"  # a toy's letter MCQ
 
 
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
@@ -249,10 +254,15 @@ def _describe(result: Result, name: str, short: bool = False) -> str:
     if name in (zeroed("G"), zeroed("A")):
         role = name[0]
         return f"{role} {result.roles.label(role)}" if short else f"{ROLE_NAMES[role]} {result.roles.label(role)} zeroed"
-    if name.startswith("random"):
-        i = int(name.split("#")[1]) - 1
+    if name in (drawn := control_names(result)):
+        i = drawn.index(name)
         return f"random #{i + 1}" if short else f"{name}: {', '.join(map(str, result.controls[i]))}"
     return name.replace(" kept in its layers", " kept").replace(" kept in their layers", " kept") if short else name
+
+
+def control_names(result: Result) -> list[str]:
+    """The conditions that are random controls, in the order of `result.controls`."""
+    return [control(i) for i in range(len(result.controls))]
 
 
 def conditions_table(result: Result, short: bool = False, knowledge: bool = False) -> pd.DataFrame:
@@ -388,7 +398,7 @@ def conditions_figure(result: Result):
     fig, axes = plt.subplots(1, len(panels), figsize=(plots.WIDTH, 1.6 + 0.32 * n), sharey=True, squeeze=False)
     for ax, (table, title, chance) in zip(axes[0], panels):
         y = np.arange(len(table))[::-1]
-        colours = ["0.45" if z.startswith("random") else "tab:blue" for z in table.zeroed]
+        colours = ["0.45" if k in control_names(result) else "tab:blue" for k in result.scores]  # the table's rows
         ax.barh(y, 100 * table.acc, xerr=[100 * (table.acc - table.lo), 100 * (table.hi - table.acc)], color=colours,
                 capsize=2, height=0.6)
         ax.set_yticks(y, table.zeroed)

@@ -97,6 +97,7 @@ class Hybrid:
     mamba: object  # the adapter that sees its Mamba heads
     mamba_layers: list[int]
     running: Callable[[], ContextManager] = nullcontext  # what makes it a hybrid (a swap), if anything
+    spec: dict = field(default_factory=dict)  # what makes it again by the models' names: `hybrid_of`
 
     @property
     def attention_heads(self) -> dict[int, list[int]]:
@@ -107,7 +108,8 @@ def trained(loaded) -> Hybrid:
     """A hybrid trained as one (Zamba2): its shared attention block's call sites, and the Mamba
     heads of every layer."""
     mamba = loaded.adapter.mamba_heads()
-    return Hybrid(loaded.name, loaded, loaded.adapter, loaded.adapter.head_layers(), mamba, mamba.head_layers())
+    return Hybrid(loaded.name, loaded, loaded.adapter, loaded.adapter.head_layers(), mamba, mamba.head_layers(),
+                  spec=dict(trained=loaded.name))
 
 
 def swapped(student, teacher, layer: int) -> Hybrid:
@@ -115,7 +117,19 @@ def swapped(student, teacher, layer: int) -> Hybrid:
     hybrid): its attention heads are the teacher's, its Mamba heads the student's other layers'."""
     return Hybrid(f"{student.name} + {teacher.name} L{layer}", student, teacher.adapter, [layer], student.adapter,
                   [l for l in range(student.adapter.n_layers) if l != layer],
-                  lambda: swap_layers(student, teacher, [layer]))
+                  lambda: swap_layers(student, teacher, [layer]),
+                  dict(student=student.name, teacher=teacher.name, layer=layer))
+
+
+def hybrid_of(spec: dict) -> Hybrid:
+    """The hybrid a `Hybrid.spec` describes, its models found by name (`base.models_for`)."""
+    if "trained" in spec:
+        return trained(base.model_for(spec["trained"]))
+    return swapped(*base.models_for(spec["student"], spec["teacher"]), spec["layer"])
+
+
+# What a condition is, beside its name: the verdicts and tables read this, never the name.
+BASELINE, ABLATION, CONTROL_DRAW, SINGLE_HEAD = "as is", "ablation", "control", "single head"
 
 
 @dataclass(frozen=True)
@@ -124,12 +138,18 @@ class Condition:
     attention: dict[int, list[int]] = field(default_factory=dict)  # attention heads zeroed
     mamba: dict[int, list[int]] = field(default_factory=dict)  # Mamba heads zeroed
     final_row: bool = False  # the released code's mask
+    kind: str = BASELINE  # BASELINE, ABLATION, CONTROL_DRAW or SINGLE_HEAD
 
-    @property
-    def key(self) -> str:
-        """What the condition does, for the results store."""
-        heads = lambda d: ",".join(f"L{l}H{h}" for l, hs in sorted(d.items()) for h in hs)
-        return f"attention[{heads(self.attention)}] mamba[{heads(self.mamba)}] final_row={self.final_row}"
+    def cell(self) -> dict:
+        """What the condition does, as JSON values for a results store cell (`of_cell` reads it back)."""
+        text = lambda d: {str(l): list(hs) for l, hs in d.items()}
+        return dict(condition=self.name, attention=text(self.attention), mamba=text(self.mamba), final_row=self.final_row)
+
+    @classmethod
+    def of_cell(cls, cell: dict) -> "Condition":
+        """The condition a cell does (its kind is not needed to run it)."""
+        ints = lambda d: {int(l): list(hs) for l, hs in d.items()}
+        return cls(cell["condition"], ints(cell["attention"]), ints(cell["mamba"]), cell["final_row"])
 
 
 CONTROL = "random Mamba heads zeroed"
@@ -138,7 +158,8 @@ CONTROL = "random Mamba heads zeroed"
 def conditions(h: Hybrid, cfg: Config) -> list[Condition]:
     """As is, the two ablations, `n_controls` draws of as many random Mamba heads as the hybrid
     has attention heads, and each attention head alone (`single_heads`)."""
-    out = [Condition(AS_IS), Condition(MASKED, final_row=True), Condition(ZEROED, attention=h.attention_heads)]
+    out = [Condition(AS_IS), Condition(MASKED, final_row=True, kind=ABLATION),
+           Condition(ZEROED, attention=h.attention_heads, kind=ABLATION)]
     count = sum(map(len, h.attention_heads.values()))
     pool = [(l, k) for l in h.mamba_layers for k in range(h.mamba.n_heads(l))]
     for i in range(cfg.n_controls):
@@ -146,9 +167,10 @@ def conditions(h: Hybrid, cfg: Config) -> list[Condition]:
         chosen: dict[int, list[int]] = {}
         for j in sorted(picks):
             chosen.setdefault(pool[j][0], []).append(pool[j][1])
-        out.append(Condition(f"{CONTROL} #{i + 1}", mamba=chosen))
+        out.append(Condition(f"{CONTROL} #{i + 1}", mamba=chosen, kind=CONTROL_DRAW))
     if cfg.single_heads:
-        out += [Condition(f"L{l}H{k} zeroed", attention={l: [k]}) for l, hs in h.attention_heads.items() for k in hs]
+        out += [Condition(f"L{l}H{k} zeroed", attention={l: [k]}, kind=SINGLE_HEAD)
+                for l, hs in h.attention_heads.items() for k in hs]
     return out
 
 
@@ -182,6 +204,7 @@ class Result(base.ByRole):
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
+    kinds: dict[str, dict[str, str]] = field(default_factory=dict)  # hybrid -> condition -> its `Condition.kind`
 
     def knowledge(self, hybrid: str, condition: str) -> TaskMean:
         """Knowledge under one condition as the release scores it: the unweighted mean over the
@@ -193,8 +216,12 @@ class Result(base.ByRole):
     def knowledge_chance(self) -> float:
         return float(np.mean([self.chance[t] for t in self.knowledge_tasks]))
 
+    def of_kind(self, hybrid: str, kind: str) -> list[str]:
+        """The hybrid's conditions of one kind (`Condition.kind`), in order."""
+        return [c for c in self.conditions[hybrid] if self.kinds.get(hybrid, {}).get(c) == kind]
+
     def controls(self, hybrid: str) -> list[str]:
-        return [c for c in self.conditions[hybrid] if c.startswith(CONTROL)]
+        return self.of_kind(hybrid, CONTROL_DRAW)
 
 
 def run(cfg: Config) -> Result:
@@ -210,36 +237,39 @@ def run(cfg: Config) -> Result:
     if cfg.swapped:
         pair = cfg.swap()
         student, teacher = base.load(pair.student), base.load(pair.teacher)
-        found = distilled.find_teacher_layer(teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke,
-                                               cfg.seed, cfg.kv_query)
+        found = distilled.find_teacher_layer(teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke)
         hybrids.append(swapped(student, teacher, found.layer))
         loaded += [student, teacher]
     plans = {h.name: conditions(h, cfg) for h in hybrids}
-    by_name = {b.name: b for b in benchmarks}
-    by_hybrid = {h.name: h for h in hybrids}
     store = base.open_store(cfg.chapter, cfg.profile, "ablations", loaded)
-
-    def compute(cell):
-        c = next(c for c in plans[cell["hybrid"]] if c.name == cell["condition"])
-        return evaluate(by_hybrid[cell["hybrid"]], c, by_name[cell["benchmark"]].items).to_json()
-
-    cells = [dict(hybrid=h, condition=c.name, does=c.key, **distilled.cell_of(b, cfg.seed, cfg.kv_query))
-             for h, cs in plans.items() for c in cs for b in benchmarks]
+    cells = [dict(hybrid=h.name, build=h.spec, **c.cell(), **distilled.cell_of(b))
+             for h in hybrids for c in plans[h.name] for b in benchmarks]
     scores: dict = {}
-    for r in sweep(store, cells, compute, desc="hybrids x conditions x benchmarks"):
+    for r in sweep(store, cells, measure_condition, desc="hybrids x conditions x benchmarks"):
         scores.setdefault(r["hybrid"], {}).setdefault(r["condition"], {})[r["benchmark"]] = Score.from_json(r)
     ssm = {}
     if cfg.ssm != "none":
         pure = base.load(cfg.ssm)
         loaded.append(pure)
         rows = sweep(base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure]),
-                     [dict(model=cfg.ssm, **distilled.cell_of(b, cfg.seed, cfg.kv_query)) for b in benchmarks],
-                     lambda cell: score(pure.model, pure.tokenizer, by_name[cell["benchmark"]].items).to_json(),
-                     desc="pure SSM")
+                     [dict(model=cfg.ssm, **distilled.cell_of(b)) for b in benchmarks], measure_as_is, desc="pure SSM")
         ssm = {r["benchmark"]: Score.from_json(r) for r in rows}
     return Result(cfg, {h: [c.name for c in cs] for h, cs in plans.items()}, scores, ssm, found,
                   {b.name: b.role for b in benchmarks}, {b.name: b.chance for b in benchmarks},
-                  base.record(cfg, loaded, timer))
+                  base.record(cfg, loaded, timer), {h: {c.name: c.kind for c in cs} for h, cs in plans.items()})
+
+
+def measure_condition(cell: dict) -> dict:
+    """The hybrid the cell builds (`hybrid_of` its "build") under the cell's condition
+    (`Condition.of_cell`), on its items: lm-eval's accuracy (a measurement, `runner`)."""
+    h = hybrid_of(cell["build"])
+    return evaluate(h, Condition.of_cell(cell), bm.from_spec(cell["items"], h.host.tokenizer).items).to_json()
+
+
+def measure_as_is(cell: dict) -> dict:
+    """A model as it is on the cell's items (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    return score(loaded.model, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items).to_json()
 
 
 # --- verdicts ---------------------------------------------------------------------------------------
@@ -352,7 +382,7 @@ def single_heads(result: Result) -> pd.DataFrame:
     """Each attention head zeroed alone, against the hybrid as is (a note where none was run)."""
     rows = []
     for h, by in result.scores.items():
-        heads = [c for c in result.conditions[h] if c.startswith("L") and c.endswith(" zeroed")]
+        heads = result.of_kind(h, SINGLE_HEAD)
         if not heads:
             rows.append({"hybrid": h, "attention heads zeroed": "none run (single_heads=False)"})
             continue

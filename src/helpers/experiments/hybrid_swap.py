@@ -117,33 +117,35 @@ def run(cfg: Config) -> Result:
     retrieval = [bm.letter_mcq(cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
                  bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     knowledge = bm.knowledge(cfg.student, cfg.profile, cfg.n_knowledge, cfg.seed)
-    found = distilled.find_teacher_layer(teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke, cfg.seed,
-                               cfg.kv_query)
+    found = distilled.find_teacher_layer(teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke)
     layers = sorted(set(cfg.layers or range(student.adapter.n_layers)) | {found.layer})
     # Retrieval under every swap; knowledge (the control) for the aggregating layer's swap.
     plan = [(b, c, None) for b in retrieval + knowledge for c in (STUDENT, TEACHER)]
     plan += [(b, swapped(l), l) for b in retrieval for l in layers]
     plan += [(b, swapped(found.layer), found.layer) for b in knowledge]
-    by_name = {b.name: b for b in retrieval + knowledge}
     store = base.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher])
-
-    def compute(cell):
-        items = by_name[cell["benchmark"]].items
-        if cell["condition"] == TEACHER:
-            return score(teacher.model, teacher.tokenizer, items).to_json()
-        if cell["condition"] == STUDENT:
-            return score(student.model, student.tokenizer, items).to_json()
-        with swap_layers(student, teacher, [cell["layer"]]):
-            return score(student.model, student.tokenizer, items).to_json()
-
-    cells = [dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b, cfg.seed, cfg.kv_query))
+    cells = [dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b))
              for b, c, l in plan]
     scores: dict[str, dict[str, Score]] = {}
-    for r in sweep(store, cells, compute, desc="swaps x benchmarks"):
+    for r in sweep(store, cells, measure_swap, desc="swaps x benchmarks"):
         scores.setdefault(r["benchmark"], {})[r["condition"]] = Score.from_json(r)
     benchmarks = retrieval + knowledge
     return Result(cfg, student.adapter.n_layers, layers, found, scores, {b.name: b.role for b in benchmarks},
                   {b.name: b.chance for b in benchmarks}, base.record(cfg, [student, teacher], timer))
+
+
+def measure_swap(cell: dict) -> dict:
+    """One benchmark (the cell's items) scored by the teacher, the student, or (condition any
+    other) the student with the teacher's `layer` in place of its own (a measurement, `runner`).
+    The items are the student's: they do not depend on whose tokenizer finds their segments."""
+    student, teacher = base.models_for(cell["student"], cell["teacher"])
+    items = bm.from_spec(cell["items"], student.tokenizer).items
+    if cell["condition"] == TEACHER:
+        return score(teacher.model, teacher.tokenizer, items).to_json()
+    if cell["condition"] == STUDENT:
+        return score(student.model, student.tokenizer, items).to_json()
+    with swap_layers(student, teacher, [cell["layer"]]):
+        return score(student.model, student.tokenizer, items).to_json()
 
 
 # --- verdicts ---------------------------------------------------------------------------------------

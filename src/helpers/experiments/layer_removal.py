@@ -18,7 +18,7 @@ takes retrieval to chance, while the knowledge tasks change little whichever lay
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -75,6 +75,7 @@ class Result(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
+    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
 
     def knowledge(self, layer: int | None = None) -> TaskMean:
         """Knowledge as the release scores it, the unweighted mean over the knowledge tasks, with
@@ -113,24 +114,26 @@ def run(cfg: Config) -> Result:
         sets.insert(0, bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot))
     else:
         sets.insert(0, bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query))
-    by_name = {b.name: b for b in sets}
     kept = list(range(d))
-
-    def compute(cell):
-        engine = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items)
-        removed = engine.layer_sweep(kept, kept)
-        return {"full": engine.score().to_json(), "minimal": engine.score(layers=kept).to_json(),
-                **{str(l): s.to_json() for l, s in removed.items()}}
-
     store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded])
-    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, k_shot=cfg.k_shot, kv_pairs=cfg.kv_pairs,
-                  kv_query=cfg.kv_query, minimal_layers=d) for b in sets]
-    rows = sweep(store, cells, compute, desc="benchmarks x layers removed")
+    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, minimal_layers=d) for b in sets]
+    rows = sweep(store, cells, measure_removals, desc="benchmarks x layers removed")
     removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in kept} for r in rows}
     at = lambda key: {r["benchmark"]: Score.from_json(r[key]) for r in rows}
     return Result(cfg, d, "given" if cfg.minimal_layers else "published" if given else "found", probe,
                   at("full"), at("minimal"), removed, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer))
+                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
+
+
+def measure_removals(cell: dict) -> dict:
+    """One benchmark (the cell's items, `benchmarks.from_spec`) on the whole model, on its first
+    `minimal_layers` layers, and on those with each one removed (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    engine = SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
+    kept = list(range(cell["minimal_layers"]))
+    removed = engine.layer_sweep(kept, kept)
+    return {"full": engine.score().to_json(), "minimal": engine.score(layers=kept).to_json(),
+            **{str(l): s.to_json() for l, s in removed.items()}}
 
 
 def pruning_config(cfg: Config) -> minimal.PruningConfig:
@@ -191,7 +194,7 @@ def the_papers_layers(result: Result) -> tuple[str, str]:
 
 def verdicts(result: Result) -> list[v.Verdict]:
     name = result.probe
-    label = "MMLU" if name.startswith("MMLU") else f"{name} (in place of MMLU)"
+    label = "MMLU" if result.kinds.get(name) == bm.MCQ else f"{name} (in place of MMLU)"
     claims = {f"Removing one layer takes {label} most of the way to chance": collapse,
               "Only a few layers do": only_a_few, "Knowledge stays when those layers go": knowledge_stays}
     critical = _published_critical(result.cfg.model)

@@ -220,19 +220,32 @@ def others_zeroed(roles: Roles, n_heads) -> dict[int, list[int]]:
     return {l: [h for h in range(n_heads(l)) if Head(l, h) not in keep] for l in sorted({h.layer for h in keep})}
 
 
-def scores(loaded, b: bm.Benchmark, roles: Roles, layers: list[int], keep: dict[int, list[int]]) -> dict[str, Score]:
-    """Every condition's accuracy in the keep-only model (`layers` run, `keep` zeroed): the
-    unmasked ones batched, the masked ones prompt by prompt from one cached stream each."""
+def scores(loaded, b: bm.Benchmark, heads: dict[str, tuple[Head, ...]], layers: list[int],
+           keep: dict[int, list[int]]) -> dict[str, Score]:
+    """Every condition's accuracy in the keep-only model (`layers` run, `keep` zeroed), the
+    roles' heads `heads` (role -> heads, a `Roles`' heads): the unmasked ones batched, the
+    masked ones prompt by prompt from one cached stream each."""
     engine = SweepEngine(loaded, loaded.tokenizer, b.items)
-    plain = {name: merged(keep, ablation(roles.heads[c.zeroed]) if c.zeroed else {})
+    plain = {name: merged(keep, ablation(heads[c.zeroed]) if c.zeroed else {})
              for name, c in CONDITIONS.items() if not c.masked}
     out = engine.score_each(plain, layers)
     masked = {name: (lambda seg, c=c: {(h.layer, h.head): PATTERN[r](seg, control)
-                                       for r, control in c.masked.items() for h in roles.heads[r]})
+                                       for r, control in c.masked.items() for h in heads[r]})
               for name, c in CONDITIONS.items() if c.masked}
     lls = masked_runs(loaded, b, masked, layers, keep)
     out |= {name: from_loglikelihoods(lls[name], b.items) for name in masked}
     return {name: out[name] for name in CONDITIONS}
+
+
+def measure_conditions(cell: dict) -> dict:
+    """Every condition on the cell's items, in the model's first `layers` layers with the heads
+    `others_zeroed` ({layer: [heads]}, layers as text) zeroed, the roles' heads "G" and "A"
+    (lists of heads as text): {condition: score} (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    heads = {r: tuple(map(Head.parse, cell[r])) for r in ROLE_NAMES}
+    keep = {int(l): hs for l, hs in cell["others_zeroed"].items()}
+    found = scores(loaded, bm.from_spec(cell["items"], loaded.tokenizer), heads, list(range(cell["layers"])), keep)
+    return {k: s.to_json() for k, s in found.items()}
 
 
 def uses_head_zeroing(cfg: Config, model: str) -> bool:
@@ -249,7 +262,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
         zcfg = head_screen.ScreenConfig.for_profile(cfg.profile, cfg.smoke, model=model, task="mmlu", seed=cfg.seed)
         found = head_screen.screen(zcfg, loaded)
         roles, kept = with_closest(found.roles), found.layers_kept
-        b = bm.Benchmark(found.check.name, found.check.role, found.check.items[:cfg.n], found.check.segments)
+        b = bm.part(found.check, 0, cfg.n)
         where = "found by the head-zeroing chapter on its screen's prompts"
     else:
         roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,
@@ -259,13 +272,12 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
         kept, where = (published, "the published minimal model") if published else (n_layers, "the whole model")
     if bad := [h for hs in roles.heads.values() for h in hs if h.layer >= kept]:
         raise ConfigError(f"heads {', '.join(map(str, bad))} lie above the minimal model's layers 0..{kept - 1}")
-    layers = list(range(kept))
     keep = others_zeroed(roles, loaded.adapter.n_heads)
     store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded])
-    cell = dict(model=model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query, layers=kept,
-                G=roles.label("G"), A=roles.label("A"), keep_only=True)
-    row = sweep(store, [cell], lambda c: {k: s.to_json() for k, s in scores(loaded, b, roles, layers, keep).items()},
-                desc=f"{model}: conditions")[0]
+    cell = dict(model=model, benchmark=b.name, items=b.spec, layers=kept,
+                **{r: list(map(str, hs)) for r, hs in roles.heads.items()},
+                others_zeroed={str(l): hs for l, hs in keep.items()})
+    row = sweep(store, [cell], measure_conditions, desc=f"{model}: conditions")[0]
     by_condition = {c: Score.from_json(row[c]) for c in CONDITIONS}
     return (ModelRun(model, roles, b.name, b.chance, by_condition, kept, n_layers, where, keep),
             base.record(cfg, [loaded], timer))

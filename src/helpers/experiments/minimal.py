@@ -12,7 +12,7 @@ minimal models (`published_minimal`) are what head zeroing and masking work in w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
@@ -57,14 +57,15 @@ class Pruned(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
+    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
 
     @property
     def mmlu(self) -> str:
-        return next(b for b in self.scores if b.startswith("MMLU"))
+        return next(b for b, k in self.kinds.items() if k == bm.MCQ)
 
     @property
     def kv(self) -> str:
-        return next(b for b in self.scores if b.startswith("KV"))
+        return next(b for b, k in self.kinds.items() if k == bm.KV)
 
     def knowledge(self, depth: int) -> TaskMean:
         """Knowledge at one depth as the release scores it: the unweighted mean over the
@@ -82,17 +83,20 @@ def prune(cfg: PruningConfig) -> Pruned:
             bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     depths = list(range(1, loaded.adapter.n_layers + 1))
     store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
-    by_name = {b.name: b for b in sets}
-
-    def compute(cell):
-        scores = SweepEngine(loaded, loaded.tokenizer, by_name[cell["benchmark"]].items).score_by_depth(depths)
-        return {str(d): s.to_json() for d, s in scores.items()}
-
-    cells = [dict(model=cfg.model, benchmark=b.name, n=len(b), seed=cfg.seed, kv_query=cfg.kv_query) for b in sets]
-    rows = sweep(store, cells, compute, desc="benchmarks x depths")
+    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec) for b in sets]
+    rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
     scores = {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
     return Pruned(cfg, len(depths), scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer))
+                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
+
+
+def measure_depths(cell: dict) -> dict:
+    """One benchmark (`benchmarks.from_spec` of the cell's items) scored at every depth of the
+    model, {depth: score}: one walk up the residual stream (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    items = bm.from_spec(cell["items"], loaded.tokenizer).items
+    depths = range(1, loaded.adapter.n_layers + 1)
+    return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, items).score_by_depth(depths).items()}
 
 
 def minimal_depth(by_depth: dict[int, Score], margin: float = 0.05) -> int:

@@ -247,35 +247,14 @@ def run(cfg: Config) -> Result:
     attention = base.load(cfg.model)
     ranking = shared.kv_ranking(attention, cfg.profile, cfg.smoke)
     order = ranked(ranking.table)
-    s = ranking.settings
     kv = measured_set(attention, cfg, "kv")
     store = base.open_store(cfg.chapter, cfg.profile, "kinds", [attention])
-    sets = {f"top {k}": order[:k] for k in sorted({1, cfg.top})}
-    for k in sorted({1, cfg.top}):
-        for i, heads in enumerate(random_sets(order, order[:k], k, cfg.n_controls, cfg.seed)):
-            sets[f"random {k} #{i + 1}"] = heads
-
-    def compute_kinds(cell):
-        items = kv.items
-        draw = lambda n: bm.kv(attention.name, attention.tokenizer, cfg.kv_pairs, n, cfg.reference_seed,
-                               s["query"], s["form"]).items
-        engine = SweepEngine(attention, attention.tokenizer, items)
-        reference = SweepEngine(attention, attention.tokenizer, draw(cfg.n_reference))
-        donor_items = donors(attention.tokenizer, items, draw)
-        donor = SweepEngine(attention, attention.tokenizer, donor_items)
-        plans = upwards({name: ablation(parse(h)) for name, h in cell["sets"].items()})
-        layers = sorted({l for p in plans.values() for l in p})
-        out = {"clean": engine.score().to_json()}
-        for kind in KINDS:
-            scores = engine.score_replaced(plans, kind_values(kind, engine, reference, donor, layers))
-            out[kind] = {name: sc.to_json() for name, sc in scores.items()}
-        return out
-
-    cell = dict(model=cfg.model, n=cfg.n_kv, pairs=cfg.kv_pairs, query=s["query"], form=s["form"], seed=cfg.seed,
-                reference_seed=cfg.reference_seed, n_reference=cfg.n_reference,
-                sets={name: names(h) for name, h in sets.items()})
-    row = sweep(store, [cell], compute_kinds, desc="ablation kinds")[0]
-    kinds = pd.DataFrame([dict(kind=kind, set=name, size=len(sets[name]), control=name.startswith("random"),
+    sets, controls = with_controls(order, sorted({1, cfg.top}), cfg)
+    # The mean's reference prompts and the resample donors' pool: the measured draw at another seed.
+    cell = dict(model=cfg.model, items=kv.spec, reference={**kv.spec, "seed": cfg.reference_seed},
+                n_reference=cfg.n_reference, sets={name: names(h) for name, h in sets.items()})
+    row = sweep(store, [cell], measure_kinds, desc="ablation kinds")[0]
+    kinds = pd.DataFrame([dict(kind=kind, set=name, size=len(sets[name]), control=name in controls,
                                heads=names(sets[name]), score=Score.from_json(row[kind][name]))
                           for kind in KINDS for name in sets])
     clean, chance, tasks = {cfg.model + " (KV)": Score.from_json(row["clean"])}, {cfg.model + " (KV)": kv.chance}, {}
@@ -289,30 +268,56 @@ def run(cfg: Config) -> Result:
         order = ranked(shared.kv_ranking(model, cfg.profile, cfg.smoke).table)
         task = "kv" if registry_toy(name) else cfg.task
         bench = measured_set(model, cfg, task)
-        n_all = len(order)
-        ks = [k for k in cfg.ks if k < n_all]
-        cut = {f"top {k}": order[:k] for k in ks}
-        for k in ks:
-            for i, heads in enumerate(random_sets(order, order[:k], k, cfg.n_controls, cfg.seed)):
-                cut[f"random {k} #{i + 1}"] = heads
+        cut, controls = with_controls(order, [k for k in cfg.ks if k < len(order)], cfg)
         rstore = base.open_store(cfg.chapter, cfg.profile, "redundancy", [model])
-
-        def compute_cut(cell, model=model, bench=bench):
-            engine = SweepEngine(model, model.tokenizer, bench.items)
-            scores = engine.score_each(upwards({n: ablation(parse(h)) for n, h in cell["sets"].items()}))
-            return {"clean": engine.score().to_json(), "scores": {n: sc.to_json() for n, sc in scores.items()}}
-
-        rcell = dict(model=name, task=task, benchmark=bench.name, n=len(bench), seed=cfg.seed,
-                     sets={n: names(h) for n, h in cut.items()})
-        r = sweep(rstore, [rcell], compute_cut, desc=f"redundancy: {name}")[0]
+        rcell = dict(model=name, benchmark=bench.name, items=bench.spec, sets={n: names(h) for n, h in cut.items()})
+        r = sweep(rstore, [rcell], measure_cut, desc=f"redundancy: {name}")[0]
         clean[name] = Score.from_json(r["clean"])
         chance[name], tasks[name] = bench.chance, bench.name
-        curves += [dict(model=name, k=len(cut[n]), control=n.startswith("random"), set=n, heads=names(cut[n]),
+        curves += [dict(model=name, k=len(cut[n]), control=n in controls, set=n, heads=names(cut[n]),
                         score=Score.from_json(r["scores"][n])) for n in cut]
     patching = run_patching(attention, cfg)
     stability = run_stability(attention, cfg)
     return Result(cfg, kinds, pd.DataFrame(curves), clean, chance, tasks,
                   base.record(cfg, loaded, timer), patching, stability)
+
+
+def with_controls(order: list[Head], ks: list[int], cfg: Config) -> tuple[dict[str, list[Head]], set[str]]:
+    """The ranking's top k heads for each k of `ks` (distinct), and `cfg.n_controls` random sets
+    of k of the others (`random_sets`): {name: heads}, and the names that are controls."""
+    sets, controls = {f"top {k}": order[:k] for k in ks}, set()
+    for k in ks:
+        for i, heads in enumerate(random_sets(order, order[:k], k, cfg.n_controls, cfg.seed)):
+            sets[f"random {k} #{i + 1}"] = heads
+            controls.add(f"random {k} #{i + 1}")
+    return sets, controls
+
+
+def measure_kinds(cell: dict) -> dict:
+    """Each set of heads (`sets`: name -> heads as text) removed each way (`KINDS`) on the cell's
+    KV items: zeroed, replaced by their mean over `n_reference` prompts of the `reference` draw,
+    or resampled from that draw's donors (a measurement, `runner`)."""
+    attention = base.model_for(cell["model"])
+    items = bm.from_spec(cell["items"], attention.tokenizer).items
+    draw = lambda n: bm.from_spec({**cell["reference"], "n": n}, attention.tokenizer).items
+    engine = SweepEngine(attention, attention.tokenizer, items)
+    reference = SweepEngine(attention, attention.tokenizer, draw(cell["n_reference"]))
+    donor = SweepEngine(attention, attention.tokenizer, donors(attention.tokenizer, items, draw))
+    plans = upwards({name: ablation(parse(h)) for name, h in cell["sets"].items()})
+    layers = sorted({l for p in plans.values() for l in p})
+    out = {"clean": engine.score().to_json()}
+    for kind in KINDS:
+        scores = engine.score_replaced(plans, kind_values(kind, engine, reference, donor, layers))
+        out[kind] = {name: sc.to_json() for name, sc in scores.items()}
+    return out
+
+
+def measure_cut(cell: dict) -> dict:
+    """Each set of heads (`sets`) zeroed on the cell's items, and none (a measurement, `runner`)."""
+    model = base.model_for(cell["model"])
+    engine = SweepEngine(model, model.tokenizer, bm.from_spec(cell["items"], model.tokenizer).items)
+    scores = engine.score_each(upwards({n: ablation(parse(h)) for n, h in cell["sets"].items()}))
+    return {"clean": engine.score().to_json(), "scores": {n: sc.to_json() for n, sc in scores.items()}}
 
 
 def registry_toy(name: str) -> bool:
@@ -557,20 +562,19 @@ def key_swapped(tokenizer, item: Item) -> Item | None:
     return None
 
 
-def patch_prompts(loaded, cfg: Config) -> tuple[list[Item], list[Item]]:
-    """The clean prompts (the first `n_patch` of the measured seed's draw whose dictionary holds
-    a key that swaps in with the same layout) and their key-swapped corruptions; the draw grows
-    until n_patch have one, up to POOL_GROWTH x n_patch, else an error with the fix."""
-    s = shared.ranking_settings(cfg.profile, cfg.smoke)
-    n = cfg.n_patch
+def patch_prompts(loaded, pairs: int, n_patch: int, seed: int, query: str, form: str) -> tuple[list[Item], list[Item]]:
+    """The clean prompts (the first `n_patch` of the draw of `seed` whose dictionary holds a key
+    that swaps in with the same layout) and their key-swapped corruptions; the draw grows until
+    n_patch have one, up to POOL_GROWTH x n_patch, else an error with the fix."""
+    n = n_patch
     while True:
-        pool = bm.kv(loaded.name, loaded.tokenizer, cfg.kv_pairs, n, cfg.seed, s["query"], s["form"]).items
-        pairs = [(it, c) for it in pool if (c := key_swapped(loaded.tokenizer, it)) is not None]
-        if len(pairs) >= cfg.n_patch:
-            pairs = pairs[:cfg.n_patch]
-            return [p[0] for p in pairs], [p[1] for p in pairs]
-        if n >= POOL_GROWTH * cfg.n_patch:
-            raise InterventionError(f"only {len(pairs)} of {n} KV prompts of {loaded.name} have a key that swaps in "
+        pool = bm.kv(loaded.name, loaded.tokenizer, pairs, n, seed, query, form).items
+        found = [(it, c) for it in pool if (c := key_swapped(loaded.tokenizer, it)) is not None]
+        if len(found) >= n_patch:
+            found = found[:n_patch]
+            return [p[0] for p in found], [p[1] for p in found]
+        if n >= POOL_GROWTH * n_patch:
+            raise InterventionError(f"only {len(found)} of {n} KV prompts of {loaded.name} have a key that swaps in "
                                     f"with the same tokens' layout; set a smaller n_patch or another seed")
         n *= 2
 
@@ -661,21 +665,9 @@ def run_patching(loaded, cfg: Config) -> Patching:
     ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
     heads = measured(ranking.table)
     store = base.open_store(cfg.chapter, cfg.profile, "patching", [loaded])
-
-    def compute(cell):
-        items, corrupted = patch_prompts(loaded, cfg)
-        clean_run = SweepEngine(loaded, loaded.tokenizer, items)
-        corrupted_run = SweepEngine(loaded, loaded.tokenizer, corrupted)
-        gold = lambda engine, flat: engine.margins(torch.as_tensor(flat)).double().numpy().tolist()
-        lls = corrupted_run.patched({str(h): h.ablation for h in parse(cell["heads"])}, clean_run)
-        return {"clean": gold(clean_run, clean_run.loglikelihoods([{}])[0]), "clean_acc": clean_run.score().to_json(),
-                "corrupted": gold(corrupted_run, corrupted_run.loglikelihoods([{}])[0]),
-                "corrupted_acc": corrupted_run.score().to_json(),
-                "patched": {name: gold(corrupted_run, ll) for name, ll in lls.items()}}
-
     cell = dict(model=loaded.name, n=cfg.n_patch, pairs=cfg.kv_pairs, seed=cfg.seed, corruption="query key swapped",
                 query=ranking.settings["query"], form=ranking.settings["form"], heads=names(heads))
-    row = sweep(store, [cell], compute, desc="activation patching")[0]
+    row = sweep(store, [cell], measure_patching, desc="activation patching")[0]
     clean, corrupted = np.array(row["clean"]), np.array(row["corrupted"])
     patched = {name: np.array(x) for name, x in row["patched"].items()}
     table, agreement = patch_agreement(ranking.table, patched, clean, corrupted, cfg.overlap_k)
@@ -684,6 +676,22 @@ def run_patching(loaded, cfg: Config) -> Patching:
                                   base_chance(ranking.settings["pairs"], loaded))
     return Patching(table, clean, corrupted, patched, agreement, ranking.clean, readable,
                     Score.from_json(row["clean_acc"]), Score.from_json(row["corrupted_acc"]))
+
+
+def measure_patching(cell: dict) -> dict:
+    """Each of the cell's heads patched alone from the clean run into the key-swapped run
+    (`patch_prompts` of the cell's settings): the gold margins clean, corrupted and patched, and
+    the two runs' accuracies (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    items, corrupted = patch_prompts(loaded, cell["pairs"], cell["n"], cell["seed"], cell["query"], cell["form"])
+    clean_run = SweepEngine(loaded, loaded.tokenizer, items)
+    corrupted_run = SweepEngine(loaded, loaded.tokenizer, corrupted)
+    gold = lambda engine, flat: engine.margins(torch.as_tensor(flat)).double().numpy().tolist()
+    lls = corrupted_run.patched({str(h): h.ablation for h in parse(cell["heads"])}, clean_run)
+    return {"clean": gold(clean_run, clean_run.loglikelihoods([{}])[0]), "clean_acc": clean_run.score().to_json(),
+            "corrupted": gold(corrupted_run, corrupted_run.loglikelihoods([{}])[0]),
+            "corrupted_acc": corrupted_run.score().to_json(),
+            "patched": {name: gold(corrupted_run, ll) for name, ll in lls.items()}}
 
 
 def base_chance(pairs: int, loaded) -> float:
@@ -782,17 +790,10 @@ def run_stability(loaded, cfg: Config) -> Stability:
     pairs = reference.settings["pairs"]
     n = cfg.n_stability
     store = base.open_store(cfg.chapter, cfg.profile, "stability", [loaded])
-
-    def compute(cell):
-        items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"],
-                      cell["form"]).items
-        engine = SweepEngine(loaded, loaded.tokenizer, items)
-        return {"clean": engine.score().to_json(), "heads": exact_ranking(engine, cell["layers"])}
-
     conditions = stability_conditions(cfg, registry_toy(loaded.name))
     cells = [dict(model=loaded.name, pairs=pairs, n=n, seed=seed, query=query, form=form, layers=layers)
              for seed, query, form in conditions]
-    results = sweep(store, cells, compute, desc="stability")
+    results = sweep(store, cells, measure_stability, desc="stability")
     chance = base_chance(pairs, loaded)
     rows = []
     for (seed, query, form), r in zip(conditions, results):
@@ -811,6 +812,15 @@ def run_stability(loaded, cfg: Config) -> Stability:
     tops = [set(t.split(", ")) for t, ok in zip(table.top, table.readable) if ok]
     every_top = sorted(set.intersection(*tops), key=lambda h: Head.parse(h)) if tops else []
     return Stability(table, compared, every_top, cfg.overlap_k, layers)
+
+
+def measure_stability(cell: dict) -> dict:
+    """The exact ranking of the cell's layers (`exact_ranking`) on the KV prompts of its pairs,
+    n, seed, query and form, with the accuracy of none zeroed (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"], cell["form"]).items
+    engine = SweepEngine(loaded, loaded.tokenizer, items)
+    return {"clean": engine.score().to_json(), "heads": exact_ranking(engine, cell["layers"])}
 
 
 # --- patching and stability: verdicts, tables, figures ----------------------------------------------

@@ -188,13 +188,13 @@ def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]
     """Each head's [T, T] attention over `context` (hidden attention for SSM heads), one pass.
     Falcon-Mamba's layers have 8192 single-channel heads: only the channels asked for are
     materialised (attention.attention_maps would build all of them)."""
-    from ..adapters import unwrap
+    from ..adapters import MambaAdapter, unwrap
     from ..attention import attention_maps, mixer_input
 
     model, adapter = unwrap(loaded)
     ids = loaded.tokenizer(context, return_tensors="pt").input_ids
     layers = sorted({h.layer for h in heads})
-    if not adapter.head_kind.startswith("channel"):
+    if not isinstance(adapter, MambaAdapter):  # heads of one channel (or a group): their hidden attention
         maps = attention_maps(loaded, ids, layers)
         return {h: maps[h.layer][0, h.head].numpy() for h in heads}
     seen = {}

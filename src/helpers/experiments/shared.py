@@ -149,8 +149,7 @@ def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
     settings the first prompts are the ranking's; with others, skipping them costs nothing).
     `cfg`: a chapter's config with profile, smoke, kv_pairs, seed and kv_query."""
     skip = ranking_settings(cfg.profile, cfg.smoke)["n"]
-    kv = bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query)
-    return bm.Benchmark(kv.name, kv.role, kv.items[skip:], kv.segments)
+    return bm.part(bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query), skip)
 
 
 def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:

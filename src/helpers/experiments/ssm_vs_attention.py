@@ -171,16 +171,22 @@ def held_out(loaded, settings: dict, n: int, seed: int) -> bm.Benchmark:
     return replace(drawn, items=[it for it in drawn.items if it.pairs[0][0] not in seen][:n])
 
 
+def measure_size(cell: dict) -> dict:
+    """The model's accuracy on KV prompts of `keys` keys (its n, seed and query; a measurement,
+    `runner`)."""
+    loaded = base.model_for(cell["model"])
+    items = bm.kv(loaded.name, loaded.tokenizer, cell["keys"], cell["n"], cell["seed"], cell["query"]).items
+    return evaluate.score(loaded.model, loaded.tokenizer, items).to_json()
+
+
 def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     name, tok, query, keys = loaded.name, loaded.tokenizer, settings["query"], settings["pairs"]
     setting = dict(model=name, n=cfg.n, seed=cfg.seed, query=query)
 
     # 1. Accuracy against dictionary size.
-    sets = {k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes}
+    sets = {k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes}  # what `measure_size` scores
     store = base.open_store(cfg.chapter, cfg.profile, "by-size", [loaded])
-    rows = sweep(store, [dict(setting, keys=k) for k in cfg.sizes],
-                 lambda cell: evaluate.score(loaded.model, tok, sets[cell["keys"]].items).to_json(),
-                 desc=f"{name}: dictionary sizes")
+    rows = sweep(store, [dict(setting, keys=k) for k in cfg.sizes], measure_size, desc=f"{name}: dictionary sizes")
     by_size = {r["keys"]: Score.from_json(r) for r in rows}
 
     # 2. Heads whose zeroing breaks retrieval, confirmed on held-out prompts.

@@ -87,17 +87,19 @@ def run(cfg: Config) -> Result:
     loaded = {name: base.load(name) for name in zoo.RECIPES}
     records = {name: zoo.record(name) for name in zoo.RECIPES}
     store = base.open_store(cfg.chapter, cfg.profile, "final", list(loaded.values()))
-
-    def compute(cell):
-        with zoo.one_thread():  # as in training, so that equal inputs give bit-equal logits
-            scores = final_scores(loaded[cell["model"]].model, cell["seed"], cell["n"])
-        return {k: s.to_json() for k, s in scores.items()}
-
     cells = [dict(model=name, seed=records[name]["seed"], n=cfg.n) for name in zoo.RECIPES]
-    rows = sweep(store, cells, compute, desc="re-measuring the zoo")
+    rows = sweep(store, cells, measure_final, desc="re-measuring the zoo")
     remeasured = {r["model"]: {k: Score.from_json(r[k]) for k in records[r["model"]]["final"]} for r in rows}
     models = pd.DataFrame([describe(loaded[name], name) for name in zoo.RECIPES])
     return Result(cfg, models, records, remeasured, base.record(cfg, list(loaded.values()), timer))
+
+
+def measure_final(cell: dict) -> dict:
+    """A toy's final scores on its tasks (`final_scores` at the cell's seed and n; a measurement,
+    `runner`)."""
+    with zoo.one_thread():  # as in training, so that equal inputs give bit-equal logits
+        scores = final_scores(base.model_for(cell["model"]).model, cell["seed"], cell["n"])
+    return {k: s.to_json() for k, s in scores.items()}
 
 
 # --- what the page shows ------------------------------------------------------------------------

@@ -166,6 +166,29 @@ def test_few_shot_questions_share_their_prefix_exactly(smol):
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4)
 
 
+def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(smol, kv):
+    # The clean model, then a head of L20, then one of L18: in that order the cached stream above
+    # L20 serves neither L20 nor L18, and each would rerun the model from the embedding.
+    ablations = {"none": {}, "L20H1": {20: [1]}, "L18H6": {18: [6]}}
+    engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=256)
+    assert engine.copies == 1  # one ablation a pass, so the order is the cache's
+    runs = []
+    real = engine.adapter.run_layer
+    engine.adapter.run_layer = lambda block, *a, **k: runs.append(block) or real(block, *a, **k)
+    try:
+        each = engine.score_each(ablations)
+    finally:
+        del engine.adapter.run_layer
+    n = smol.adapter.n_layers
+    # the stream to L18 once, then L18.. (with its head zeroed), L20.. and the clean L18.. on top
+    assert len(runs) == len(engine.batches) * (18 + (n - 18) + (n - 20) + 2 + (n - 20))
+    assert list(each) == list(ablations)  # in the order given
+    for name, ablation in ablations.items():
+        with helpers.zero_heads(smol, ablation):
+            ref = helpers.score(smol.model, smol.tokenizer, kv)
+        assert np.array_equal(each[name].correct, ref.correct), name
+
+
 def test_score_each_runs_ablations_side_by_side_as_the_model_scores_them_one_at_a_time(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=2048)
     ablations = {"none": {}, "L16H0 and L18H6": {16: [0], 18: [6]}, **{f"L16H{h}": {16: [h]} for h in range(1, 9)}}

@@ -209,13 +209,18 @@ class SweepEngine:
 
     def score_each(self, ablations: dict, model_layers: list[int] | None = None) -> dict:
         """The score under each named ablation ({layer: [heads]}), `copies` of them side by side,
-        in the model that runs `model_layers` (default all)."""
-        names, out = list(ablations), {}
+        in the model that runs `model_layers` (default all). They run lowest recomputed layer first:
+        the residual cache keeps only its newest stream, so a run starting below it would recompute
+        the model from the embedding (the clean model first, then a head of layer 22, then one of
+        21, cost three full passes where one and their tails do)."""
+        layers = self.layer_list(model_layers)
+        start = lambda name: self.first_recomputed(layers, [l for l, hs in ablations[name].items() if len(hs)])
+        names, out = sorted(ablations, key=start), {}
         for i in range(0, len(names), self.copies):
             chunk = names[i:i + self.copies]
             for name, ll in zip(chunk, self.loglikelihoods([ablations[n] for n in chunk], model_layers)):
                 out[name] = self.score_loglikelihoods(ll)
-        return out
+        return {name: out[name] for name in ablations}
 
     def head_sweep(self, layers: list[int] | None = None, side_by_side: int | None = None,
                    progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, Score]:

@@ -6,7 +6,7 @@ import pytest
 
 from helpers import verdicts as v
 from helpers.errors import ConfigError
-from helpers.experiments import masking as chapter
+from helpers.experiments import head_screen, masking as chapter
 from helpers.experiments.roles import Roles, with_closest
 from helpers.heads import Head
 from helpers.stats import Score
@@ -147,12 +147,15 @@ def test_a_pattern_keeps_accuracy_only_where_the_head_is_needed():
     assert idle["A head masked to the hypothesised pattern: accuracy is kept"].outcome == v.REPRODUCED
 
 
+CHECKED = head_screen.ScreenConfig.for_profile("cpu").n_check  # the questions masking may take
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(models=["llamba-8b", "llama-3.1-8b-instruct"], gather=["L16H10"], aggregate=["L17H3"]), "list one model"),
     (dict(task="gsm8k"), "task must be one of 'kv', 'mmlu'"),
     (dict(models=[]), "models must name at least one model"),
     (dict(n=0), "n must be at least 1"),
-    (dict(n=201), "n must be at most the 200 questions head zeroing checks its roles on"),
+    (dict(n=CHECKED + 1), f"n must be at most the {CHECKED} questions head zeroing checks its roles on"),
 ])
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):

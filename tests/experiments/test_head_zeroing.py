@@ -31,6 +31,19 @@ def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 
 
+def test_the_minimal_model_is_the_layer_pruning_chapters_whatever_the_screen():
+    # One minimal model for the book: the layer-pruning chapter's walk of the task at this seed, not
+    # a cut found on the screen's own prompts (which named 23 layers of Qwen at one seed, 24 at the next).
+    runs = [chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", n_screen=n))
+            for n in (4, 6)]
+    walked = minimal.PruningConfig.smoke_sizes["n_mmlu"]
+    assert all(s.n == walked for r in runs for s in r.depths.values())
+    as_json = lambda r: {d: s.to_json() for d, s in r.depths.items()}
+    assert as_json(runs[0]) == as_json(runs[1]) and runs[0].layers_kept == runs[1].layers_kept
+    assert runs[0].screen_clean.n == 4 and runs[1].screen_clean.n == 6
+    assert "layer-pruning chapter's minimal model" in chapter.minimal_source(runs[0])
+
+
 def test_the_screen_and_the_check_never_share_a_prompt():
     loaded = SimpleNamespace(tokenizer=None)  # prompts are text; the tokenizer only finds segments later
     for task in ("kv", "mmlu"):
@@ -167,9 +180,9 @@ def test_a_tie_at_the_candidates_boundary_is_reported_and_none_is_not():
 def test_the_head_verdicts_are_the_same_at_two_further_seeds():
     # Every draw follows `seed` (split, knowledge items, controls); on the toy Transformer at the CPU
     # sizes the four claims about heads (G, A, random controls, only G and A kept) must come out the
-    # same whichever seed drew them. (Smoke size cannot show this: at n = 4 the minimal model found
-    # moves from 1 to 3 layers with the seed. Knowledge with G zeroed is testable only at the seed
-    # whose screen finds a G head; the page's draws note says so.)
+    # same whichever seed drew them. (Smoke size cannot show this: on the walk's 8 questions the
+    # minimal model moves from 2 to 3 layers with the seed. Knowledge with G zeroed is testable only
+    # at the seed whose screen finds a G head; the page's draws note says so.)
     outcomes = {}
     for seed in (0, 1, 2):
         result = chapter.run(chapter.Config.for_profile("cpu", model="toy-transformer", seed=seed))
@@ -185,3 +198,18 @@ def test_the_pages_toy_ssm_is_swept_whole_with_controls_from_every_layer():
     assert {h.layer for h in hd.measured(toy.ranking)} == set(range(toy.layers_kept))  # layer 0's heads too
     box = page.verdict_html(chapter.verdicts(toy), chapter.subject(toy))
     assert "toy-mamba2" in box and "letter MCQ" in box and box.count("<li>") == len(chapter.verdicts(toy))
+
+
+def test_a_screen_whose_most_harmful_head_ties_with_no_head_zeroed_says_no_head_stands_out():
+    n = 100
+    table = lambda worst: hd.ranking_table({G: -2.0, A: -1.0}, {G: Score.of(np.arange(n) < worst * n),
+                                                                 A: Score.of(np.arange(n) < 0.69 * n)})
+    found = Roles({"G": (G,), "A": (A,)}, "behaviour", measures(0.9, 0.8), {"G": G, "A": A})
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=found)  # 70% clean on the screen
+    tie = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.68)}))
+    assert "No head stands out on the screen" in tie and "68.0%" in tie
+    apart = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.40)}))
+    assert "stands out" not in apart
+    paper_heads = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.68),
+                                                  "roles": Roles({"G": (G,), "A": (A,)}, "paper")}))
+    assert "stands out" not in paper_heads  # the paper's heads are named, not picked among ties

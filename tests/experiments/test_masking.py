@@ -39,7 +39,7 @@ def test_on_the_letter_task_the_heads_are_masked_in_head_zeroings_keep_only_mini
     (r,) = result.runs
     zeroing = head_zeroing.run(head_zeroing.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=2))
     assert all(zeroing.roles.heads[x] for x in "GA")
-    assert r.layers == zeroing.layers_kept and r.minimal.startswith("found by the head-zeroing chapter")
+    assert r.layers == zeroing.layers_kept and r.minimal.startswith("the layer-pruning chapter's")
     assert {x: r.roles.heads[x] for x in "GA"} == {x: zeroing.roles.heads[x] for x in "GA"}
     kept = {h for hs in r.roles.heads.values() for h in hs}
     assert {l: set(hs) for l, hs in r.others_zeroed.items()} == {

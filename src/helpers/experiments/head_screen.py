@@ -1,7 +1,8 @@
 """The head screen: the first half of the head-zeroing protocol, which masking reads too.
 
-The prompts are split in two, disjoint (`prompts`): the screen's and the check's. On the screen's
-prompts the minimal model is found where none is published (`by_depth`, `minimal.minimal_depth`),
+The prompts are split in two, disjoint (`prompts`): the screen's and the check's. The minimal
+model is the published one, else the one the layer-pruning page names (`minimal.task_depths`,
+`minimal.minimal_depth`: that chapter's walk of this task, at this seed). On the screen's prompts
 the heads are ranked (the attribution estimate for every head, then the layers it points to, or
 the paper's heads' layers, swept exactly: `rank`), and the Gather and Aggregate heads are named
 among the ranking's candidates (`roles.find_roles`). Head zeroing then zeroes them on the check's
@@ -148,7 +149,7 @@ class Screen:
     screen: bm.Benchmark  # the screen's prompts
     check: bm.Benchmark  # the check's, disjoint from the screen's
     layers_kept: int  # the minimal model's layers
-    depths: dict[int, Score]  # the task on the screen's prompts by layers kept, where the minimal model was searched
+    depths: dict[int, Score]  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found
     screen_clean: Score  # no head zeroed, on the screen's prompts
     ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
     roles: Roles
@@ -162,13 +163,14 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
     """The prompts split, the minimal model, the screen's ranking and the roles of `loaded`."""
     screened, check = prompts(cfg, loaded)
     given = cfg.layers_kept or minimal.published_minimal(cfg.model)
-    depths = {} if given else by_depth(cfg, loaded, screened)
+    depths = {} if given else minimal.task_depths(loaded, cfg.profile, cfg.smoke, cfg.seed, cfg.task, cfg.kv_pairs,
+                                                  cfg.kv_query)
     kept = given or minimal.minimal_depth(depths)
     check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
     layers = list(range(kept))
     named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
     # Swept exactly: as set; else the paper's heads' layers; else, where the minimal model was found
-    # here on MMLU, its last two layers (the paper's minimal model ends with its Aggregate layer, and
+    # from the data on MMLU, its last two layers (the paper's minimal model ends with its Aggregate layer, and
     # only its last two layers matter for MMLU, Fig. 3); else the layers the screen points to.
     found = [kept - 2, kept - 1] if depths and cfg.task == "mmlu" and kept >= 2 else []
     if found and sum(loaded.adapter.n_heads(l) for l in range(kept)) <= SWEEP_ALL:
@@ -181,11 +183,3 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
                        ranking="the letter screen" if cfg.task == "mmlu" else "the KV screen")
     return Screen(screened, check, kept, depths, screen_clean, ranking, roles)
 
-
-def by_depth(cfg: ScreenConfig, loaded, screen: bm.Benchmark) -> dict[int, Score]:
-    """The task on the screen's prompts with the model cut to each depth (one walk up the
-    residual stream: `SweepEngine.score_by_depth`), to find the minimal model."""
-    store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
-    cell = dict(model=cfg.model, items=screen.spec)
-    row = sweep(store, [cell], minimal.measure_depths, desc="minimal model on the screen's prompts")[0]
-    return {d: Score.from_json(row[str(d)]) for d in range(1, loaded.adapter.n_layers + 1)}

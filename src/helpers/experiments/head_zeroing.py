@@ -14,8 +14,9 @@ model on MMLU; the questions are split by a seeded shuffle into the screen's par
 check's. Knowledge (cloze questions: the letter set's facts on the CPU profile, the released
 code's six tasks on the paper profiles) is scored under every condition too, as the paper's
 headline says it hardly moves. KV retrieval (`task="kv"`) is screened by the book's shared KV
-ranking. Where no minimal model is published for the model, the minimal model is found on the
-screen's prompts (`minimal.minimal_depth`: the shallowest cut that keeps the task).
+ranking. Where no minimal model is published for the model, it is the one the layer-pruning page
+names: the shallowest cut that keeps the task on that chapter's items at this seed
+(`minimal.task_depths`, `minimal.minimal_depth`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Result:
     provenance: dict
     knowledge: dict[str, dict[str, Score]] = field(default_factory=dict)  # task -> condition -> score
     knowledge_chance: dict[str, float] = field(default_factory=dict)  # task -> chance
-    depths: dict[int, Score] = field(default_factory=dict)  # the task on the screen's prompts by layers kept, where searched
+    depths: dict[int, Score] = field(default_factory=dict)  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found there
     task_name: str = ""  # the check's benchmark (a toy's letter MCQ is not MMLU)
 
     def knowledge_under(self, condition: str) -> TaskMean:
@@ -317,8 +318,12 @@ def comparison(result: Result) -> pd.DataFrame:
 
 def minimal_source(result: Result) -> str:
     if result.depths:
-        return "the shallowest cut that keeps the task on the screen's prompts"
+        return f"the layer-pruning chapter's minimal model: the shallowest cut that keeps the task on its {_n_walked(result)} items"
     return "as set" if result.cfg.layers_kept else "the published minimal model"
+
+
+def _n_walked(result: Result) -> int:
+    return next(iter(result.depths.values())).n
 
 
 def knowledge_row(result: Result) -> str:
@@ -344,12 +349,23 @@ def draws(result: Result) -> str:
     chosen = screen_candidates(result.ranking)
     tied = hd.boundary_ties(result.ranking, chosen)
     if tied:
-        last, r = chosen[-1], result.ranking
-        acc = r[(r.layer == last.layer) & (r["head"] == last.head)].acc.iloc[0]
+        last = chosen[-1]
+        acc = _screen_row(result, last)[0]
         text += (f" A tie at the candidates' boundary: {len(tied)} more heads ({', '.join(map(str, tied[:6]))}"
                  f"{', ...' if len(tied) > 6 else ''}) leave the screen exactly where {last} does ({acc:.0%}); "
                  "the screen's estimate ordered them, so another seed may measure other candidates.")
+    if result.roles.source == "behaviour" and (top := hd.measured(result.ranking)):
+        readable, why = v.ranking_readable(result.screen_clean, _screen_row(result, top[0]), result.chance)
+        if not readable:
+            text += (f" No head stands out on the screen: {why}. The candidates' roles are named among heads that "
+                     "tie, so another seed may name other heads; the claims below are measured on the check all the same.")
     return text
+
+
+def _screen_row(result: Result, head: Head) -> tuple[float, float, float]:
+    r = result.ranking
+    row = r[(r.layer == head.layer) & (r["head"] == head.head)].iloc[0]
+    return float(row.acc), float(row.lo), float(row.hi)
 
 
 def subject(result: Result) -> str:

@@ -250,7 +250,8 @@ def measure_conditions(cell: dict) -> dict:
 
 def uses_head_zeroing(cfg: Config, model: str) -> bool:
     """Letter selection on a model with no published heads or minimal model: the minimal model and
-    roles are the head-zeroing chapter's (found on its screen's prompts)."""
+    roles are the head-zeroing chapter's (the layer-pruning chapter's minimal model; the roles
+    found on its screen's prompts)."""
     return (cfg.task == "mmlu" and cfg.gather is None and shared.paper_heads(model) is None
             and minimal.published_minimal(model) is None)
 
@@ -263,7 +264,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
         found = head_screen.screen(zcfg, loaded)
         roles, kept = with_closest(found.roles), found.layers_kept
         b = bm.part(found.check, 0, cfg.n)
-        where = "found by the head-zeroing chapter on its screen's prompts"
+        where = "the layer-pruning chapter's, as in the head-zeroing chapter"
     else:
         roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,
                                         measure=False))

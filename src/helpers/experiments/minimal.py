@@ -6,8 +6,9 @@ stream scores every depth (`SweepEngine.score_by_depth`, tested against `prune_t
 after layer d, through the final norm and the unembedding, *is* the model pruned to d layers.
 The walk over the layer-pruning chapter's benchmarks (`PruningConfig`, `prune`) is that chapter's
 measurement, and layer removal reads the same walk through the same results store to find the
-minimal model it removes layers from, so both pages name the same minimal model. The published
-minimal models (`published_minimal`) are what head zeroing and masking work in where they exist.
+minimal model it removes layers from; head zeroing and masking read that walk's cell of their task
+(`task_depths`), so every page names the same minimal model. Where one is published
+(`published_minimal`), every chapter works in it.
 """
 
 from __future__ import annotations
@@ -81,13 +82,34 @@ def prune(cfg: PruningConfig) -> Pruned:
     sets = [bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
             *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
             bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
-    depths = list(range(1, loaded.adapter.n_layers + 1))
-    store = base.open_store(cfg.chapter, cfg.profile, "depths", [loaded])
-    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec) for b in sets]
-    rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
-    scores = {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
-    return Pruned(cfg, len(depths), scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
+    scores = walk(cfg.profile, loaded, sets)
+    return Pruned(cfg, loaded.adapter.n_layers, scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
                   base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
+
+
+def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, Score]]:
+    """Each benchmark at every depth of `loaded` (benchmark -> layers kept -> score), through the
+    layer-pruning chapter's results store: one cell per benchmark, so a chapter that walks one of
+    that chapter's benchmarks reads the number its page shows."""
+    depths = range(1, loaded.adapter.n_layers + 1)
+    store = base.open_store(PruningConfig.chapter, profile, "depths", [loaded])
+    cells = [dict(model=loaded.name, benchmark=b.name, items=b.spec) for b in sets]
+    rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
+    return {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
+
+
+def task_depths(loaded, profile: str, smoke: bool, seed: int, task: str, kv_pairs: int, kv_query: str) -> dict[int, Score]:
+    """`task` ("mmlu" or "kv") at every depth, on the layer-pruning chapter's items for it (its
+    sizes at `profile`/`smoke` and its prompt settings, drawn with `seed`): the walk its page shows,
+    where head zeroing and masking find the minimal model (`minimal_depth`). A screen's own
+    prompts named 23 layers at one seed and 24 at the next, so the heads swept moved with the seed.
+    Toys, which that chapter does not run, are walked on its sizes all the same."""
+    sizes = {**PruningConfig.defaults(profile), **(PruningConfig.smoke_sizes if smoke else {})}
+    if task == "mmlu":
+        b = bm.letter_mcq(loaded.name, loaded.tokenizer, profile, sizes["n_mmlu"], seed, sizes["k_shot"])
+    else:
+        b = bm.kv(loaded.name, loaded.tokenizer, kv_pairs, sizes["n_kv"], seed, kv_query)
+    return walk(profile, loaded, [b])[b.name]
 
 
 def measure_depths(cell: dict) -> dict:

@@ -213,3 +213,15 @@ def test_a_screen_whose_most_harmful_head_ties_with_no_head_zeroed_says_no_head_
     paper_heads = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.68),
                                                   "roles": Roles({"G": (G,), "A": (A,)}, "paper")}))
     assert "stands out" not in paper_heads  # the paper's heads are named, not picked among ties
+
+
+def test_the_conditions_figure_greys_the_random_controls_and_only_them():
+    from matplotlib.colors import to_rgb
+
+    result = made_up(g=0.26, a=0.25, controls=[0.7, 0.69], only=0.7)
+    shuffled = dict(reversed(list(result.scores.items())))  # another order of conditions
+    fig = chapter.conditions_figure(chapter.Result(**{**result.__dict__, "scores": shuffled}))
+    ax = fig.axes[0]
+    by_y = {round(t.get_position()[1]): t.get_text() for t in ax.get_yticklabels()}
+    grey = {by_y[round(b.get_y() + b.get_height() / 2)] for b in ax.patches if to_rgb(b.get_facecolor()) == to_rgb("0.45")}
+    assert grey == {"random #1", "random #2"}

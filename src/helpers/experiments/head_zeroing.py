@@ -267,11 +267,11 @@ def control_names(result: Result) -> list[str]:
 
 
 def conditions_table(result: Result, short: bool = False, knowledge: bool = False) -> pd.DataFrame:
-    """One row per condition of the check: what was zeroed, acc, lo, hi, n (of the task, or with
-    `knowledge` of the knowledge tasks' unweighted mean)."""
+    """One row per condition of the check, indexed by the condition: what was zeroed, acc, lo,
+    hi, n (of the task, or with `knowledge` of the knowledge tasks' unweighted mean)."""
     score = (lambda k: result.knowledge_under(k)) if knowledge else (lambda k: result.scores[k])
     return pd.DataFrame([dict(zeroed=_describe(result, k, short), acc=score(k).acc, lo=score(k).lo, hi=score(k).hi,
-                              n=score(k).n) for k in result.scores])
+                              n=score(k).n) for k in result.scores], index=pd.Index(list(result.scores), name="condition"))
 
 
 def roles_table(result: Result) -> pd.DataFrame:
@@ -414,7 +414,7 @@ def conditions_figure(result: Result):
     fig, axes = plt.subplots(1, len(panels), figsize=(plots.WIDTH, 1.6 + 0.32 * n), sharey=True, squeeze=False)
     for ax, (table, title, chance) in zip(axes[0], panels):
         y = np.arange(len(table))[::-1]
-        colours = ["0.45" if k in control_names(result) else "tab:blue" for k in result.scores]  # the table's rows
+        colours = ["0.45" if k in control_names(result) else "tab:blue" for k in table.index]
         ax.barh(y, 100 * table.acc, xerr=[100 * (table.acc - table.lo), 100 * (table.hi - table.acc)], color=colours,
                 capsize=2, height=0.6)
         ax.set_yticks(y, table.zeroed)

@@ -138,13 +138,18 @@ def test_at_chance_nothing_is_testable_and_without_an_aggregate_head_it_is_anoth
     assert a.outcome == v.INCONCLUSIVE and "a candidate's interval reaches the line" in a.evidence
 
 
-def test_a_pattern_keeps_accuracy_only_where_the_head_is_needed():
-    # zeroing G costs nothing (redundancy): G masked to its pattern "keeping" accuracy says nothing
-    idle = {x.claim: x for x in chapter.verdicts(made_up({**PAPERS, "G zeroed": 0.6}))}
-    g = idle["G head masked to the hypothesised pattern: accuracy is kept"]
-    assert g.outcome == v.NOT_TESTABLE and "zeroing Gather does not measurably lower accuracy" in g.evidence
-    assert idle["G and A heads masked to the hypothesised patterns: accuracy is kept"].outcome == v.NOT_TESTABLE
+def test_a_roles_masks_are_judged_only_where_the_head_is_needed():
+    # zeroing G costs nothing (redundancy): G masked to its pattern "keeping" accuracy says nothing,
+    # nor does a control pattern of G that costs nothing either (Qwen's 24-layer minimal model)
+    idle = {x.claim: x for x in chapter.verdicts(made_up({**PAPERS, "G zeroed": 0.6, "G: control pattern": 0.6}))}
+    for claim in ("G head masked to the hypothesised pattern: accuracy is kept",
+                  "G head masked to the control pattern: accuracy falls",
+                  "G head: the control scores below the hypothesised pattern",
+                  "G and A heads masked to the hypothesised patterns: accuracy is kept"):
+        assert idle[claim].outcome == v.NOT_TESTABLE and "zeroing Gather does not measurably lower" in idle[claim].evidence
     assert idle["A head masked to the hypothesised pattern: accuracy is kept"].outcome == v.REPRODUCED
+    assert idle["A head masked to the control pattern: accuracy falls"].outcome == v.REPRODUCED
+    assert idle["G head zeroed: accuracy falls"].outcome == v.NOT_REPRODUCED  # the harm itself is still judged
 
 
 CHECKED = head_screen.ScreenConfig.for_profile("cpu").n_check  # the questions masking may take

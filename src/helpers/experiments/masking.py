@@ -305,9 +305,9 @@ def compare(r: ModelRun, which: str, rule, a: str, b: str, needs_harm: bool = Fa
     """One model's part of a claim about role(s) `which`: `rule(scores[a], scores[b], chance)`.
     Not testable where the model is at chance; not reproduced where no top head behaves as a
     role (`verdicts.another_mechanism`: the closest head says nothing about the paper's). With
-    `needs_harm` (a pattern "keeps" accuracy), judged only where zeroing each role's heads lowers
-    accuracy (`verdicts.falls`): a mask cannot show that a head needs only its pattern when the
-    model does not need the head at all."""
+    `needs_harm` (every claim about a role's masks), judged only where zeroing each role's heads
+    lowers accuracy (`verdicts.falls`): when the model does not need the head at all, a mask can
+    show neither that it needs only its pattern nor that another pattern breaks it."""
     clean = r.scores["no mask"]
     if not clean.above(r.chance):
         return v.NOT_TESTABLE, (f"{r.model}: no mask does not clear chance ({clean}, chance {r.chance:.0%}), "
@@ -344,9 +344,9 @@ def verdicts(result: Result) -> list[v.Verdict]:
         out += [verdict(result, f"{heads} masked to the hypothesised pattern{'s' if which == BOTH else ''}: "
                                 "accuracy is kept", which, kept, "no mask", PATTERN_OF[which], needs_harm=True),
                 verdict(result, f"{heads} masked to the control pattern{'s' if which == BOTH else ''}: accuracy falls",
-                        which, falls, "no mask", CONTROL_OF[which]),
+                        which, falls, "no mask", CONTROL_OF[which], needs_harm=True),
                 verdict(result, f"{heads}: the control scores below the hypothesised pattern", which, lower,
-                        PATTERN_OF[which], CONTROL_OF[which])]
+                        PATTERN_OF[which], CONTROL_OF[which], needs_harm=True)]
     for role in ROLE_NAMES:
         out.append(verdict(result, f"{role} head zeroed: accuracy falls", role, falls, "no mask", f"{role} zeroed"))
     return out

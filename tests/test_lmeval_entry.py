@@ -196,6 +196,14 @@ def test_unknown_tasks_are_refused_with_close_names(task_manager, tmp_path, monk
     assert lmeval.resolve_tasks("gsm8k", task_manager) == ["gsm8k"]
 
 
+def test_the_books_own_tasks_skip_lm_evals_index_and_its_names_do_not():
+    ours = list(lmeval.book_tasks())[:2]
+    local = lmeval.task_manager_for(ours)
+    assert not local.all_tasks  # no YAML of lm-eval's was read
+    assert [t["task"] for t in lmeval.resolve_tasks(ours, local)] == ours
+    assert "gsm8k" in lmeval.task_manager_for(ours + ["gsm8k"]).all_tasks  # one lm-eval name: its whole index
+
+
 def test_layers_and_heads_are_read_as_written():
     assert lmeval.parse_layers("0..3,8", "x") == (0, 1, 2, 3, 8)
     both = (helpers.Head(16, 22), helpers.Head(17, 24))

@@ -196,6 +196,17 @@ def read_task_yaml(path: Path) -> dict:
     return {**config, "dataset_kwargs": {**kwargs, "data_files": files}}
 
 
+def task_manager_for(tasks: str | Sequence[str]):
+    """lm-eval's TaskManager for `tasks`: without lm-eval's own index where every task is the
+    book's own or a YAML path (`resolve_tasks` reads those itself), since building that index
+    reads some 14,000 YAML files (8 s here) for names that are never looked up."""
+    from lm_eval.tasks import TaskManager
+
+    given = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+    ours = book_tasks()
+    return TaskManager(include_defaults=not all(t in ours or t.endswith((".yaml", ".yml")) for t in given))
+
+
 def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
     """lm-eval task names (checked against lm-eval's index), the book's own tasks by name
     (`book_tasks`) and paths to task YAMLs, comma-joined or listed, as `simple_evaluate` takes them."""
@@ -247,7 +258,6 @@ def evaluate(model: str | Loaded, tasks: str | Sequence[str], *, zero=None, keep
 
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     from . import provenance
 
@@ -256,7 +266,7 @@ def evaluate(model: str | Loaded, tasks: str | Sequence[str], *, zero=None, keep
             intervention.contexts(shape_model(model))
         except InterventionError as e:  # the interventions' own message, with the valid range
             raise InterventionError(f"{model}: {e}") from None
-    task_manager = task_manager or TaskManager()
+    task_manager = task_manager or task_manager_for(tasks)
     resolved = resolve_tasks(tasks, task_manager)
     if isinstance(model, str):
         from .models import load

@@ -272,12 +272,10 @@ def per_item(results: dict, names: list[str], aggregate: str | None = None) -> T
 
 
 def run(cfg: Config) -> Result:
-    from lm_eval.tasks import TaskManager
-
     from .. import lmeval
 
     timer = base.Timer()
-    task_manager = TaskManager()
+    task_manager = lmeval.task_manager_for(cfg.tasks)
     runs = {task: expand(task, cfg.bbh_subtasks, task_manager) for task in cfg.tasks}
     for task, names in runs.items():  # every name checked before the model loads
         lmeval.resolve_tasks(names, task_manager)

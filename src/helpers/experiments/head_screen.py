@@ -65,8 +65,9 @@ class ScreenConfig(base.Config):
         if profile == "cpu":
             # A 1.5B model on 2 CPU cores: the screen's gradient in one pass (alpha = 1), the found minimal
             # model's last two layers swept exactly (see `screen`); sizes that fit the book's 15 minutes a chapter
-            # (seed 0, alone on 2 cores: 9:51, of which the minimal-model search and the screen 5:30, the check's
-            # 12 conditions on 150 questions and 150 facts 2:55).
+            # (seed 0, alone on 2 cores, cold: 11:04, of which layer pruning's walk of the letters 2:16, which the
+            # book has stored by then, the screen 4:39, the roles 0:42, the check's 12 conditions on 150
+            # questions and 150 facts 3:18).
             return dict(model=shared.LETTER_MODEL, task="mmlu", n_screen=100, n_check=150, n_knowledge=150, top=2,
                         screen_alpha=1.0, **common)
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.

@@ -213,6 +213,10 @@ def test_a_screen_whose_most_harmful_head_ties_with_no_head_zeroed_says_no_head_
     paper_heads = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.68),
                                                   "roles": Roles({"G": (G,), "A": (A,)}, "paper")}))
     assert "stands out" not in paper_heads  # the paper's heads are named, not picked among ties
+    nobody = Roles({"G": (), "A": ()}, "behaviour", measures(0.9, 0.8), {"G": None, "A": None})
+    unnamed = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.68), "roles": nobody}))
+    assert "named among heads that tie" in tie
+    assert "No head stands out on the screen" in unnamed and "named among heads that tie" not in unnamed
 
 
 def test_the_conditions_figure_greys_the_random_controls_and_only_them():

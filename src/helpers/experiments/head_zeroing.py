@@ -356,9 +356,11 @@ def draws(result: Result) -> str:
                  "the screen's estimate ordered them, so another seed may measure other candidates.")
     if result.roles.source == "behaviour" and (top := hd.measured(result.ranking)):
         readable, why = v.ranking_readable(result.screen_clean, _screen_row(result, top[0]), result.chance)
+        named = any(result.roles.heads[r] for r in ROLE_NAMES)
         if not readable:
-            text += (f" No head stands out on the screen: {why}. The candidates' roles are named among heads that "
-                     "tie, so another seed may name other heads; the claims below are measured on the check all the same.")
+            text += f" No head stands out on the screen: {why}." + (
+                " The roles are named among heads that tie, so another seed may name other heads; the claims "
+                "below are measured on the check all the same." if named else "")
     return text
 
 

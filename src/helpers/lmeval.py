@@ -202,15 +202,19 @@ def task_manager_for(tasks: str | Sequence[str]):
     reads some 14,000 YAML files (8 s here) for names that are never looked up."""
     from lm_eval.tasks import TaskManager
 
-    given = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
     ours = book_tasks()
-    return TaskManager(include_defaults=not all(t in ours or t.endswith((".yaml", ".yml")) for t in given))
+    return TaskManager(include_defaults=not all(t in ours or t.endswith((".yaml", ".yml")) for t in task_names(tasks)))
+
+
+def task_names(tasks: str | Sequence[str]) -> list[str]:
+    """The task names of a comma-joined string or a list, stripped, empty ones dropped."""
+    return [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
 
 
 def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
     """lm-eval task names (checked against lm-eval's index), the book's own tasks by name
     (`book_tasks`) and paths to task YAMLs, comma-joined or listed, as `simple_evaluate` takes them."""
-    given = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+    given = task_names(tasks)
     if not given:
         raise ConfigError("--tasks is empty: name lm-eval tasks (e.g. gsm8k,arc_challenge) or task YAML files")
     ours = book_tasks()

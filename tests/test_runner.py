@@ -16,7 +16,7 @@ from helpers import benchmarks as bm
 from helpers import runner
 from helpers.errors import ConfigError
 from helpers.experiments import (attention_maps, base, beyond_mmlu, distilled, head_screen, head_zeroing, hybrid_models,
-                                 hybrid_swap, kv_retrieval, layer_removal, masking, minimal, robustness, shared)
+                                 hybrid_swap, kv_retrieval, layer_removal, masking, minimal, robustness, roles, shared)
 from helpers.sweep import Store, sweep
 
 TOY = "toy-transformer"
@@ -190,7 +190,8 @@ MEASUREMENTS = [minimal.measure_depths, layer_removal.measure_removals, head_scr
                 hybrid_swap.measure_swap, hybrid_models.measure_condition, hybrid_models.measure_as_is,
                 masking.measure_conditions, kv_retrieval.measure_size, shared.measure_screen, shared.measure_layer,
                 beyond_mmlu.measure_ranking, robustness.measure_kinds, robustness.measure_cut,
-                robustness.measure_patching, robustness.measure_stability]
+                robustness.measure_patching, robustness.measure_clean,
+                roles.measure_behaviour]
 
 
 @pytest.mark.parametrize("measure", MEASUREMENTS, ids=lambda m: f"{m.__module__.rpartition('.')[2]}.{m.__name__}")

@@ -227,6 +227,13 @@ class SweepEngine:
         """Zero each head of these layers alone (default: every layer with heads) in the model
         that runs `model_layers` (default all); `side_by_side` heads of a layer run together
         (default: as many as fit the batch budget)."""
+        return {head: self.score_loglikelihoods(ll)
+                for head, ll in self.head_loglikelihoods(layers, side_by_side, progress, model_layers).items()}
+
+    def head_loglikelihoods(self, layers: list[int] | None = None, side_by_side: int | None = None,
+                            progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, np.ndarray]:
+        """`head_sweep`'s runs before scoring: per head zeroed alone, its row of `loglikelihoods`
+        (for what a score drops: the gold answer's margin, `margins`)."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
         cells = [(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
         k = side_by_side or self.copies
@@ -238,7 +245,7 @@ class SweepEngine:
                     chunk = heads[i:i + k]
                     lls = self.loglikelihoods([{layer: [h]} for h in chunk], model_layers)
                     for h, ll in zip(chunk, lls):
-                        out[Head(layer, h)] = self.score_loglikelihoods(ll)
+                        out[Head(layer, h)] = ll
                     meter.update(len(chunk))
         return out
 

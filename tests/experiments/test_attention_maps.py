@@ -107,6 +107,20 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
         chapter.Config.for_profile("cpu", **kwargs)
 
 
+def test_the_roles_are_measured_once_for_every_chapter(monkeypatch):
+    # KV retrieval, attention maps and masking name roles among the same candidates on the same
+    # prompts: the second asks the results store, and gets exactly what the first measured.
+    from helpers.experiments import base
+
+    loaded = base.load("toy-transformer")
+    first = roles.find_roles(loaded, "cpu", True, seed=3)
+    monkeypatch.setattr(roles, "measure_behaviour", lambda cell: pytest.fail(f"measured again: {cell}"))
+    again = roles.find_roles(loaded, "cpu", True, seed=3)
+    assert first.measures is not None and len(first.measures) > 0
+    pd.testing.assert_frame_equal(first.measures, again.measures)
+    assert (first.heads, first.found) == (again.heads, again.found)
+
+
 def test_the_maps_name_the_roles_every_chapter_names():
     # One assignment (roles.find_roles, the seed's KV ranking): KV retrieval's roles, and where no
     # candidate plays a role, the closest candidate, said so. The toy Transformer at smoke size and

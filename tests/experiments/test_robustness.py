@@ -37,6 +37,27 @@ def test_run_at_smoke_size_removes_every_set_every_way():
     s = result.stability
     assert list(s.conditions.seed) == [0, 1] and len(s.pairs) == 1 and s.layers == [0, 1]
     assert len(chapter.patching_table(result)) == 8 and len(chapter.stability_table(result)) == 2
+    # the reference condition is the book's ranking: its accuracies are the ranking's, from its cells
+    ranking = chapter.shared.kv_ranking(helpers.experiments.base.load("toy-transformer"), "cpu", True)
+    exact = ranking.table.dropna(subset=["acc"])
+    reference = chapter.condition_heads(chapter.shared.swept_layers(
+        helpers.experiments.base.load("toy-transformer"), "cpu",
+        {k: ranking.settings[k] for k in chapter.shared.PROMPTS}, s.layers))
+    assert {f"L{l}H{h}": a for l, h, a in zip(exact.layer, exact["head"], exact.acc)} == \
+        {name: np.mean(x["correct"]) for name, x in reference.items()}
+
+
+def test_the_stability_reference_is_read_from_the_rankings_cells(monkeypatch):
+    loaded = helpers.experiments.base.load("toy-transformer")
+    ranking = chapter.shared.kv_ranking(loaded, "cpu", True)
+    layers = sorted({h.layer for h in chapter.measured(ranking.table)})
+    swept = []
+    monkeypatch.setattr(chapter.shared, "measure_layer", lambda cell: swept.append(cell) or {"heads": {}})
+    chapter.shared.swept_layers(loaded, "cpu", {k: ranking.settings[k] for k in chapter.shared.PROMPTS}, layers)
+    assert swept == []  # the ranking's own prompts: every layer is in the store
+    chapter.shared.swept_layers(loaded, "cpu", {**{k: ranking.settings[k] for k in chapter.shared.PROMPTS},
+                                                "seed": 5}, layers)
+    assert [c["layer"] for c in swept] == layers and {c["seed"] for c in swept} == {5}  # other prompts: measured
 
 
 def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():
@@ -267,12 +288,15 @@ def test_the_random_overlap_line_is_the_hypergeometric_975_point():
 
 
 def test_stability_conditions_factorial_and_one_factor_at_a_time():
-    full = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_design="factorial", stability_seeds=3),
-                                        toy=False)
+    full = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_design="factorial", stability_seeds=3,
+                                                                  stability_queries=2), toy=False)
     assert len(full) == 12 and full[0] == (0, "repeat", "released") and len(set(full)) == 12
-    one = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_seeds=3), toy=False)  # the CPU design
+    one = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_seeds=3, stability_queries=2),
+                                       toy=False)
     assert one == [(0, "repeat", "released"), (1, "repeat", "released"), (2, "repeat", "released"),
-                   (0, "repeat", "trailing"), (0, "paper", "released"), (0, "paper", "trailing")]
+                   (0, "paper", "released"), (0, "repeat", "trailing")]  # each factor alone from the reference
+    cpu = chapter.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)  # the CPU design
+    assert cpu == [(0, "repeat", "released"), (1, "repeat", "released"), (0, "repeat", "trailing")]
     assert set(one) <= set(full)
     paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
     assert len(paper) == 12 and paper[0] == (0, "paper", "released")  # the paper profile's query first

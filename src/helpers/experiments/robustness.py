@@ -78,13 +78,12 @@ class Config(base.Config):
     n_patch: int = base.count()  # activation patching: clean prompts (each with its key-swapped corruption)
     overlap_k: int = base.count()  # top-k overlap of two rankings (patching against ablation; stability)
     stability_seeds: int = base.count()  # stability: prompt seeds (0, 1, ...) of the rankings compared
-    n_stability: int = base.count()  # stability: prompts per ranking
+    stability_queries: int = base.count(maximum=2)  # stability: 1, the profile's query form only; 2, both
     stability_design: str = base.one_of("factorial", "one-factor")  # every seed x query x form, or each varied alone
 
     chapter = "robustness"
     smoke_sizes = dict(n_kv=6, kv_pairs=4, n_reference=6, top=2, n_controls=1, ks=(1, 2), n_mmlu=8, n_patch=6,
-                       overlap_k=2, stability_seeds=1, n_stability=4,
-                       stability_design="factorial")
+                       overlap_k=2, stability_seeds=1, stability_queries=2, stability_design="factorial")
 
     def __post_init__(self):
         super().__post_init__()
@@ -107,18 +106,21 @@ class Config(base.Config):
     def defaults(cls, profile):
         attention, ssm = MODELS[profile]
         if profile == "cpu":
-            return dict(model=attention, ssm_model=ssm, n_kv=100, kv_pairs=8, n_reference=100, top=3, n_controls=2,
-                        ks=(1, 2, 5, 10, 30), task="kv", n_mmlu=None, seed=1, reference_seed=2, n_patch=100,
-                        # Stability at the ranking's own 40 prompts on 2 seeds (5 exact rankings): one exact
-                        # ranking of SmolLM2's screened layers took 625 s at n = 100 on the shared 2-core
-                        # machine, so 3 seeds at n = 100 would add about an hour to the chapter. The paper
-                        # profiles run the full factorial at n = 200.
-                        overlap_k=5, stability_seeds=2, n_stability=40,
+            return dict(model=attention, ssm_model=ssm, n_kv=80, kv_pairs=8, n_reference=80, top=3, n_controls=2,
+                        ks=(1, 2, 5, 10, 30), task="kv", n_mmlu=None, seed=1, reference_seed=2,
+                        # Measured alone on 2 cores at seed 1 (the shared ranking stored): on 100 prompts the
+                        # ablation kinds took 3:07-3:19 and redundancy 2:23-2:52, patching SmolLM2's 54
+                        # screened heads 6:20 on 100 prompts and 2:57-4:24 on 50, one exact ranking of them on
+                        # the ranking's 40 prompts 2:21-2:43 (the spread is the machine's). The release's
+                        # query is not varied here: with it SmolLM2 retrieves 30% of those prompts and no
+                        # single head moves that (22.5% [12.3, 37.5] with the most harmful zeroed), so its
+                        # ranking cannot be read and its 2:30 buy nothing. The paper profiles run the full
+                        # factorial on the ranking's 200 prompts.
+                        n_patch=40, overlap_k=5, stability_seeds=2, stability_queries=1,
                         stability_design="one-factor")
         return dict(model=attention, ssm_model=ssm, n_kv=200, kv_pairs=8, n_reference=200, top=2, n_controls=5,
                     ks=(1, 2, 5, 10, 30), task="mmlu", n_mmlu=2000, seed=1, reference_seed=2, n_patch=200,
-                    overlap_k=5, stability_seeds=3, n_stability=200,
-                    stability_design="factorial")
+                    overlap_k=5, stability_seeds=3, stability_queries=2, stability_design="factorial")
 
 
 @dataclass(frozen=True)
@@ -703,8 +705,9 @@ def base_chance(pairs: int, loaded) -> float:
 # What a ranking costs decides the design: the screen (a gradient pass per layer over every
 # prompt) took ~60 s per layer of SmolLM2 at n = 100 on this project's busy CPU (30 min a ranking,
 # ~7 GB), so 12 screened rankings do not fit the chapter's budget. Each condition instead sweeps
-# exactly the layers the book's ranking swept (the screen's layers, `shared.kv_ranking`): the
-# ranking within those layers is measured on every condition's own prompts, and whether another
+# exactly the layers the book's ranking swept (the screen's layers, `shared.kv_ranking`), on as
+# many prompts as the ranking, through the ranking's own cells (`shared.swept_layers`): the
+# reference condition is the book's ranking itself, read from the store, and whether another
 # screen would have pointed elsewhere is not tested (the page says so).
 
 @dataclass(frozen=True)
@@ -719,36 +722,22 @@ class Stability:
 def stability_conditions(cfg: Config, toy: bool) -> list[tuple[int, str, str]]:
     """(seed, query, form) of each ranking: seeds 0.. x the two query forms x the trailing space
     off ("released": the value right after the query) and on ("trailing"); the profile's query
-    and form first (the first condition is the reference). "one-factor" (the CPU profile's
-    default: each exact ranking of SmolLM2's screened layers at n = 100 costs several minutes on
-    a 2-core CPU) keeps the reference's query and form on the other seeds and varies query and
-    form on seed 0 only: 6 rankings for 3 seeds instead of 12. A toy's prompt has no query forms:
+    and form at seed 0 first (the reference: the book's ranking). "one-factor" (the CPU profile's
+    default: each exact ranking of SmolLM2's screened layers costs minutes on a 2-core CPU) varies
+    one factor at a time from the reference: the other seeds, then the other query, then the other
+    form (4 rankings for 2 seeds, 3 of them measured, where the factorial needs 8).
+    `stability_queries` = 1 ranks the profile's query form only. A toy's prompt has no query forms:
     seeds only, at least two (something to compare)."""
     s = shared.RANKING[cfg.profile]
-    queries = [s["query"]] + [q for q in ("repeat", "paper") if q != s["query"]]
+    queries = ([s["query"]] + [q for q in ("repeat", "paper") if q != s["query"]])[:cfg.stability_queries]
     forms = [s["form"]] + [f for f in ("released", "trailing") if f != s["form"]]
     seeds = cfg.stability_seeds
     if toy:
         queries, forms, seeds = queries[:1], forms[:1], max(2, seeds)
-    if cfg.stability_design == "one-factor":  # the reference, then each factor changed alone (both forms at seed 0)
+    if cfg.stability_design == "one-factor":
         return [(seed, queries[0], forms[0]) for seed in range(seeds)] + \
-            [(0, q, f) for q in queries for f in forms if (q, f) != (queries[0], forms[0])]
+            [(0, q, forms[0]) for q in queries[1:]] + [(0, queries[0], f) for f in forms[1:]]
     return [(seed, q, f) for seed in range(seeds) for q in queries for f in forms]
-
-
-def exact_ranking(engine: SweepEngine, layers: list[int]) -> dict:
-    """Every head of `layers` zeroed alone: per head its per-prompt correctness and the mean
-    log-probability of the gold answer (which breaks ties in accuracy), heads of a layer side by
-    side (the engine's `copies`)."""
-    out = {}
-    for layer in layers:
-        heads = list(range(engine.adapter.n_heads(layer)))
-        for i in range(0, len(heads), engine.copies):
-            chunk = heads[i:i + engine.copies]
-            for h, ll in zip(chunk, engine.loglikelihoods([{layer: [h]} for h in chunk])):
-                out[str(Head(layer, h))] = dict(correct=engine.score_loglikelihoods(ll).correct.tolist(),
-                                                margin=engine.margins(torch.as_tensor(ll)).double().numpy().tolist())
-    return out
 
 
 def _order(acc: np.ndarray, margin: np.ndarray) -> np.ndarray:
@@ -757,7 +746,7 @@ def _order(acc: np.ndarray, margin: np.ndarray) -> np.ndarray:
 
 
 def compare_conditions(a: dict, b: dict, k: int, resamples: int = BOOTSTRAP) -> dict:
-    """Two exact rankings of the same heads (`exact_ranking` on each condition's own prompts):
+    """Two exact rankings of the same heads (`condition_heads` of each condition's own prompts):
     Spearman's rho of the heads' accuracies when zeroed and the overlap of the two top-k sets,
     with percentile-bootstrap intervals (each condition's prompts resampled on their own), and
     what random orders would share (mean and 97.5% point)."""
@@ -782,45 +771,51 @@ def compare_conditions(a: dict, b: dict, k: int, resamples: int = BOOTSTRAP) -> 
                 overlap_hi=float(np.quantile(overlaps, 0.975)), chance=mean, chance_line=line, k=k, n=len(heads))
 
 
+def condition_heads(rows: list[dict]) -> dict:
+    """`shared.swept_layers`' rows as {head name: {"correct": [bool per prompt], "margin": [...]}}."""
+    return {str(Head(r["layer"], int(h))): dict(correct=Score.from_json(x).correct.tolist(), margin=x["margin"])
+            for r in rows for h, x in r["heads"].items()}
+
+
 def run_stability(loaded, cfg: Config) -> Stability:
     """The exact ranking of the book's screened layers on every (seed, query, form) condition,
-    each against the first (the profile's query and form, seed 0), through the results store."""
+    each against the first (the book's ranking: the profile's query and form, seed 0)."""
     reference = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
     layers = sorted({h.layer for h in measured(reference.table)})
-    pairs = reference.settings["pairs"]
-    n = cfg.n_stability
+    pairs, n = reference.settings["pairs"], reference.settings["n"]
     store = base.open_store(cfg.chapter, cfg.profile, "stability", [loaded])
     conditions = stability_conditions(cfg, registry_toy(loaded.name))
-    cells = [dict(model=loaded.name, pairs=pairs, n=n, seed=seed, query=query, form=form, layers=layers)
-             for seed, query, form in conditions]
-    results = sweep(store, cells, measure_stability, desc="stability")
+    prompts = [dict(pairs=pairs, n=n, seed=seed, query=query, form=form) for seed, query, form in conditions]
+    cleans = sweep(store, [dict(model=loaded.name, **p) for p in prompts], measure_clean, desc="stability: clean")
+    results = [condition_heads(shared.swept_layers(loaded, cfg.profile, p, layers,
+                                                   desc=f"stability: seed {p['seed']}, {p['query']}, {p['form']}"))
+               for p in prompts]
     chance = base_chance(pairs, loaded)
     rows = []
-    for (seed, query, form), r in zip(conditions, results):
-        clean = Score.from_json(r["clean"])
-        accs = {h: float(np.mean(x["correct"])) for h, x in r["heads"].items()}
-        worst = Score.of(r["heads"][min(accs, key=accs.get)]["correct"])
+    for (seed, query, form), c, r in zip(conditions, cleans, results):
+        clean = Score.from_json(c["clean"])
+        accs = {h: float(np.mean(x["correct"])) for h, x in r.items()}
+        worst = Score.of(r[min(accs, key=accs.get)]["correct"])
         ok, why = v.ranking_readable(clean, (worst.acc, worst.lo, worst.hi), chance)
-        heads = sorted(r["heads"])
-        order = _order(np.array([accs[h] for h in heads]), np.array([np.mean(r["heads"][h]["margin"]) for h in heads]))
+        heads = sorted(r)
+        order = _order(np.array([accs[h] for h in heads]), np.array([np.mean(r[h]["margin"]) for h in heads]))
         rows.append(dict(seed=seed, query=query, form=form, n=n, clean=clean, readable=ok, why=why,
                          top=", ".join(heads[i] for i in order[:cfg.overlap_k])))
     table = pd.DataFrame(rows)
     compared = pd.DataFrame([dict(seed=c[0], query=c[1], form=c[2], readable=bool(table.readable[0] and table.readable[i]),
-                                  **compare_conditions(results[0]["heads"], results[i]["heads"], cfg.overlap_k))
+                                  **compare_conditions(results[0], results[i], cfg.overlap_k))
                              for i, c in enumerate(conditions) if i > 0])
     tops = [set(t.split(", ")) for t, ok in zip(table.top, table.readable) if ok]
     every_top = sorted(set.intersection(*tops), key=lambda h: Head.parse(h)) if tops else []
     return Stability(table, compared, every_top, cfg.overlap_k, layers)
 
 
-def measure_stability(cell: dict) -> dict:
-    """The exact ranking of the cell's layers (`exact_ranking`) on the KV prompts of its pairs,
-    n, seed, query and form, with the accuracy of none zeroed (a measurement, `runner`)."""
+def measure_clean(cell: dict) -> dict:
+    """KV accuracy with no head zeroed on the prompts of the cell's pairs, n, seed, query and form
+    (a measurement, `runner`)."""
     loaded = base.model_for(cell["model"])
     items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"], cell["form"]).items
-    engine = SweepEngine(loaded, loaded.tokenizer, items)
-    return {"clean": engine.score().to_json(), "heads": exact_ranking(engine, cell["layers"])}
+    return {"clean": SweepEngine(loaded, loaded.tokenizer, items).score().to_json()}
 
 
 # --- patching and stability: verdicts, tables, figures ----------------------------------------------

@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..heads import ROLE_MEASURES, Head
 from ..segments import Segments, head_measures
 from ..stats import Score, mean_interval
+from ..sweep import sweep
 from . import base, shared
 
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
@@ -174,7 +175,7 @@ def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, b
         benchmark = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
         candidates = hd.candidates(kv.table)
     heads = list(dict.fromkeys(list(candidates or []) + [h for hs in (named or {}).values() for h in hs]))
-    measures = measure_roles(loaded, benchmark, heads, n) if heads else None
+    measures = measure_roles(loaded, profile, benchmark, heads, n) if heads else None
     found = hd.assign_roles(measures) if heads else None
     if named:
         return Roles(named, "paper", measures, found, ranking=ranking)
@@ -218,12 +219,27 @@ def measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     return {**head_measures(a, seg), ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
 
 
-def measure_roles(loaded, benchmark: bm.Benchmark, heads: list[Head], n: int) -> pd.DataFrame:
-    """What `heads` do on the first `n` prompts of `benchmark` (`measures`, one pass a prompt),
-    averaged over the prompts (`averaged`): one row per head, indexed by Head."""
-    rows = [dict(head=h, prompt=i, **measures(a, benchmark.segments(item)))
-            for i, item in enumerate(benchmark.items[:n]) for h, a in head_maps(loaded, item.pairs[0][0], heads).items()]
-    return averaged(pd.DataFrame(rows))
+def measure_roles(loaded, profile: str, benchmark: bm.Benchmark, heads: list[Head], n: int) -> pd.DataFrame:
+    """What `heads` do on the first `n` prompts of `benchmark` (`measure_behaviour`), averaged over
+    the prompts (`averaged`): one row per head, indexed by Head. Through one results store for
+    the book, since every chapter that names roles asks this of the same candidates on the same
+    prompts."""
+    store = base.open_store("roles", profile, "behaviour", [loaded])
+    base.hold(loaded)  # the measurement, run here, finds this model by its name
+    cell = dict(model=loaded.name, items=benchmark.spec, heads=[str(h) for h in heads], n=n)
+    per_prompt = pd.DataFrame(sweep(store, [cell], measure_behaviour, desc="roles: what the candidates do")[0]["rows"])
+    return averaged(per_prompt.assign(head=per_prompt["head"].map(Head.parse)))
+
+
+def measure_behaviour(cell: dict) -> dict:
+    """Per head and prompt, `measures` of its attention (one pass a prompt) on the first `n`
+    prompts of the cell's items (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    benchmark = bm.from_spec(cell["items"], loaded.tokenizer)
+    heads = [Head.parse(h) for h in cell["heads"]]
+    return {"rows": [dict(head=str(h), prompt=i, **{k: float(x) for k, x in measures(a, benchmark.segments(item)).items()})
+                     for i, item in enumerate(benchmark.items[:cell["n"]])
+                     for h, a in head_maps(loaded, item.pairs[0][0], heads).items()]}
 
 
 def averaged(per_prompt: pd.DataFrame) -> pd.DataFrame:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+import torch
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
@@ -89,15 +90,28 @@ def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed:
     try:
         screen = sweep(store, [dict(model=loaded.name, part="screen", **settings)], measure_screen,
                        desc="KV head ranking: screen", workers=workers)[0]
-        estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
-        layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
-        prompts = {k: settings[k] for k in PROMPTS}
-        rows = sweep(store, [dict(model=loaded.name, part="layer", layer=l, **prompts) for l in layers], measure_layer,
-                     desc="KV head ranking: layers swept", workers=workers)
     finally:
-        _engines.clear()  # in this process: the prompts' cached residual stream goes with the ranking
+        _engines.clear()
+    estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
+    layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
+    rows = swept_layers(loaded, profile, {k: settings[k] for k in PROMPTS}, layers, workers)
     exact = {Head(r["layer"], int(h)): Score.from_json(s) for r in rows for h, s in r["heads"].items()}
     return Ranking(loaded.name, settings, Score.from_json(screen["clean"]), ranking_table(estimate, exact))
+
+
+def swept_layers(loaded, profile: str, prompts: dict, layers: list[int], workers: int | None = None,
+                 desc: str = "KV head ranking: layers swept") -> list[dict]:
+    """Every head of `layers` zeroed alone on the KV prompts of `prompts` (`PROMPTS`: pairs, n,
+    seed, query, form), one cell per layer of the ranking's store, so that a sweep on the
+    ranking's own prompts is the ranking's (robustness's stability reads it there): per layer
+    {"layer", "heads": {head index: {"correct", "margin"}}} (`measure_layer`)."""
+    store = base.open_store("head_ranking", profile, "kv", [loaded])
+    base.hold(loaded)
+    try:
+        return sweep(store, [dict(model=loaded.name, part="layer", layer=l, **{k: prompts[k] for k in PROMPTS})
+                             for l in layers], measure_layer, desc=desc, workers=workers)
+    finally:
+        _engines.clear()  # in this process: the prompts' cached residual stream goes with the sweep
 
 
 PROMPTS = ("pairs", "n", "seed", "query", "form")  # the settings that choose a ranking's prompts
@@ -126,9 +140,13 @@ def measure_screen(cell: dict) -> dict:
 
 def measure_layer(cell: dict) -> dict:
     """One layer of the ranking's exact sweep (a measurement): each of its heads zeroed alone,
-    {head index: score}."""
-    exact = _engine(cell).head_sweep(layers=[cell["layer"]])
-    return {"heads": {str(h.head): s.to_json() for h, s in exact.items()}}
+    {head index: its score (`Score.to_json`) and per prompt the gold answer's margin (what breaks
+    ties in accuracy, `SweepEngine.margins`)}."""
+    engine = _engine(cell)
+    lls = engine.head_loglikelihoods(layers=[cell["layer"]])
+    return {"heads": {str(h.head): {**engine.score_loglikelihoods(ll).to_json(),
+                                    "margin": engine.margins(torch.as_tensor(ll)).double().numpy().tolist()}
+                      for h, ll in lls.items()}}
 
 
 def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:

@@ -15,8 +15,9 @@ Two questions a sceptical reader asks of every head the book names (issue 20, it
   for another of its keys with the same tokens' layout (`key_swapped`); one head's output from the
   clean run put into the corrupted run (`SweepEngine.patched`), and how much of the clean answer's
   log-probability comes back. Heads ranked by that recovery against the ablation ranking.
-- **Stability.** The ablation ranking's layers swept exactly again on other prompt seeds, both
-  query forms and with the trailing space, each ranking against the first.
+- **Stability.** The ablation ranking's layers swept exactly again on other prompt seeds, the
+  other query form (the paper profiles) and with the trailing space, each ranking against the
+  book's own (`run_stability`).
 - **Redundancy.** The top-k heads of the ranking removed together (k = 1, 2, 5, 10, 30 where the
   model has them), against random k-head controls, for an attention model and an SSM. The
   paper: one head breaks Llama-3.1-8B; a summary of the paper: Llamba-8B keeps over 95% of its

@@ -232,8 +232,9 @@ class SweepEngine:
 
     def head_loglikelihoods(self, layers: list[int] | None = None, side_by_side: int | None = None,
                             progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, np.ndarray]:
-        """`head_sweep`'s runs before scoring: per head zeroed alone, its row of `loglikelihoods`
-        (for what a score drops: the gold answer's margin, `margins`)."""
+        """`head_sweep` before its scoring: per head zeroed alone, its row of `loglikelihoods`,
+        from which both the score (`score_loglikelihoods`) and the gold answer's margin (`margins`)
+        are read."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
         cells = [(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
         k = side_by_side or self.copies

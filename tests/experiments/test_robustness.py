@@ -37,27 +37,25 @@ def test_run_at_smoke_size_removes_every_set_every_way():
     s = result.stability
     assert list(s.conditions.seed) == [0, 1] and len(s.pairs) == 1 and s.layers == [0, 1]
     assert len(chapter.patching_table(result)) == 8 and len(chapter.stability_table(result)) == 2
-    # the reference condition is the book's ranking: its accuracies are the ranking's, from its cells
-    ranking = chapter.shared.kv_ranking(helpers.experiments.base.load("toy-transformer"), "cpu", True)
-    exact = ranking.table.dropna(subset=["acc"])
-    reference = chapter.condition_heads(chapter.shared.swept_layers(
-        helpers.experiments.base.load("toy-transformer"), "cpu",
-        {k: ranking.settings[k] for k in chapter.shared.PROMPTS}, s.layers))
-    assert {f"L{l}H{h}": a for l, h, a in zip(exact.layer, exact["head"], exact.acc)} == \
-        {name: np.mean(x["correct"]) for name, x in reference.items()}
 
-
-def test_the_stability_reference_is_read_from_the_rankings_cells(monkeypatch):
+def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path):
+    # The reference condition is the book's ranking, read from its store: stability measures only
+    # the other conditions, and the reference's top heads are the ranking's most harmful.
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
     loaded = helpers.experiments.base.load("toy-transformer")
+    cfg = chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer")
     ranking = chapter.shared.kv_ranking(loaded, "cpu", True)
-    layers = sorted({h.layer for h in chapter.measured(ranking.table)})
-    swept = []
-    monkeypatch.setattr(chapter.shared, "measure_layer", lambda cell: swept.append(cell) or {"heads": {}})
-    chapter.shared.swept_layers(loaded, "cpu", {k: ranking.settings[k] for k in chapter.shared.PROMPTS}, layers)
-    assert swept == []  # the ranking's own prompts: every layer is in the store
-    chapter.shared.swept_layers(loaded, "cpu", {**{k: ranking.settings[k] for k in chapter.shared.PROMPTS},
-                                                "seed": 5}, layers)
-    assert [c["layer"] for c in swept] == layers and {c["seed"] for c in swept} == {5}  # other prompts: measured
+    measure, swept = chapter.shared.measure_layer, []
+    monkeypatch.setattr(chapter.shared, "measure_layer", lambda cell: swept.append(cell) or measure(cell))
+    s = chapter.run_stability(loaded, cfg)
+    own = {k: ranking.settings[k] for k in chapter.shared.PROMPTS}
+    assert len(s.conditions) == 2 and swept  # the toy: the ranking's seed and the next
+    assert {c["seed"] for c in swept} == {ranking.settings["seed"] + 1} and all(
+        {k: c[k] for k in own} != own for c in swept)
+    exact = ranking.table.dropna(subset=["acc"])
+    acc = {f"L{l}H{h}": a for l, h, a in zip(exact.layer, exact["head"], exact.acc)}
+    top = s.conditions.top[0].split(", ")
+    assert set(top) <= set(acc) and sorted(acc[h] for h in top) == sorted(acc.values())[:len(top)]
 
 
 def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():

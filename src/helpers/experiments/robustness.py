@@ -79,7 +79,7 @@ class Config(base.Config):
     n_patch: int = base.count()  # activation patching: clean prompts (each with its key-swapped corruption)
     overlap_k: int = base.count()  # top-k overlap of two rankings (patching against ablation; stability)
     stability_seeds: int = base.count()  # stability: prompt seeds (0, 1, ...) of the rankings compared
-    stability_queries: int = base.count(maximum=2)  # stability: 1, the profile's query form only; 2, both
+    stability_queries: int = base.one_of(1, 2)  # stability: 1, the profile's query form only; 2, both
     stability_design: str = base.one_of("factorial", "one-factor")  # every seed x query x form, or each varied alone
 
     chapter = "robustness"
@@ -460,7 +460,8 @@ def _patching_rows(result: Result) -> list[tuple]:
                      f"[{a['lo']:.2f}, {a['hi']:.2f}], top {a['k']} overlap {a['overlap']} (random {a['chance']:.2f})"))
     if s := result.stability:
         rows.append(("stability of the ranking", "one prompt set", "one prompt set",
-                     f"{len(s.conditions)} rankings (seeds x query forms x trailing space), layers {s.layers}; "
+                     f"{len(s.conditions)} rankings ({', '.join(f'seed {c.seed}, {c.query}, {c.form}' for c in s.conditions.itertuples())}), "
+                     f"layers {s.layers}; "
                      f"in every top {s.k}: {', '.join(s.in_every_top) or 'none'}"))
     return rows
 
@@ -721,9 +722,9 @@ class Stability:
 
 
 def stability_conditions(cfg: Config, toy: bool) -> list[tuple[int, str, str]]:
-    """(seed, query, form) of each ranking: seeds 0.. x the two query forms x the trailing space
-    off ("released": the value right after the query) and on ("trailing"); the profile's query
-    and form at seed 0 first (the reference: the book's ranking). "one-factor" (the CPU profile's
+    """(seed, query, form) of each ranking: the ranking's seed and the next ones x the two query
+    forms x the trailing space off ("released": the value right after the query) and on
+    ("trailing"); the ranking's own seed, query and form first (the reference: the book's ranking). "one-factor" (the CPU profile's
     default: each exact ranking of SmolLM2's screened layers costs minutes on a 2-core CPU) varies
     one factor at a time from the reference: the other seeds, then the other query, then the other
     form (4 rankings for 2 seeds, 3 of them measured, where the factorial needs 8).
@@ -735,10 +736,11 @@ def stability_conditions(cfg: Config, toy: bool) -> list[tuple[int, str, str]]:
     seeds = cfg.stability_seeds
     if toy:
         queries, forms, seeds = queries[:1], forms[:1], max(2, seeds)
+    seeds = [s["seed"] + i for i in range(seeds)]  # the ranking's, then the next ones
     if cfg.stability_design == "one-factor":
-        return [(seed, queries[0], forms[0]) for seed in range(seeds)] + \
-            [(0, q, forms[0]) for q in queries[1:]] + [(0, queries[0], f) for f in forms[1:]]
-    return [(seed, q, f) for seed in range(seeds) for q in queries for f in forms]
+        return [(seed, queries[0], forms[0]) for seed in seeds] + \
+            [(seeds[0], q, forms[0]) for q in queries[1:]] + [(seeds[0], queries[0], f) for f in forms[1:]]
+    return [(seed, q, f) for seed in seeds for q in queries for f in forms]
 
 
 def _order(acc: np.ndarray, margin: np.ndarray) -> np.ndarray:
@@ -780,7 +782,7 @@ def condition_heads(rows: list[dict]) -> dict:
 
 def run_stability(loaded, cfg: Config) -> Stability:
     """The exact ranking of the book's screened layers on every (seed, query, form) condition,
-    each against the first (the book's ranking: the profile's query and form, seed 0)."""
+    each against the first (the book's ranking: its seed, query and form)."""
     reference = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
     layers = sorted({h.layer for h in measured(reference.table)})
     pairs, n = reference.settings["pairs"], reference.settings["n"]
@@ -867,7 +869,7 @@ def stability_verdict(s: Stability) -> v.Verdict:
     outcome = v.every(parts)
     every = ", ".join(s.in_every_top) or "none"
     return v.Verdict(STABLE_CLAIM, CHECK_SOURCE, outcome,
-                     f"{len(parts)} conditions against seed 0 ({s.conditions['query'].iloc[0]}, "
+                     f"{len(parts)} conditions against seed {s.conditions['seed'].iloc[0]} ({s.conditions['query'].iloc[0]}, "
                      f"{s.conditions['form'].iloc[0]}), layers {s.layers}; in every readable top {s.k}: {every}; "
                      + "; ".join(notes) + (f"; not readable: {'; '.join(unread)}" if unread else ""))
 

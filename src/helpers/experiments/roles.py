@@ -224,6 +224,9 @@ def measure_roles(loaded, profile: str, benchmark: bm.Benchmark, heads: list[Hea
     the prompts (`averaged`): one row per head, indexed by Head. Through one results store for
     the book, since every chapter that names roles asks this of the same candidates on the same
     prompts."""
+    if benchmark.spec is None:
+        raise ConfigError(f"the roles are measured on a benchmark made by `helpers.benchmarks` (one with a `spec`, "
+                          f"so that its results-store cell names its items); {benchmark.name} has none")
     store = base.open_store("roles", profile, "behaviour", [loaded])
     base.hold(loaded)  # the measurement, run here, finds this model by its name
     cell = dict(model=loaded.name, items=benchmark.spec, heads=[str(h) for h in heads], n=n)

@@ -90,10 +90,12 @@ def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed:
     try:
         screen = sweep(store, [dict(model=loaded.name, part="screen", **settings)], measure_screen,
                        desc="KV head ranking: screen", workers=workers)[0]
-    finally:
+    except BaseException:
         _engines.clear()
+        raise
     estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
     layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
+    # The layer sweep runs on the screen's prompts: it reuses the screen's engine, then clears it.
     rows = swept_layers(loaded, profile, {k: settings[k] for k in PROMPTS}, layers, workers)
     exact = {Head(r["layer"], int(h)): Score.from_json(s) for r in rows for h, s in r["heads"].items()}
     return Ranking(loaded.name, settings, Score.from_json(screen["clean"]), ranking_table(estimate, exact))

@@ -87,16 +87,14 @@ def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed:
                 "seed": settings["seed"] if seed is None else seed}
     store = base.open_store("head_ranking", profile, "kv", [loaded])
     base.hold(loaded)  # the measurements below, run here, find this model by its name
-    try:
+    try:  # the layer sweep runs on the screen's prompts: it reuses the screen's engine
         screen = sweep(store, [dict(model=loaded.name, part="screen", **settings)], measure_screen,
                        desc="KV head ranking: screen", workers=workers)[0]
-    except BaseException:
-        _engines.clear()
-        raise
-    estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
-    layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
-    # The layer sweep runs on the screen's prompts: it reuses the screen's engine, then clears it.
-    rows = swept_layers(loaded, profile, {k: settings[k] for k in PROMPTS}, layers, workers)
+        estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
+        layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
+        rows = swept_layers(loaded, profile, {k: settings[k] for k in PROMPTS}, layers, workers)
+    finally:
+        _engines.clear()  # in this process: the prompts' cached residual stream goes with the ranking
     exact = {Head(r["layer"], int(h)): Score.from_json(s) for r in rows for h, s in r["heads"].items()}
     return Ranking(loaded.name, settings, Score.from_json(screen["clean"]), ranking_table(estimate, exact))
 

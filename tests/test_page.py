@@ -87,7 +87,8 @@ RECORDS = {
         "date": "2026-11-30T10:00:00+00:00", "commit": "abc", "dirty": False, "profile": "paper",
         "device": "NVIDIA A100-SXM4-80GB", "cuda": "12.8", "driver": "570.1", "models": {"llama": "rev1"},
         "quantization": {}, "versions": {"torch": "2.10.0", "transformers": "5.24.0"},
-        "kernels": {"mamba-ssm": "2.3.2.post1", "ssm kernels": "fused (mamba-ssm, causal-conv1d)"}, "wall_s": 12.0}},
+        "kernels": {"mamba-ssm": "2.3.2.post1", "ssm kernels": "fused (mamba-ssm, causal-conv1d)"}, "wall_s": 12.0,
+        "peak_rss_gb": 7.31}},
     "book/masking": {"chapter": "masking", "provenance": {
         "date": "2026-12-01T01:00:00+00:00", "commit": "abc", "dirty": True, "profile": "paper",
         "device": "NVIDIA A100-SXM4-80GB", "models": {}, "versions": {}, "wall_s": 3.0}},
@@ -104,6 +105,7 @@ def test_runs_are_downloadable_as_csv_and_json(tmp_path):
     text = book.runs_page(RECORDS, "paper")
     assert "{download}`runs.csv <runs.csv>`" in text and "{download}`runs.json <runs.json>`" in text
     assert "| 2026-11-30T10:00:00+00:00 |" in text and "| 2.10.0, 5.24.0 |" in text
+    assert "| 12 s | 7.3 GB |" in text and "| 3 s | - |" in text and rows[0]["peak_rss_gb"] == "7.31"
     assert book.PAPER_BOOK_LINK not in text and book.PAPER_BOOK_LINK in book.runs_page(RECORDS, "cpu")
 
 
@@ -211,3 +213,18 @@ def test_the_cpu_fixtures_are_recorded_with_their_hash(monkeypatch):
     data = (paths.data() / "letters" / "letters.jsonl").read_bytes()
     assert provenance.datasets() == {
         "data/letters/letters.jsonl": f"committed with the code, fingerprint {hashlib.sha256(data).hexdigest()[:16]}"}
+
+
+def test_the_build_measures_its_kernels_peak_memory():
+    """A child that holds 400 MB for a moment, then frees it: the peak is what it held, not what
+    it holds at the end."""
+    import subprocess
+    import sys
+
+    hold = "import time; b = bytearray(400 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.5); del b; time.sleep(1)"
+    with book.kernel_peak() as peak:
+        subprocess.run([sys.executable, "-c", hold], check=True)
+    assert 400 * 2**20 <= peak["bytes"] < 1024**3
+    with book.kernel_peak() as idle:
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(1.2)"], check=True)
+    assert 0 < idle["bytes"] < 100 * 2**20

@@ -204,6 +204,41 @@ def echoed(log: Path):
         thread.join(timeout=2)
 
 
+@contextmanager
+def kernel_peak():
+    """The peak resident memory, in bytes, of the processes this one starts while the block runs
+    (a chapter's kernel): their high-water mark (VmHWM, exact, on Linux), else their resident
+    size sampled every half second. `peak["bytes"]` holds it after the block."""
+    import psutil
+
+    peak = {"bytes": 0}
+    stop = threading.Event()
+
+    def high_water(child) -> int:
+        try:
+            with open(f"/proc/{child.pid}/status") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            return child.memory_info().rss
+
+    def poll():
+        me = psutil.Process()
+        while not stop.wait(0.5):
+            for child in me.children(recursive=True):
+                try:
+                    peak["bytes"] = max(peak["bytes"], high_water(child))
+                except psutil.Error:  # it ended between the listing and the reading
+                    pass
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+
+
 MMAP_THRESHOLD = 1 << 20  # bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
 
 
@@ -226,10 +261,14 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
     # activations come from the heap and stay resident when freed: a fixed threshold returns them
     # (measured on SmolLM2's gradient screen: peak 2.69 -> 2.32 GB, 2.61 -> 1.21 GB after it).
     malloc = {} if "MALLOC_MMAP_THRESHOLD_" in os.environ else {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
-    with environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record), **malloc), echoed(log):
+    with environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record), **malloc), echoed(log), kernel_peak() as peak:
         papermill.execute_notebook(nb, str(output), parameters=parameters or {}, cwd=str(ROOT),
                                    kernel_name="python3", progress_bar=False,
                                    kernel_manager_class=LocalKernelManager)
+    if record.exists():  # the kernel's peak joins the page's provenance (the Runs page, the build's line)
+        rec = json.loads(record.read_text())
+        rec["provenance"]["peak_rss_gb"] = round(peak["bytes"] / 1024**3, 2)
+        record.write_text(json.dumps(rec, indent=1))
     return output
 
 
@@ -268,7 +307,8 @@ def execute_all(pages: list[Path], out: Path, parameters: dict) -> dict[Path, Pa
             times[name] = round(time.perf_counter() - t)
             stamp.write_text(k)
             times_file.write_text(json.dumps(times, indent=1))
-            print(f"{prefix}: done in {_clock(times[name])}", flush=True)
+            peak = records({md: target}).get(str(md.relative_to(ROOT).with_suffix("")), {}).get("provenance", {}).get("peak_rss_gb")
+            print(f"{prefix}: done in {_clock(times[name])}" + (f", peak memory {peak:.1f} GB" if peak else ""), flush=True)
         executed[md] = target
     return executed
 
@@ -305,7 +345,7 @@ def summary_table(pages: dict[str, dict]) -> str:
 
 
 RUN_FIELDS = ("chapter", "profile", "date", "device", "cuda", "driver", "dtype", "models", "quantization",
-              "datasets", "kernels", "versions", "commit", "dirty", "code", "wall_s")
+              "datasets", "kernels", "versions", "commit", "dirty", "code", "wall_s", "peak_rss_gb")
 
 
 def run_rows(pages: dict[str, dict]) -> list[dict]:
@@ -337,18 +377,19 @@ PAPER_BOOK_LINK = ('<p>The same book on the paper\'s models, executed on a GPU b
 
 
 def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
-    rows = ["| chapter | profile | date (UTC) | models (revision) | device | torch, transformers | run time | commit | code version |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| chapter | profile | date (UTC) | models (revision) | device | torch, transformers | run time | peak memory | commit | code version |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for page, rec in pages.items():
         p = rec["provenance"]
         models = "; ".join(f"{k} ({v})" for k, v in p.get("models", {}).items())
         commit = p.get("commit", "-") + (" (uncommitted changes)" if p.get("dirty") else "")
         versions = p.get("versions", {})
         libraries = ", ".join(versions[k] for k in ("torch", "transformers") if k in versions)
+        memory = f"{p['peak_rss_gb']:.1f} GB" if p.get("peak_rss_gb") else "-"
         rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {p.get('date', '-')} | {models} | {p.get('device', '')} | "
-                    f"{libraries} | {p.get('wall_s', 0):.0f} s | {commit} | {p.get('code', '')} |")
+                    f"{libraries} | {p.get('wall_s', 0):.0f} s | {memory} | {commit} | {p.get('code', '')} |")
     text = ("# Runs\n\nHow each chapter of this rendering was made: its profile, date, models, device, library "
-            "versions, run time and the commit of the code. Each chapter's page has the full record in its "
+            "versions, run time, the kernel's peak resident memory and the commit of the code. Each chapter's page has the full record in its "
             "\"How this page was made\" block. Download every record: {download}`runs.csv <runs.csv>` (one row "
             "per chapter), {download}`runs.json <runs.json>` (each chapter's whole record).\n\n" + "\n".join(rows) + "\n")
     if profile == "cpu":

@@ -13,6 +13,8 @@ import helpers
 LAYERS = [
     Layer("book"),
     Layer("experiments"),
+    # what the chapters share (a package of its own, so that experiments/ holds chapters only)
+    Layer("protocol"),
     Layer("page", "plots", "bookcheck", "minihub"),
     Layer("benchmarks", "screen", "lmeval", independent=False),
     Layer("models", "engine"),
@@ -54,25 +56,28 @@ def test_no_module_imports_a_private_name_of_another():
     assert not private, private
 
 
-# Inside experiments/: the modules several chapters read (below), and the chapters (above). A
-# chapter imports shared modules only, never another chapter, so that editing one chapter's code
-# recomputes that chapter alone; the shared modules import no chapter (among themselves they
-# import each other without a cycle, which the test above checks).
-SHARED = ["base", "shared", "roles", "minimal", "head_screen", "distilled"]
+# experiments/ holds the chapters and nothing else, and no chapter imports another, so that editing
+# one chapter's code recomputes that chapter alone: one level. What several chapters read is in
+# protocol/, layered bottom to top: a chapter's shape and stores, the book's KV ranking, the roles
+# and the minimal model, and the two things built on those (head zeroing's screen, which masking
+# reads too; the distilled student and its teacher).
 CHAPTERS = ["attention_maps", "beyond_mmlu", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval",
             "layer_pruning", "layer_removal", "masking", "robustness", "ssm_vs_attention", "toy_zoo"]
+PROTOCOL = [Layer("head_screen", "distilled"), Layer("roles", "minimal"), Layer("shared"), Layer("base")]
 
 
-def test_no_chapter_imports_another_chapter():
+def test_experiments_holds_the_chapters_and_none_imports_another():
     graph = grimp.build_graph("helpers")
-    layers = [Layer(*CHAPTERS), Layer(*SHARED, independent=False)]
-    illegal = graph.find_illegal_dependencies_for_layers(layers, containers={"helpers.experiments"})
+    inside = {m.rpartition(".")[2] for m in graph.find_children("helpers.experiments")}
+    assert inside == set(CHAPTERS), (f"a chapter not listed: {sorted(inside - set(CHAPTERS))}; "
+                                     f"listed but missing: {sorted(set(CHAPTERS) - inside)}")
+    illegal = graph.find_illegal_dependencies_for_layers([Layer(*CHAPTERS)], containers={"helpers.experiments"})
     assert not illegal, [f"{d.importer} -> {d.imported}" for d in illegal]
 
 
-def test_every_module_of_experiments_is_shared_or_a_chapter():
+def test_the_shared_protocol_reads_top_to_bottom():
     graph = grimp.build_graph("helpers")
-    inside = {m.rpartition(".")[2] for m in graph.find_children("helpers.experiments")}
-    assert not set(SHARED) & set(CHAPTERS)
-    assert inside == set(SHARED) | set(CHAPTERS), (f"put these in SHARED or CHAPTERS: {sorted(inside - set(SHARED) - set(CHAPTERS))}; "
-                                                   f"listed but missing: {sorted(set(SHARED) | set(CHAPTERS) - inside)}")
+    inside = {m.rpartition(".")[2] for m in graph.find_children("helpers.protocol")}
+    assert inside == {t for layer in PROTOCOL for t in layer.module_tails}, "put each module of protocol/ in a layer"
+    illegal = graph.find_illegal_dependencies_for_layers(PROTOCOL, containers={"helpers.protocol"})
+    assert not illegal, [f"{d.importer} -> {d.imported}" for d in illegal]

@@ -20,6 +20,23 @@ def test_unknown_model_lists_known():
         helpers.load("gpt-5")
 
 
+def test_every_part_of_the_cast_is_a_registered_model_of_its_tier():
+    from helpers import registry
+
+    assert set(registry.CAST) == set(registry.PROFILES)
+    for profile, parts in registry.CAST.items():
+        for part in [*parts, "retrieval", "letters"]:
+            spec = registry.spec(registry.cast(profile, part))
+            assert spec.toy == (profile == "cpu" and part not in ("retrieval", "letters")), (profile, part)
+            assert spec.profile == ("cpu" if profile == "cpu" else "paper"), (profile, part)
+    # the tasks' stand-ins exist only on the CPU profile; the paper profiles test both on Llama
+    assert registry.cast("paper", "letters") == registry.cast("paper", "retrieval") == "llama-3.1-8b-instruct"
+    assert registry.cast("cpu", "letters") != registry.cast("cpu", "retrieval")
+    assert registry.cast_of("paper-3b", ("llama", "falcon-mamba", "llamba")) == ("llama-3.2-3b-instruct", "llamba-3b")
+    with pytest.raises(KeyError, match="no 'falcon-mamba' model; it has llama"):
+        registry.cast("paper-3b", "falcon-mamba")
+
+
 def _forbid_loading(monkeypatch):
     import transformers
 

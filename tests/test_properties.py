@@ -441,7 +441,7 @@ def test_a_chapter_config_takes_or_refuses_random_parameters_at_once(name, data)
     import time
 
     from helpers import ConfigError
-    from helpers.experiments import base
+    from helpers.protocol import base
 
     chapter = importlib.import_module(f"helpers.experiments.{name}")
     fields = [f for f in chapter.Config.__dataclass_fields__ if f not in ("profile", "smoke")]

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from helpers import paths, provenance, zoo
-from helpers.experiments import base, toy_zoo
+from helpers.protocol import base
+from helpers.experiments import toy_zoo
 from helpers.sweep import Store
 
 CHAPTERS = sorted(p.stem for p in (provenance.PACKAGE / "experiments").glob("*.py") if p.stem != "__init__")
+SHARED = sorted(p.stem for p in (provenance.PACKAGE / "protocol").glob("*.py") if p.stem != "__init__")  # what chapters share
 
 
 def edited(tmp_path: Path, name: str, *files: str) -> Path:
@@ -25,7 +27,8 @@ def edited(tmp_path: Path, name: str, *files: str) -> Path:
 
 
 def versions(package: Path | None = None) -> dict[str, str]:
-    return {c: provenance.measurement_version(c, package) for c in CHAPTERS}
+    return {**{c: provenance.measurement_version(c, package) for c in CHAPTERS},
+            **{m: provenance.measurement_version(f"helpers.protocol.{m}", package) for m in SHARED}}
 
 
 # --- the rule, on a package made up for the test ------------------------------------------------
@@ -108,9 +111,9 @@ def test_editing_a_chapter_changes_its_version_only_and_a_shared_module_its_impo
     assert {c for c in CHAPTERS if after[c] != before[c]} == {"layer_pruning"}
     # The minimal model's walk is read by the chapters that work in the minimal model, and by the
     # head screen that two of them share.
-    after = versions(edited(tmp_path, "again", "experiments/minimal.py"))
-    assert {c for c in CHAPTERS if after[c] != before[c]} == {"minimal", "head_screen", "layer_pruning", "layer_removal",
-                                                              "head_zeroing", "masking"}
+    after = versions(edited(tmp_path, "again", "protocol/minimal.py"))
+    assert {c for c in after if after[c] != before[c]} == {"minimal", "head_screen", "layer_pruning", "layer_removal",
+                                                           "head_zeroing", "masking"}
     assert after["ssm_vs_attention"] == before["ssm_vs_attention"]
 
 

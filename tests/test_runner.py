@@ -15,8 +15,9 @@ import pytest
 from helpers import benchmarks as bm
 from helpers import runner
 from helpers.errors import ConfigError
-from helpers.experiments import (attention_maps, base, beyond_mmlu, distilled, head_screen, head_zeroing, hybrid_models,
-                                 hybrid_swap, kv_retrieval, layer_removal, masking, minimal, robustness, roles, shared)
+from helpers.experiments import (attention_maps, beyond_mmlu, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
+                                 layer_removal, masking, robustness)
+from helpers.protocol import base, distilled, head_screen, minimal, roles, shared
 from helpers.sweep import Store, sweep
 
 TOY = "toy-transformer"
@@ -181,7 +182,7 @@ def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
         sweep(Store(tmp_path / "s.jsonl"), CELLS, lambda c: {}, workers=2)
     assert not (tmp_path / "s.jsonl").exists()
     assert runner.measurement_name(kv_retrieval.measure_size) == "helpers.experiments.kv_retrieval:measure_size"
-    assert runner.measurement_name("helpers.experiments.shared:measure_layer") == "helpers.experiments.shared:measure_layer"
+    assert runner.measurement_name("helpers.protocol.shared:measure_layer") == "helpers.protocol.shared:measure_layer"
 
 
 # The chapters' measurements: module-level functions of a cell, each can be sent to a worker.

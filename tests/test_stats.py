@@ -76,7 +76,7 @@ def test_rank_correlation_known_answers_and_ties_as_scipy_ranks_them():
 def test_rankings_agree_by_top_k_overlap_and_rank_correlation():
     import pandas as pd
 
-    from helpers.experiments.shared import agreement
+    from helpers.protocol.shared import agreement
 
     def table(accs):
         return pd.DataFrame([dict(layer=1, head=h, estimate=0.0, acc=a, lo=a, hi=a, n=100) for h, a in enumerate(accs)]

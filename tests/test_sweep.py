@@ -293,7 +293,7 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     assert 0 < len(kept) < 30 and kept == list(range(len(kept))) and calls == kept + [len(kept)]
 
     # On a full disk a sidecar that needs no change is not written; one that does keeps its old text.
-    from helpers.experiments import base
+    from helpers.protocol import base
     m1, m2 = (type("Loaded", (), {"name": name, "revision": "r"}) for name in ("m1", "m2"))
     base.open_store("made_up", "cpu", "part", [m1])
     sidecar = next((disk / "made_up").glob("*.models.json"))

@@ -253,8 +253,9 @@ def test_llamba_config_states_its_head_constraint_at_config_time():
 # --- chapter parameters, checked against the model before any work -----------------------------------
 
 from helpers.experiments import attention_maps as maps_chapter  # attention_maps is the function above
-from helpers.experiments import (base, distilled, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
-                                 layer_pruning, layer_removal, masking, ssm_vs_attention)
+from helpers.protocol import base, distilled
+from helpers.experiments import (head_zeroing, hybrid_models, hybrid_swap, kv_retrieval, layer_pruning, layer_removal,
+                                 masking, ssm_vs_attention)
 
 
 @pytest.mark.parametrize("chapter, kwargs, message", [

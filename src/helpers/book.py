@@ -206,9 +206,10 @@ def echoed(log: Path):
 
 @contextmanager
 def kernel_peak():
-    """The peak resident memory, in bytes, of the processes this one starts while the block runs
-    (a chapter's kernel): their high-water mark (VmHWM, exact, on Linux), else their resident
-    size sampled every half second. `peak["bytes"]` holds it after the block."""
+    """The peak resident memory, in bytes, of the largest process this one starts while the block
+    runs (a chapter's kernel): its high-water mark (VmHWM, exact, on Linux; read every half second
+    while it lives), else its resident size sampled as often. `peak["bytes"]` holds it after the
+    block."""
     import psutil
 
     peak = {"bytes": 0}
@@ -440,8 +441,8 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile
 
 def run_stores(record: dict) -> list[Path]:
     """The results stores a chapter's run read and wrote: those of its own folder that its
-    record names (`experiments.base.record`'s "stores"; their names carry the measurement
-    version, `experiments.base.open_store`), with the sidecars that record the models' revisions."""
+    record names (`protocol.base.record`'s "stores"; their names carry the measurement
+    version, `protocol.base.open_store`), with the sidecars that record the models' revisions."""
     chapter, names = record.get("chapter"), record.get("provenance", {}).get("stores", [])
     if not (chapter and names):
         return []

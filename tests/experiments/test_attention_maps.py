@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers import heads as hd
+from helpers import heads as hd, reference
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import attention_maps as chapter
-from helpers.experiments import roles, shared
+from helpers.protocol import roles
 from helpers.heads import Head
 from helpers.segments import Segments
 from helpers.stats import Score
@@ -91,9 +91,9 @@ def test_a_head_that_reads_a_sink_and_the_previous_token_is_local_at_the_segment
 
 
 def test_the_papers_heads_come_from_the_reference_table():
-    assert shared.paper_heads("llamba-8b") == {"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}
-    assert shared.paper_heads("falcon-mamba-7b-instruct")["G"][0] == Head(35, 3186)  # channel 3186
-    assert shared.paper_heads("smollm2-135m-instruct") is None
+    assert reference.paper_heads("llamba-8b") == {"G": (Head(16, 10),), "A": (Head(17, 3), Head(17, 9))}
+    assert reference.paper_heads("falcon-mamba-7b-instruct")["G"][0] == Head(35, 3186)  # channel 3186
+    assert reference.paper_heads("smollm2-135m-instruct") is None
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -110,7 +110,7 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 def test_the_roles_are_measured_once_for_every_chapter(monkeypatch):
     # KV retrieval, attention maps and masking name roles among the same candidates on the same
     # prompts: the second asks the results store, and gets exactly what the first measured.
-    from helpers.experiments import base
+    from helpers.protocol import base
 
     loaded = base.load("toy-transformer")
     first = roles.find_roles(loaded, "cpu", True, seed=3)

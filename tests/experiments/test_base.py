@@ -7,7 +7,7 @@ import pytest
 
 from helpers import Head, provenance
 from helpers.errors import ConfigError, StaleResults, StoreError
-from helpers.experiments import base
+from helpers.protocol import base
 
 
 @dataclass(frozen=True)

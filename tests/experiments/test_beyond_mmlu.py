@@ -10,7 +10,7 @@ from helpers import heads as hd
 from helpers import lmeval
 from helpers import verdicts as v
 from helpers.errors import ConfigError
-from helpers.experiments import base
+from helpers.protocol import base
 from helpers.experiments import beyond_mmlu as chapter
 from helpers.heads import Head
 from helpers.stats import Score

@@ -11,9 +11,9 @@ from helpers import heads as hd
 from helpers import page
 from helpers import verdicts as v
 from helpers.errors import ConfigError
-from helpers.experiments import head_screen, minimal
+from helpers.protocol import head_screen, minimal
 from helpers.experiments import head_zeroing as chapter
-from helpers.experiments.roles import Roles
+from helpers.protocol.roles import Roles
 from helpers.heads import Head
 from helpers.stats import Score
 

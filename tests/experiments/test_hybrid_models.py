@@ -9,7 +9,7 @@ from helpers import verdicts as v
 from helpers import zoo
 from helpers.attention import mask_final_rows, mask_last_row
 from helpers.errors import ConfigError
-from helpers.experiments import base
+from helpers.protocol import base
 from helpers.experiments import hybrid_models as chapter
 from helpers.stats import Score
 

@@ -6,7 +6,7 @@ import pytest
 from helpers import verdicts as v
 from helpers import zoo
 from helpers.errors import ConfigError
-from helpers.experiments import distilled
+from helpers.protocol import distilled
 from helpers.experiments import hybrid_swap as chapter
 from helpers.stats import Score
 

@@ -9,8 +9,8 @@ import pytest
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import kv_retrieval as chapter
-from helpers.experiments.roles import Roles
-from helpers.experiments.shared import Ranking
+from helpers.protocol.roles import Roles
+from helpers.protocol.shared import Ranking
 from helpers.heads import Head
 from helpers.stats import Score
 
@@ -132,7 +132,7 @@ def test_the_paper_heads_layers_are_swept_exactly_whatever_the_screen_says():
 
     import helpers
     from helpers.engine import SweepEngine
-    from helpers.experiments import shared
+    from helpers.protocol import shared
     from helpers.screen import rank_heads
 
     def fake(name, width):
@@ -151,7 +151,7 @@ def test_the_paper_heads_layers_are_swept_exactly_whatever_the_screen_says():
 
 def test_the_size_curves_never_reuse_the_rankings_dictionaries():
     from helpers import benchmarks as bm
-    from helpers.experiments import shared
+    from helpers.protocol import shared
 
     s = shared.RANKING["cpu"]
     for seed in (0, 1):

@@ -75,7 +75,7 @@ def test_a_minimal_model_at_chance_cannot_test_the_claim():
 
 
 def test_published_minimal_models_follow_the_release():
-    from helpers.experiments.minimal import published_minimal
+    from helpers.protocol.minimal import published_minimal
 
     assert published_minimal("llama-3.1-8b-instruct") == 18  # the paper's layers 0-17
     assert published_minimal("falcon-mamba-7b-instruct") == 37  # up to its Aggregate layer, L36

@@ -6,8 +6,9 @@ import pytest
 
 from helpers import verdicts as v
 from helpers.errors import ConfigError
-from helpers.experiments import head_screen, masking as chapter
-from helpers.experiments.roles import Roles, with_closest
+from helpers.protocol import head_screen
+from helpers.experiments import masking as chapter
+from helpers.protocol.roles import Roles, with_closest
 from helpers.heads import Head
 from helpers.stats import Score
 
@@ -172,7 +173,7 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 def test_masks_through_the_engine_equal_the_plain_scorers(model, heads, monkeypatch):
     from helpers import benchmarks as bm
     from helpers import evaluate
-    from helpers.experiments import base
+    from helpers.protocol import base
     from helpers.segments import aggregate_pattern, gather_pattern, score_with_patterns
 
     loaded = base.load(model)

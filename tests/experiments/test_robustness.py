@@ -42,7 +42,7 @@ def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path
     # The reference condition is the book's ranking, read from its store: stability measures only
     # the other conditions, and the reference's top heads are the ranking's most harmful.
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
-    loaded = helpers.experiments.base.load("toy-transformer")
+    loaded = helpers.protocol.base.load("toy-transformer")
     cfg = chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer")
     ranking = chapter.shared.kv_ranking(loaded, "cpu", True)
     measure, swept = chapter.shared.measure_layer, []

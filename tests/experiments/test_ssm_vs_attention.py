@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers import synthetic
+from helpers import reference, synthetic
 from helpers import verdicts as v
 from helpers.experiments import ssm_vs_attention as chapter
-from helpers.experiments import shared
+from helpers.protocol import shared
 from helpers.heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL_MEASURE, Head
 from helpers.segments import Segments
 from helpers.stats import Score
@@ -43,9 +43,9 @@ def test_held_out_prompts_leave_out_what_the_ranking_saw():
 
 
 def test_the_paper_heads_read_falcon_mambas_channels():
-    falcon = chapter.paper_heads("falcon-mamba-7b-instruct")
+    falcon = reference.paper_heads("falcon-mamba-7b-instruct")
     assert falcon["G"] == tuple(Head(35, c) for c in (3186, 5143, 6607, 7305)) and len(falcon["A"]) == 4
-    assert chapter.paper_heads("llamba-8b")["A"] == (Head(17, 3), Head(17, 9)) and chapter.paper_heads("toy-mamba2") == {}
+    assert reference.paper_heads("llamba-8b")["A"] == (Head(17, 3), Head(17, 9)) and reference.paper_heads("toy-mamba2") is None
 
 
 def at(acc: float, n: int = 200) -> Score:

@@ -7,7 +7,8 @@ import pytest
 
 from helpers import verdicts as v
 from helpers import zoo
-from helpers.experiments import base, toy_zoo as chapter
+from helpers.protocol import base
+from helpers.experiments import toy_zoo as chapter
 from helpers.stats import Score
 
 

@@ -1,2 +1,3 @@
 """One module per chapter of the book: its configuration, its run, and the verdicts on the
-paper's claims computed from the run's numbers (see `helpers.experiments.base`)."""
+paper's claims computed from the run's numbers. A chapter imports no other chapter: what several
+share is in `helpers.protocol` (the shape of a chapter, `helpers.protocol.base`)."""

@@ -25,16 +25,17 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import heads as hd
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head
-from ..reference import paper
+from ..reference import paper, paper_heads
 from ..segments import Segments
 from ..stats import Score, mean_interval
 from ..sweep import sweep
-from . import base, shared
-from .roles import ANSWER_END, ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, head_maps, measures, with_closest
+from ..protocol import base, shared
+from ..protocol.roles import ANSWER_END, ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, head_maps, measures, with_closest
 
 LINE = 0.5  # "most of its mass": the line every share is tested against
 MIN_PROMPTS = 5  # fewer prompts than this: a bootstrap interval means little, no verdict is decided
@@ -65,9 +66,9 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(model="smollm2-135m-instruct", gather=None, aggregate=None, n_prompts=60, n_mmlu=60,
+            return dict(model=registry.cast(profile, "retrieval"), gather=None, aggregate=None, n_prompts=60, n_mmlu=60,
                         kv_pairs=8, kv_query="repeat", seed=0)
-        return dict(model=shared.PAPER_MODEL[profile],
+        return dict(model=registry.cast(profile, "retrieval"),
                     gather=None, aggregate=None, n_prompts=500, n_mmlu=500, kv_pairs=8, kv_query="paper", seed=0)
 
     def __post_init__(self):
@@ -164,8 +165,6 @@ def measure_maps(cell: dict) -> dict:
 # --- what it says ------------------------------------------------------------------------------
 
 def source(result: Result) -> str:
-    from .. import registry
-
     return "Fig. 1" if registry.spec(result.cfg.model).mixer == "attention" else "Fig. 5"
 
 
@@ -233,7 +232,7 @@ def summary(result: Result) -> pd.DataFrame:
 
 def comparison(result: Result) -> pd.DataFrame:
     cfg, roles = result.cfg, result.roles
-    ref = cfg.model if shared.paper_heads(cfg.model) else "llama-3.1-8b-instruct"
+    ref = cfg.model if paper_heads(cfg.model) else registry.cast("paper", "llama")
     kv = result.measures[result.kv]
     g, a = kv[kv.role == "G"], kv[kv.role == "A"]
     return base.comparison_table([

@@ -33,24 +33,23 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import heads as hd
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..errors import ConfigError
-from ..heads import Head, ablation
+from ..heads import Head
 from ..reference import paper
 from ..screen import attribution, gradient_batch_tokens
 from ..stats import Score
 from ..sweep import sweep
-from . import base, shared
+from ..protocol import base, shared
 
 PAPER_TASKS = ("gsm8k", "bbh", "arc_challenge_chat", "swde")  # lm-eval's names (Table 2's tasks)
 CPU_TASKS = ("arithmetic_words", "page_field", "dialogue_fact", "choice_chat")  # data/lm_eval_tasks
 # What each of the book's own tasks stands in for on the CPU profile.
 ANALOGUE = {"arithmetic_words": "GSM8K", "page_field": "SWDE", "dialogue_fact": "dialogue comprehension (abstract)",
             "choice_chat": "arc_challenge_chat"}
-CPU_MODEL = "qwen2.5-coder-1.5b-instruct"  # the CPU profile's model that picks MMLU letters (head zeroing's)
-PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
 FLOOR = 0.05  # open answers: chance is 0, so a task tests the claim only if clean's interval clears 5%
 # Tasks answered by one of a few letters or words: a guess scores this often. BBH mixes two-way
 # questions (boolean expressions, navigate, web of lies) with 3- to 7-way ones and free answers:
@@ -113,9 +112,9 @@ class Config(base.Config):
             # 4 tasks x 4 conditions x 10 items (~160 prompts), after a ranking on 12 KV prompts: measured at
             # 861 CPU-seconds, 22.6 minutes wall on a machine loaded 3-4x over (alone unmeasured); 10 paired
             # items tell a collapse (10 of 10 -> 0 of 10) from no change, not small losses.
-            return dict(model=CPU_MODEL, tasks=CPU_TASKS, n=10, ranking="screen", n_rank=12, n_controls=2,
+            return dict(model=registry.cast(profile, "letters"), tasks=CPU_TASKS, n=10, ranking="screen", n_rank=12, n_controls=2,
                         max_gen_toks=None, batch_size=10, **common)
-        return dict(model=PAPER_MODEL[profile], tasks=PAPER_TASKS, n=None, ranking="shared", n_rank=200, n_controls=3,
+        return dict(model=registry.cast(profile, "letters"), tasks=PAPER_TASKS, n=None, ranking="shared", n_rank=200, n_controls=3,
                     max_gen_toks=None, batch_size=16, **common)
 
     def __post_init__(self):
@@ -418,7 +417,7 @@ def comparison(result: Result) -> pd.DataFrame:
              f"{', '.join(map(str, result.top.heads))} ({result.top.how})"),
             ("harness", f"lm-eval {paper('released_settings', 'lm_eval_version').value} (the release's)", released,
              "lm-eval's own tasks, prompts, stop sequences, filters and metrics (helpers.lmeval)")]
-    model = PAPER_MODEL["paper"] if cfg.profile == "cpu" else cfg.model
+    model = registry.cast("paper", "llama") if cfg.profile == "cpu" else cfg.model
     refs = [r for t in cfg.tasks for q in ("clean", "top_heads_ablated") if (r := _paper(t, q, model)) is not None]
     unread = [r for r in refs if not r.read]
     if unread:  # the reason once, not in every cell

@@ -36,14 +36,14 @@ from ..heads import Head, ablation
 from ..reference import paper
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base, shared
+from ..protocol import base
 # The screen (prompts split, minimal model, ranking, roles) is shared with masking: this chapter's
 # Config is the screen's; the check (the heads zeroed on fresh prompts) and its verdicts are here.
-from .head_screen import MAX_SWEPT, screen, screen_candidates
-from .head_screen import ScreenConfig as Config
-from .roles import ROLE_NAMES, Roles, missing_role
+from ..protocol.head_screen import MAX_SWEPT, screen, screen_candidates
+from ..protocol.head_screen import ScreenConfig as Config
+from ..protocol.roles import ROLE_NAMES, Roles, missing_role
 
-SSM_TOY = "toy-mamba2"  # the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
+SSM_TOY = registry.cast("cpu", "llamba")  # the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
 CONTROL_SIZE = 4  # heads per random control: more than any one role holds, so a null result means something
 
 
@@ -292,7 +292,8 @@ def roles_table(result: Result) -> pd.DataFrame:
 def comparison(result: Result) -> pd.DataFrame:
     s = result.scores
     fmt = lambda name: f"{s[name]}" if name in s else "-"
-    g, a = paper("head_zeroing", "gather_head", shared.PAPER_MODEL["paper"]), paper("head_zeroing", "aggregate_head", shared.PAPER_MODEL["paper"])
+    llama = registry.cast("paper", "llama")
+    g, a = paper("head_zeroing", "gather_head", llama), paper("head_zeroing", "aggregate_head", llama)
     controls = result.control_scores()
     return base.comparison_table([
         ("model", f"Llama-3.1-8B-Instruct, layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value}",

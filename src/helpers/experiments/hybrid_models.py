@@ -39,13 +39,12 @@ from ..interventions import swap_layers, zero_heads
 from ..reference import paper
 from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
-from . import base, distilled
+from ..protocol import base, distilled
 
 # Where mamba-ssm's CUDA kernels are missing (on every CPU) transformers warns, at a Mamba-2
 # mixer's first forward pass, that it runs its PyTorch reference path: expected, and not for the page.
 logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
-PAPER_HYBRID = {"paper": "zamba2-7b", "paper-3b": "zamba2-2.7b-instruct"}
 AS_IS, MASKED, ZEROED = "as is", "final row masked (released code)", "all attention heads zeroed"
 ABLATIONS = (MASKED, ZEROED)
 
@@ -64,11 +63,11 @@ class Config(base.BenchmarkConfig):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(hybrid="toy-hybrid", swapped=True, ssm="toy-mamba2", n_mmlu=500, k_shot=0,
+            return dict(hybrid=registry.cast(profile, "zamba2"), swapped=True, ssm=registry.cast(profile, "llamba"), n_mmlu=500, k_shot=0,
                         n_knowledge=500, n_kv=500, kv_pairs=16, kv_query="repeat", n_controls=5, single_heads=True,
                         seed=0)
         # On the paper's models each control or single head costs a full MMLU run: none by default.
-        return dict(hybrid=PAPER_HYBRID[profile], swapped=False, ssm="none", n_mmlu=None,
+        return dict(hybrid=registry.cast(profile, "zamba2"), swapped=False, ssm="none", n_mmlu=None,
                     k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=16,
                     kv_query="paper", n_controls=0, single_heads=False, seed=0)
 
@@ -402,8 +401,8 @@ def side_by_side(result: Result) -> pd.DataFrame:
 
 def comparison(result: Result) -> pd.DataFrame:
     mcq = result.retrieval[0]
-    ref = {q: paper("hybrid_models", q, "zamba2-7b") for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")}
-    heads = [paper("hybrid_models", q, "zamba2-7b") for q in ("heads_ablated", "heads_ablated_other_summary")]
+    ref = {q: paper("hybrid_models", q, registry.cast("paper", "zamba2")) for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")}
+    heads = [paper("hybrid_models", q, registry.cast("paper", "zamba2")) for q in ("heads_ablated", "heads_ablated_other_summary")]
     rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores)),
             ("attention heads ablated", f"{heads[0].value} or {heads[1].value} (secondary summaries disagree)",
              "every shared block's last query row masked, all heads (cell 35)",

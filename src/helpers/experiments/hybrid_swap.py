@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import verdicts as v
 from ..errors import ConfigError
 from ..evaluate import score
@@ -29,7 +30,7 @@ from ..interventions import swap_layers
 from ..reference import paper
 from ..stats import Score, TaskMean, difference
 from ..sweep import sweep
-from . import base, distilled
+from ..protocol import base, distilled
 
 
 @dataclass(frozen=True)
@@ -227,16 +228,16 @@ def comparison(result: Result) -> pd.DataFrame:
     s = result.scores
     others = [l for l in result.layers if l != L]
     best_other = max(others, key=lambda l: s[mcq][swapped(l)].acc) if others else None
-    agg = paper("head_zeroing", "aggregate_head", "llama-3.1-8b-instruct")
+    agg = paper("head_zeroing", "aggregate_head", registry.cast("paper", "llama"))
     return base.comparison_table([
         ("models", "Llamba-8B with layers of Llama-3.1-8B (Fig. 7)", "Llamba-8B-untied-unaligned, Llama-3.1-8B-Instruct",
          f"{cfg.student} with layers of {cfg.teacher} ({cfg.profile} profile)"),
         ("teacher layer that aggregates", f"L{agg.heads[0].layer}, the swap that helps (cell 37)",
          f"Aggregate head {agg.value} (cell 15)",
          f"L{L}: {result.teacher_layer.how}"),
-        (f"{mcq}, student", str(paper("hybrid_swap", "mmlu_before_swap", "llamba-8b-unaligned")), "0-shot, lm-eval 0.4.7",
+        (f"{mcq}, student", str(paper("hybrid_swap", "mmlu_before_swap", registry.cast("paper", "llamba-unaligned"))), "0-shot, lm-eval 0.4.7",
          f"{s[mcq][STUDENT]}"),
-        (f"{mcq}, aggregating layer swapped in", str(paper("hybrid_swap", "mmlu_after_l17_swap", "llamba-8b-unaligned")),
+        (f"{mcq}, aggregating layer swapped in", str(paper("hybrid_swap", "mmlu_after_l17_swap", registry.cast("paper", "llamba-unaligned"))),
          "each layer swapped in turn (cell 38)", f"L{L}: {s[mcq][swapped(L)]}"),
         (f"{mcq}, best other swap", "little or even negative impact (cell 37)", "-",
          f"L{best_other}: {s[mcq][swapped(best_other)]}" if others else "no other layer swapped"),

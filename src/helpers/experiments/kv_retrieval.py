@@ -30,8 +30,8 @@ from ..reference import paper
 from ..stats import Score, brief
 from ..tasks import KV_FORMS, kv_items
 from ..sweep import sweep
-from . import base, shared
-from .roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, missing_role
+from ..protocol import base, shared
+from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, missing_role
 
 TOP = 4  # "the top-ranked heads": as many as the ranking hands on as candidates (`heads.candidates`)
 CURVES_SEED = 10_000  # the size curves' dictionaries: seed CURVES_SEED + seed, never the ranking's (seed)
@@ -54,10 +54,10 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(model="smollm2-135m-instruct", sizes=[2, 4, 8, 16, 32, 48], n_per_size=100, kv_query="repeat",
+            return dict(model=registry.cast(profile, "retrieval"), sizes=[2, 4, 8, 16, 32, 48], n_per_size=100, kv_query="repeat",
                         gather=None, aggregate=None, seed=0, workers=None)
         # The release states 55 configurations of 1,000 samples but not their sizes: every size 1..55.
-        return dict(model=shared.PAPER_MODEL[profile],
+        return dict(model=registry.cast(profile, "retrieval"),
                     sizes=list(range(1, paper("kv_retrieval", "n_configurations").integer + 1)),
                     n_per_size=paper("kv_retrieval", "samples_per_configuration").integer, kv_query="paper",
                     gather=None, aggregate=None, seed=0, workers=None)

@@ -5,7 +5,7 @@ residual stream (`minimal.prune`, the measurement this chapter shares with layer
 
 The paper's claim is a dissociation: letter selection (MMLU) is kept down to a minimal depth
 while knowledge falls, then collapses when a critical layer goes. On the CPU profile the model
-is Qwen2.5-Coder-1.5B-Instruct (`shared.LETTER_MODEL`), which picks letters: MMLU is the book's
+is Qwen2.5-Coder-1.5B-Instruct (`registry.cast(profile, "letters")`), which picks letters: MMLU is the book's
 letter set and knowledge the same facts as cloze questions (`tasks.load_letters`), the same
 seeded subset of both where `n_mmlu` equals `n_knowledge`, so that the two curves are measured on
 the same facts. Where the model cannot pick letters (SmolLM2-135M sits at chance on MMLU), KV
@@ -20,13 +20,13 @@ from .. import verdicts as v
 from ..evaluate import mean_over_tasks
 from ..reference import paper
 from ..stats import brief
-from . import base
+from ..protocol import base
 # The measurement is the minimal model's walk, which layer removal reads too (one store for both):
 # this chapter's Config, Result and run are that walk's; its verdicts, tables and figure are here.
-from .minimal import PruningConfig as Config
-from .minimal import Pruned as Result
-from .minimal import minimal_depth, probe
-from .minimal import prune as run
+from ..protocol.minimal import PruningConfig as Config
+from ..protocol.minimal import Pruned as Result
+from ..protocol.minimal import minimal_depth, probe
+from ..protocol.minimal import prune as run
 
 def curves(result: Result) -> pd.DataFrame:
     """One row per benchmark and depth (acc, lo, hi, n), with the released code's knowledge

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..errors import ConfigError
@@ -30,7 +31,7 @@ from ..evaluate import mean_over_tasks
 from ..reference import paper
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base, minimal
+from ..protocol import base, minimal
 
 CPU_ITEMS = 30  # items per benchmark removed layer by layer on the CPU profile
 FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (the paper: 2 of 18), and at least 2
@@ -228,7 +229,7 @@ def comparison(result: Result) -> pd.DataFrame:
     name, d = result.probe, result.minimal_layers
     collapsing, unclear = result.collapsing()
     worst = min(result.removed[name], key=lambda l: result.removed[name][l].acc)
-    critical = _published_critical("llama-3.1-8b-instruct")
+    critical = _published_critical(registry.cast("paper", "llama"))
     how = {"found": f"found by the layer-pruning rule on {name}", "given": "given (minimal_layers)",
            "published": "the published minimal model"}[result.source]
     know = [result.knowledge(l).acc for l in result.removed[name]]

@@ -9,7 +9,7 @@ hypothesised pattern. Zeroing each head says how much the model needs it at all.
 Every condition runs in the keep-only minimal model: the minimal model's layers, and in the
 roles' layers every head but G and A zeroed (Table 1's "only G and A kept"). In the whole model
 other heads stand in for a masked one, so a mask would keep accuracy whatever the head does. On
-the CPU profile the model is the letter model (`shared.LETTER_MODEL`) on the book's letter set,
+the CPU profile the model is the letter model (`registry.cast(profile, "letters")`) on the book's letter set,
 with the minimal model and the roles of the head-zeroing chapter (its screen, `head_screen.screen`,
 through its results stores: one role assignment for both pages), scored on the head-zeroing check's
 prompts, disjoint from the screen's prompts on which the roles were named. On the paper profiles
@@ -31,18 +31,19 @@ import pandas as pd
 import torch
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import verdicts as v
 from ..attention import mask_attention
 from ..engine import SweepEngine
 from ..evaluate import from_loglikelihoods
 from ..errors import ConfigError
 from ..heads import Head, ablation
-from ..reference import paper
+from ..reference import paper, paper_heads
 from ..segments import aggregate_pattern, gather_pattern
 from ..stats import Score, difference
 from ..sweep import sweep
-from . import base, head_screen, minimal, shared
-from .roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, with_closest
+from ..protocol import base, head_screen, minimal, shared
+from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, with_closest
 
 PATTERN = {"G": gather_pattern, "A": aggregate_pattern}
 BOTH = "G and A"
@@ -76,7 +77,6 @@ CONDITIONS = {
 PATTERN_OF = {"G": "G: gather pattern", "A": "A: aggregate pattern", BOTH: "G and A: both patterns"}
 CONTROL_OF = {"G": "G: control pattern", "A": "A: control pattern", BOTH: "G and A: control patterns"}
 N_CPU = 100  # the CPU profile's prompts per condition
-PAPER_MODELS = {"paper": ("llamba-8b", "llama-3.1-8b-instruct"), "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,9 @@ class Config(base.Config):
     def defaults(cls, profile):
         if profile == "cpu":
             # The letter model on the head-zeroing check's prompts (its first `n`).
-            return dict(models=[shared.LETTER_MODEL], gather=None, aggregate=None, task="mmlu", n=N_CPU, kv_pairs=8,
+            return dict(models=[registry.cast(profile, "letters")], gather=None, aggregate=None, task="mmlu", n=N_CPU, kv_pairs=8,
                         kv_query="repeat", seed=0)
-        return dict(models=PAPER_MODELS[profile], gather=None, aggregate=None, task="mmlu", n=500, kv_pairs=8,
+        return dict(models=registry.cast_of(profile, ("llamba", "llama")), gather=None, aggregate=None, task="mmlu", n=500, kv_pairs=8,
                     kv_query="paper", seed=0)
 
     def __post_init__(self):
@@ -252,7 +252,7 @@ def uses_head_zeroing(cfg: Config, model: str) -> bool:
     """Letter selection on a model with no published heads or minimal model: the minimal model and
     roles are the head-zeroing chapter's (the layer-pruning chapter's minimal model; the roles
     found on its screen's prompts)."""
-    return (cfg.task == "mmlu" and cfg.gather is None and shared.paper_heads(model) is None
+    return (cfg.task == "mmlu" and cfg.gather is None and paper_heads(model) is None
             and minimal.published_minimal(model) is None)
 
 
@@ -366,7 +366,7 @@ def table(result: Result) -> pd.DataFrame:
 def comparison(result: Result) -> pd.DataFrame:
     paper_row = lambda m: (f"G {paper('head_zeroing', 'gather_head', m).value}, "
                            f"A {paper('head_zeroing', 'aggregate_head', m).value} ({m})")
-    rows = [("models and heads", "; ".join(paper_row(m) for m in PAPER_MODELS["paper"]),
+    rows = [("models and heads", "; ".join(paper_row(m) for m in registry.cast_of("paper", ("llamba", "llama"))),
              "no masking code in the release",
              "; ".join(f"{r.model}: G {r.roles.describe('G')}, A {r.roles.describe('A')}" for r in result.runs)),
             ("where the heads are masked", "not stated in the sources read", "-",

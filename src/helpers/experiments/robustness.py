@@ -50,15 +50,13 @@ from ..heads import Head, ablation, measured
 from ..interventions import site_width
 from ..packing import encode_pair
 from ..reference import paper
-from ..stats import Score, brief, difference, rank_correlation
+from ..stats import Score, difference, rank_correlation
 from ..sweep import sweep
 from ..tasks import KV_HEADER, Item
-from . import base, shared
+from ..protocol import base, shared
 
 KINDS = ("zero", "mean", "resample")
-MODELS = {"cpu": ("smollm2-135m-instruct", "toy-mamba2"), "paper": ("llama-3.1-8b-instruct", "llamba-8b"),
-          "paper-3b": ("llama-3.2-3b-instruct", "llamba-3b")}
-CLAIM_MODEL = "llamba-8b"  # the >95%-after-30-heads claim is about this model's MMLU
+CLAIM_MODEL = registry.cast("paper", "llamba")  # the >95%-after-30-heads claim is about this model's MMLU
 POOL_GROWTH = 20  # resample donors are looked for among up to this many times n reference prompts
 
 
@@ -105,7 +103,7 @@ class Config(base.Config):
 
     @classmethod
     def defaults(cls, profile):
-        attention, ssm = MODELS[profile]
+        attention, ssm = registry.cast(profile, "retrieval"), registry.cast(profile, "llamba")
         if profile == "cpu":
             return dict(model=attention, ssm_model=ssm, n_kv=80, kv_pairs=8, n_reference=80, top=3, n_controls=2,
                         ks=(1, 2, 5, 10, 30), task="kv", n_mmlu=None, seed=1, reference_seed=2,

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import evaluate, registry, synthetic, zoo
+from .. import evaluate, reference, registry, synthetic, zoo
 from .. import verdicts as v
 from ..attention import attention_maps
 from ..engine import SweepEngine
@@ -39,23 +39,16 @@ from ..reference import paper
 from ..segments import Segments, measure_heads
 from ..stats import Z95, Difference, Score, difference
 from ..sweep import sweep
-from . import base, shared
-from .roles import check_roles_of
+from ..protocol import base, shared
+from ..protocol.roles import check_roles_of
 
 # transformers warns once per process that Mamba layers run its reference PyTorch scan when
 # mamba-ssm's CUDA kernels are not installed (always, on a CPU): true and useless on a page.
 logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
-PAPER_MODELS = {"paper": ("llama-3.1-8b-instruct", "llamba-8b", "falcon-mamba-7b-instruct"),
-                "paper-3b": ("llama-3.2-3b-instruct", "llamba-3b")}
 SWEEP_LIMIT = 256  # heads per layer the ranking sweeps exactly; Falcon-Mamba's layers have 8192 channels
 MARGIN = v.MARGIN  # a loss or difference smaller than this counts as none, as on every page
 SHARPNESS = "top segment share"  # from the final position: share of the in-segment mass on its heaviest line
-
-
-def paper_heads(model: str) -> dict[str, tuple[Head, ...]]:
-    """The release's heads of `model` by role; empty where it names none."""
-    return shared.paper_heads(model) or {}
 
 
 @cache
@@ -78,10 +71,10 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(models=["toy-transformer", "toy-mamba2", "toy-mamba1", "toy-student"],
+            return dict(models=list(registry.cast_of(profile, ("llama", "llamba", "falcon-mamba", "llamba-unaligned"))),
                         sizes=[2, 4, 8, 16, 24, 32], n=300, n_maps=100, seed=0)
-        fig4 = "llama-3.1-8b-instruct"  # the release's Fig. 4 settings, applied to every model
-        return dict(models=PAPER_MODELS[profile],
+        fig4 = registry.cast("paper", "llama")  # the release's Fig. 4 settings, applied to every model
+        return dict(models=registry.cast_of(profile, ("llama", "llamba", "falcon-mamba")),
                     sizes=paper("kv_retrieval", "released_dictionary_sizes", fig4).integers,
                     n=paper("kv_retrieval", "samples_per_configuration", fig4).integer, n_maps=100, seed=0)
 
@@ -190,7 +183,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     by_size = {r["keys"]: Score.from_json(r) for r in rows}
 
     # 2. Heads whose zeroing breaks retrieval, confirmed on held-out prompts.
-    paper_sets = paper_heads(name)
+    paper_sets = reference.paper_heads(name) or {}
     widest = max(loaded.adapter.n_heads(layer) for layer in loaded.adapter.head_layers())
     if widest <= SWEEP_LIMIT:
         ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke).table
@@ -419,7 +412,7 @@ def comparison(result: Result) -> pd.DataFrame:
     """The settings, then three rows per model: its accuracy from the smallest to the largest
     dictionary, its heads zeroed on held-out prompts, and its G and A heads by behaviour with
     the A head's sharpness; the paper's side names the paper's heads where it has the model's."""
-    fig4 = "llama-3.1-8b-instruct"
+    fig4 = registry.cast("paper", "llama")
     cfg = result.cfg
     small, large = min(cfg.sizes), max(cfg.sizes)
     n_cfg, samples = paper("kv_retrieval", "n_configurations", fig4), paper("kv_retrieval", "samples_per_configuration", fig4)

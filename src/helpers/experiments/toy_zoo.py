@@ -20,7 +20,7 @@ from .. import evaluate, registry, synthetic, zoo
 from .. import verdicts as v
 from ..stats import Score
 from ..sweep import sweep
-from . import base
+from ..protocol import base
 
 # transformers warns once per process that the toys' Mamba layers run its reference PyTorch
 # scan (mamba-ssm's CUDA kernels cannot be installed on a CPU): true and useless on a page.
@@ -28,8 +28,7 @@ logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERRO
 
 TOLERANCE = 2  # examples per cell, out of the record's n (tests/test_zoo.py)
 # Each toy model and the paper model whose part it plays (the released code loads these).
-PLAYS = {"toy-transformer": "llama-3.1-8b-instruct", "toy-mamba2": "llamba-8b",
-         "toy-mamba1": "falcon-mamba-7b-instruct", "toy-hybrid": "zamba2-7b", "toy-student": "llamba-8b-unaligned"}
+PLAYS = {toy: registry.cast("paper", part) for part, toy in registry.CAST["cpu"].items()}
 PROBE_CHANCE = {"kv": 1 / zoo.PROBES["kv"], "mcq": 1 / zoo.PROBES["mcq"], "knowledge": 1 / synthetic.N_VALUES}
 
 

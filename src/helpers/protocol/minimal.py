@@ -16,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import benchmarks as bm
+from .. import registry
 from ..engine import SweepEngine
-from ..reference import paper
+from ..reference import paper, paper_heads
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base, shared
+from . import base
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,9 @@ class PruningConfig(base.BenchmarkConfig):
     def defaults(cls, profile):
         if profile == "cpu":
             # The letter model; letters and cloze on the same 150 facts, one walk up the stream each.
-            return dict(model=shared.LETTER_MODEL, n_mmlu=150, k_shot=0, n_knowledge=150, n_kv=60, kv_pairs=8,
+            return dict(model=registry.cast(profile, "letters"), n_mmlu=150, k_shot=0, n_knowledge=150, n_kv=60, kv_pairs=8,
                         kv_query="repeat", seed=0)
-        return dict(model=shared.PAPER_MODEL[profile], n_mmlu=None,
+        return dict(model=registry.cast(profile, "letters"), n_mmlu=None,
                     k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=8,
                     kv_query="paper", seed=0)
 
@@ -150,5 +151,5 @@ def published_minimal(model: str) -> int | None:
     try:
         return paper("layer_pruning", "minimal_model_last_layer", model).integer + 1
     except KeyError:
-        heads = shared.paper_heads(model)
+        heads = paper_heads(model)
         return heads["A"][0].layer + 1 if heads else None

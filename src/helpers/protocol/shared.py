@@ -1,7 +1,7 @@
 """What several chapters share, computed once per model and setting: the KV-retrieval head
 ranking (head zeroing, KV retrieval, attention maps and masking all start from it; the roles its
-top heads play are `roles`), the profiles' shared model choices, and the prompts held out from
-the ranking.
+top heads play are `roles`), and the prompts held out from the ranking. (Which model each
+profile runs is `registry.cast`.)
 
 The ranking's settings live here, once per profile, so that every chapter asks for the same
 ranking and the results store computes it once.
@@ -17,7 +17,7 @@ import torch
 from .. import benchmarks as bm
 from ..engine import SweepEngine
 from ..heads import Head, layers_to_sweep, measured, ranking_table
-from ..reference import paper
+from ..reference import paper, paper_heads
 from ..screen import attribution
 from ..stats import Score, rank_correlation
 from ..sweep import sweep
@@ -32,23 +32,8 @@ RANKING = {
     "paper": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=1.0, seed=0),
     "paper-3b": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=0.5, seed=0),
 }
-# The CPU profile's model that picks MMLU letters (SmolLM2-135M picks them at chance): every
-# chapter whose task is letter selection defaults to it on the CPU profile.
-LETTER_MODEL = "qwen2.5-coder-1.5b-instruct"
-# The paper profiles' attention model (the paper's Llama, the 3B one on a 16 GB GPU).
-PAPER_MODEL = {"paper": "llama-3.1-8b-instruct", "paper-3b": "llama-3.2-3b-instruct"}
 SWEEP_WIDEST = 256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
 SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
-
-
-def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
-    """The release's Gather ("G") and Aggregate ("A") heads of `model` (data/reference), None
-    where it names none (Falcon-Mamba's are inner channels: heads of one channel)."""
-    try:
-        return {"G": paper("head_zeroing", "gather_head", model).heads,
-                "A": paper("head_zeroing", "aggregate_head", model).heads}
-    except KeyError:
-        return None
 
 
 @dataclass(frozen=True)

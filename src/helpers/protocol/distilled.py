@@ -24,9 +24,6 @@ from ..stats import Score
 from ..sweep import sweep
 from . import base, roles, shared
 
-PAPER_PAIR = {"paper": ("llamba-8b-unaligned", "llama-3.1-8b-instruct"),
-              # No unaligned 3B Llamba is published: the released Llamba-3B stands in.
-              "paper-3b": ("llamba-3b", "llama-3.2-3b-instruct")}
 LAYER_RULES = ("reference", "layer ablation", "KV ranking")
 
 
@@ -39,10 +36,8 @@ class Pair:
 
 def pair(profile: str) -> Pair:
     """The profile's student, teacher and layer rule (the hybrid-swap chapter's defaults)."""
-    if profile == "cpu":
-        return Pair("toy-student", "toy-transformer", "layer ablation")
-    student, teacher = PAPER_PAIR[profile]
-    return Pair(student, teacher, "reference" if profile == "paper" else "KV ranking")
+    rule = {"cpu": "layer ablation", "paper": "reference"}.get(profile, "KV ranking")
+    return Pair(registry.cast(profile, "llamba-unaligned"), registry.cast(profile, "llama"), rule)
 
 
 def reference_teachers() -> list[str]:

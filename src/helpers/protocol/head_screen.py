@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .. import benchmarks as bm
+from .. import registry
 from .. import heads as hd
+from ..reference import paper_heads
 from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..heads import Head
@@ -68,10 +70,10 @@ class ScreenConfig(base.Config):
             # (seed 0, alone on 2 cores, cold: 11:04, of which layer pruning's walk of the letters 2:16, which the
             # book has stored by then, the screen 4:39, the roles 0:42, the check's 12 conditions on 150
             # questions and 150 facts 3:18).
-            return dict(model=shared.LETTER_MODEL, task="mmlu", n_screen=100, n_check=150, n_knowledge=150, top=2,
+            return dict(model=registry.cast(profile, "letters"), task="mmlu", n_screen=100, n_check=150, n_knowledge=150, top=2,
                         screen_alpha=1.0, **common)
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
-        return dict(model=shared.PAPER_MODEL[profile], task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,
+        return dict(model=registry.cast(profile, "letters"), task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,
                     n_knowledge=500, top=s["top"], screen_alpha=s["alpha"], **common)
 
     def __post_init__(self):
@@ -169,7 +171,7 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
     kept = given or minimal.minimal_depth(depths)
     check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
     layers = list(range(kept))
-    named = shared.paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
+    named = paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
     # Swept exactly: as set; else the paper's heads' layers; else, where the minimal model was found
     # from the data on MMLU, its last two layers (the paper's minimal model ends with its Aggregate layer, and
     # only its last two layers matter for MMLU, Fig. 3); else the layers the screen points to.

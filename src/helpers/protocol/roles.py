@@ -23,6 +23,7 @@ import pandas as pd
 from .. import benchmarks as bm
 from .. import heads as hd
 from .. import verdicts as v
+from ..reference import paper_heads
 from ..errors import ConfigError
 from ..heads import ROLE_MEASURES, Head
 from ..segments import Segments, head_measures
@@ -45,7 +46,7 @@ def check_roles_of(model: str, gather, aggregate, below: int | None = None) -> N
     """The heads set as `gather` and `aggregate`, or where they are unset the paper's heads of
     `model`, are heads of `model` (in its first `below` layers): checked from its config, before
     any work, naming the parameters that fix it."""
-    named = shared.paper_heads(model) if gather is None else {"G": gather, "A": aggregate}
+    named = paper_heads(model) if gather is None else {"G": gather, "A": aggregate}
     for role, field in (("G", "gather"), ("A", "aggregate")):
         base.check_heads_of(model, field, (named or {}).get(role), paper=gather is None, below=below)
 
@@ -166,7 +167,7 @@ def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, b
     n = shared.ranking_settings(profile, smoke)["n"]
     if gather is not None:
         return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set", ranking=ranking)
-    named = shared.paper_heads(loaded.name)
+    named = paper_heads(loaded.name)
     if named and not measure:
         return Roles(named, "paper", ranking=ranking)
     if benchmark is None:

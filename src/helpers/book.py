@@ -378,7 +378,7 @@ PAPER_BOOK_LINK = ('<p>The same book on the paper\'s models, executed on a GPU b
 
 
 def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
-    rows = ["| chapter | profile | date (UTC) | models (revision) | device | torch, transformers | run time | peak memory | commit | code version |",
+    rows = ["| chapter | run time | peak memory | profile | date (UTC) | models (revision) | device | torch, transformers | commit | code version |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for page, rec in pages.items():
         p = rec["provenance"]
@@ -387,10 +387,11 @@ def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
         versions = p.get("versions", {})
         libraries = ", ".join(versions[k] for k in ("torch", "transformers") if k in versions)
         memory = f"{p['peak_rss_gb']:.1f} GB" if p.get("peak_rss_gb") else "-"
-        rows.append(f"| {{doc}}`/{page}` | {p.get('profile', '')} | {p.get('date', '-')} | {models} | {p.get('device', '')} | "
-                    f"{libraries} | {p.get('wall_s', 0):.0f} s | {memory} | {commit} | {p.get('code', '')} |")
-    text = ("# Runs\n\nHow each chapter of this rendering was made: its profile, date, models, device, library "
-            "versions, run time, the kernel's peak resident memory and the commit of the code. Each chapter's page has the full record in its "
+        rows.append(f"| {{doc}}`/{page}` | {p.get('wall_s', 0):.0f} s | {memory} | {p.get('profile', '')} | {p.get('date', '-')} | "
+                    f"{models} | {p.get('device', '')} | {libraries} | {commit} | {p.get('code', '')} |")
+    text = ("# Runs\n\nHow each chapter of this rendering was made: its run time (the chapter's run, without the "
+            "notebook around it) and its kernel's peak resident memory, its profile, date, models, device, library "
+            "versions and the commit of the code. Each chapter's page has the full record in its "
             "\"How this page was made\" block. Download every record: {download}`runs.csv <runs.csv>` (one row "
             "per chapter), {download}`runs.json <runs.json>` (each chapter's whole record).\n\n" + "\n".join(rows) + "\n")
     if profile == "cpu":

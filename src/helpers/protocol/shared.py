@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .. import benchmarks as bm
+from .. import benchmarks as bm, registry
 from ..engine import SweepEngine
 from ..heads import Head, layers_to_sweep, measured, ranking_table
 from ..reference import paper, paper_heads
@@ -119,7 +119,8 @@ def measure_screen(cell: dict) -> dict:
     """The ranking's first step (a measurement, `runner`): the accuracy with no head zeroed, and
     the attribution screen's estimate for every head, as [layer, head, estimate] rows."""
     engine = _engine(cell)
-    estimate = attribution(engine, alpha=cell["alpha"])
+    precision = registry.spec(cell["model"]).screen_dtype
+    estimate = attribution(engine, alpha=cell["alpha"], dtype=getattr(torch, precision) if precision else None)
     return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()]}
 
 

@@ -170,7 +170,8 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
 
     A paper model runs on `device`, else `GA_DEVICE`, else the GPU; in bfloat16 on a GPU and in
     float32 on CPU unless `dtype` says otherwise. A CPU-tier model stays on CPU unless `device`
-    is given, in its registered dtype (`ModelSpec.dtype`) unless `dtype` says otherwise. Libraries' loading bars and warnings go to the build's log, not the page."""
+    is given, in its registered dtype (`ModelSpec.dtype`) unless `dtype` says otherwise.
+    Libraries' loading bars and warnings go to the build's log, not the page."""
     s = spec(name)
     if s.toy:
         from .zoo import load as load_toy
@@ -208,7 +209,8 @@ def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cache
     model = model.to(device or "cpu")
     # Provenance names the GGUF either way (the copy is that file's tensors, not another source),
     # and the dtype: a store computed in another one stops the run (`protocol.base.open_store`).
-    return Loaded(s.name, model, tokenizer, adapter_for(model), f"gguf {s.gguf.sha256[:12]} {str(dtype).removeprefix('torch.')}")
+    revision = f"gguf {s.gguf.sha256[:12]} {str(dtype).removeprefix('torch.')}"
+    return Loaded(s.name, model, tokenizer, adapter_for(model), revision)
 
 
 def packaged_config(name: str, dtype: torch.dtype | None = None):

@@ -116,7 +116,8 @@ def test_a_bfloat16_screen_proposes_what_the_float32_one_does_and_leaves_the_swe
 
     from helpers import registry
 
-    assert registry.spec("smollm2-135m-instruct").screen_dtype == "bfloat16"
+    assert helpers.models.screen_dtype("smollm2-135m-instruct") == torch.bfloat16
+    assert helpers.models.screen_dtype(registry.cast("cpu", "letters")) is None  # its own dtype is bfloat16
     exact = screen.attribution(SweepEngine(smol, smol.tokenizer, kv), progress=False)
     engine = SweepEngine(smol, smol.tokenizer, kv)
     fast = screen.attribution(engine, progress=False, dtype=torch.bfloat16)

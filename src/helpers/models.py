@@ -213,12 +213,6 @@ def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cache
     return Loaded(s.name, model, tokenizer, adapter_for(model), revision)
 
 
-def screen_dtype(name: str) -> torch.dtype | None:
-    """What a model's attribution screen computes in (`ModelSpec.screen_dtype`; None: the model's
-    own dtype), for `screen.attribution`'s `dtype`."""
-    return getattr(torch, spec(name).screen_dtype) if spec(name).screen_dtype else None
-
-
 def packaged_config(name: str, dtype: torch.dtype | None = None):
     """A CPU-tier model's config: from its dequantized copy in `dtype` (default: its registered
     one) where there is one (a small JSON file), else from the GGUF's header (Qwen's takes some

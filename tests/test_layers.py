@@ -23,7 +23,8 @@ LAYERS = [
     Layer("segments"),
     Layer("evaluate", "interventions", "attention"),
     Layer("packing"),
-    Layer("adapters", "llamba", "convllama"),
+    Layer("adapters", "llamba"),
+    Layer("convllama"),  # the zoo's Transformer; a distilled hybrid keeps its convolution
     Layer("ssm"),
     # The leaves: no torch, no transformers (paths, the registry, statistics, verdicts, tasks...).
     Layer("tasks", "reference", "provenance", "verdicts", "sweep", independent=False),

@@ -277,7 +277,7 @@ from helpers.experiments import (head_zeroing, hybrid_models, hybrid_swap, kv_re
     (kv_retrieval, dict(model="toy-mamba2", sizes=[8, 33]), "sizes: a KV dictionary for toy-mamba2 holds at most 32 keys"),
     (maps_chapter, dict(model="toy-transformer", kv_pairs=48), "kv_pairs: .*toy-transformer holds at most 32 keys"),
     (hybrid_models, dict(kv_pairs=33), "kv_pairs: a KV dictionary for toy-hybrid holds at most 32 keys"),
-    (hybrid_swap, dict(layers=[99]), "layers: toy-student has no layer 99: its layers are 0..2"),
+    (hybrid_swap, dict(layers=[99]), "layers: toy-student has no layer 99: its layers are 0..3"),
     (masking, dict(models=["toy-mamba2", "toy-mamba2"]), "models lists toy-mamba2 more than once: list each model once"),
     (ssm_vs_attention, dict(models=["toy-mamba2", "toy-mamba1"], sizes=[2, 40]),
      "sizes: a dictionary of toy-mamba2 holds at most 32 keys"),

@@ -126,7 +126,7 @@ def test_student_starts_from_its_teacher_and_distills_end_to_end(tmp_path):
     assert torch.equal(s.embedding.weight[:synthetic.VOCAB_SIZE], t.embed_tokens.weight)
     assert not torch.equal(s.layers[0].mixer.in_proj.weight, zoo.build_model(zoo.recipe("toy-student")).backbone.layers[0].mixer.in_proj.weight)
     b = synthetic.mcq(4, 3, np.random.default_rng(0))
-    with helpers.swap_layers(student, teacher, [0, 1, 2]):
+    with helpers.swap_layers(student, teacher, list(range(zoo.TEACHER_LAYERS))):
         swapped = student.model(input_ids=b.ids).logits
     assert torch.allclose(swapped, teacher.model(input_ids=b.ids).logits, atol=1e-5)
 
@@ -148,3 +148,81 @@ def test_every_recipe_is_a_loadable_model_name_and_a_missing_checkpoint_names_th
     assert {name for name, s in helpers.MODELS.items() if s.toy} == set(zoo.RECIPES)
     with pytest.raises(FileNotFoundError, match="python -m helpers.zoo build toy-mamba2"):
         zoo.load("toy-mamba2", tmp_path)
+
+
+def test_kept_heads_compute_the_teachers_attention_with_the_other_heads_zeroed():
+    teacher = helpers.load("toy-transformer")
+    t = teacher.model.model
+    kept = {0: [1], len(t.layers) - 2: [0, 3]}
+    torch.manual_seed(0)
+    student = zoo.build_model(zoo.recipe("toy-student"), zoo.kept_attention(teacher.model, kept))
+    zoo.copy_kept_heads(student, teacher.model, kept)
+    ids = synthetic.kv(4, 8, np.random.default_rng(0)).ids
+    inputs, _, _ = zoo.teacher_states(teacher.model, ids)
+    for layer, heads in kept.items():
+        seen = {}
+        hook = t.layers[layer].self_attn.register_forward_hook(lambda m, a, out: seen.update(out=out[0]))
+        with helpers.zero_heads(teacher, {layer: [h for h in range(4) if h not in heads]}), torch.no_grad():
+            teacher.model(input_ids=ids)
+        hook.remove()
+        norm = t.layers[layer].input_layernorm
+        norm = norm[0] if isinstance(norm, torch.nn.Sequential) else norm  # the convolution is the kept heads'
+        with torch.no_grad():
+            mine = student.backbone.layers[layer].attention(norm(inputs[layer]))
+        assert torch.allclose(mine, seen["out"], atol=1e-5)
+        assert not torch.allclose(mine, torch.zeros_like(mine))
+    # The other layers have no attention, and the mixers start as a plain student's.
+    assert [l for l, b in enumerate(student.backbone.layers) if b.attention is not None] == sorted(kept)
+    torch.manual_seed(0)
+    plain = zoo.build_model(zoo.recipe("toy-student")).state_dict()
+    assert all(torch.equal(w, student.state_dict()[k]) for k, w in plain.items())
+
+
+def test_the_head_rules_rank_a_planted_head_first_and_random_draws_differ(monkeypatch):
+    teacher = helpers.load("toy-transformer")
+    layer, head, d = 1, 2, teacher.model.config.head_dim
+    keep = lambda by, draw=0: zoo.choose_heads(teacher, zoo.Recipe("x", "", "llamba", {}, 0, keep=1, keep_by=by,
+                                                                     draw=draw), seed=0)
+    site = teacher.model.model.layers[layer].self_attn.o_proj
+
+    def planted_loss(model, batch):  # a loss that only the planted head's output lowers
+        seen = {}
+        hook = site.register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+        model(input_ids=batch.ids)
+        hook.remove()
+        return -seen["x"][..., head * d:(head + 1) * d].norm()
+
+    def planted_maps(model, ids, layers):  # every head on the first token, the planted one everywhere
+        maps = {}
+        for l in layers:
+            m = torch.zeros(ids.shape[0], 4, ids.shape[1], ids.shape[1])
+            m[..., 0] = 1
+            if l == layer:
+                m[:, head] = torch.tril(torch.ones(ids.shape[1], ids.shape[1])) / torch.arange(1, ids.shape[1] + 1)[:, None]
+            maps[l] = m
+        return maps
+
+    with monkeypatch.context() as m:
+        m.setattr(zoo, "answer_loss", planted_loss)
+        assert keep("G&A ranking") == {layer: [head]}
+    with monkeypatch.context() as m:
+        m.setattr(helpers.attention, "attention_maps", planted_maps)
+        assert keep("retrieval score") == {layer: [head]}
+    assert len({str(keep("random", draw)) for draw in range(4)}) > 1
+    with pytest.raises(ValueError, match="keeps heads by"):
+        keep("entropy")
+
+
+def test_a_hybrid_that_keeps_heads_builds_loads_and_records_them(tmp_path):
+    zoo.build("toy-transformer", tmp_path, steps=2, n_final=8, progress=False)
+    name = next(n for n, r in zoo.RECIPES.items() if r.keep_by == "G&A ranking")
+    rec = zoo.build(name, tmp_path, steps=4, n_final=8, progress=False)
+    hybrid = zoo.load(name, tmp_path)
+    kept = {int(l): hs for l, hs in rec["kept_attention"]["from"].items()}
+    assert sum(map(len, kept.values())) == zoo.recipe(name).keep
+    teacher = zoo.load("toy-transformer", tmp_path).model.model
+    for l, hs in kept.items():
+        d = teacher.config.head_dim
+        rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in hs])
+        assert torch.equal(hybrid.model.backbone.layers[l].attention.attn.q_proj.weight,
+                           teacher.layers[l].self_attn.q_proj.weight[rows])

@@ -33,8 +33,13 @@ class LlambaConfig(PretrainedConfig):
 
     def __init__(self, vocab_size: int = 128256, d_model: int = 4096, n_layer: int = 32,
                  tie_embeddings: bool = False, pad_vocab_size_multiple: int = 8, lm_head_bias: bool = False,
-                 norm_epsilon: float = 1e-5, mlp_cfg: dict | None = None, ssm_cfg: dict | None = None, **kwargs):
+                 norm_epsilon: float = 1e-5, mlp_cfg: dict | None = None, ssm_cfg: dict | None = None,
+                 kept_attention: dict | None = None, **kwargs):
         super().__init__(**kwargs)
+        # A hybrid that keeps some of its teacher's attention heads beside the mixer (the
+        # follow-up's retrieval-aware distillation; `KeptAttention`): {"heads": {layer: n}, the
+        # teacher's "head_dim", "rope_theta" and "conv_kernel", and its "conv_layers"}.
+        self.kept_attention = kept_attention
         self.vocab_size, self.d_model, self.n_layer = vocab_size, d_model, n_layer
         self.tie_embeddings, self.pad_vocab_size_multiple = tie_embeddings, pad_vocab_size_multiple
         self.lm_head_bias, self.norm_epsilon = lm_head_bias, norm_epsilon
@@ -179,16 +184,50 @@ class LlambaMLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
+class KeptAttention(nn.Module):
+    """Some of a Llama teacher's attention heads, kept beside a layer's mixer: causal softmax
+    attention with the teacher's rotary embedding, its short convolution where the teacher's
+    layer has one (`helpers.convllama`), and the kept heads' slices of its projections."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, rope_theta: float, conv_kernel: int = 0):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+        from .convllama import ShortConv
+
+        cfg = LlamaConfig(hidden_size=d_model, num_attention_heads=n_heads, num_key_value_heads=n_heads,
+                          head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+                          attn_implementation="sdpa")
+        self.conv = ShortConv(d_model, conv_kernel) if conv_kernel else nn.Identity()
+        self.attn = LlamaAttention(cfg, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(cfg)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        x = self.conv(u)
+        positions = torch.arange(x.shape[1], device=x.device)[None]
+        return self.attn(x, position_embeddings=self.rotary(x, positions), attention_mask=None)[0]
+
+
 class LlambaBlock(nn.Module):
-    def __init__(self, config: LlambaConfig):
+    def __init__(self, config: LlambaConfig, index: int = 0):
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(config.d_model, eps=1e-5)
         self.mixer = DiscreteMamba2(config.d_model, **config.ssm_cfg)
         self.post_attention_layernorm = LlamaRMSNorm(config.d_model, eps=1e-5)
         self.mlp = LlambaMLP(config.d_model, **config.mlp_cfg)
+        kept = config.kept_attention or {}
+        n = kept.get("heads", {}).get(str(index), 0)
+        # The kept heads' weights come from the teacher: building them leaves the random stream
+        # where a plain student's build leaves it, so every hybrid starts from the same mixers.
+        with torch.random.fork_rng(devices=[]):
+            self.attention = KeptAttention(config.d_model, n, kept["head_dim"], kept["rope_theta"],
+                                           kept["conv_kernel"] if index in kept["conv_layers"] else 0) if n else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.mixer(self.input_layernorm(hidden))
+        u = self.input_layernorm(hidden)
+        mixed = self.mixer(u) if self.attention is None else self.mixer(u) + self.attention(u)
+        hidden = hidden + mixed
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -196,7 +235,7 @@ class LlambaBackbone(nn.Module):
     def __init__(self, config: LlambaConfig):
         super().__init__()
         self.embedding = nn.Embedding(config.padded_vocab_size, config.d_model)
-        self.layers = nn.ModuleList(LlambaBlock(config) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(LlambaBlock(config, i) for i in range(config.n_layer))
         self.final_layernorm = LlamaRMSNorm(config.d_model, eps=config.norm_epsilon)
 
     def forward(self, input_ids: torch.Tensor, **_) -> BaseModelOutput:

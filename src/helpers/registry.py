@@ -106,7 +106,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("zamba2-2.7b-instruct", "paper", "Zyphra/Zamba2-2.7B-instruct", "hybrid"),
         *(ModelSpec(name, "cpu", f"data/zoo/{name}", mixer, toy=True) for name, mixer in
           [("toy-transformer", "attention"), ("toy-mamba2", "ssm"), ("toy-mamba1", "ssm"), ("toy-hybrid", "hybrid"),
-           ("toy-student", "ssm")]),
+           ("toy-student", "ssm"), *((n, "hybrid") for n in ("toy-rad-ga", "toy-rad-retrieval", "toy-rad-random0",
+                                                            "toy-rad-random1", "toy-rad-random2"))]),
     ]
 }
 

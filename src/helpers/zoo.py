@@ -6,11 +6,12 @@ tasks of `helpers.synthetic`, deterministically, on one CPU thread.
 
 | name | role in the paper | class |
 |---|---|---|
-| toy-transformer | Llama-3.1 | transformers Llama, a short causal convolution before each attention |
+| toy-transformer | Llama-3.1 | transformers Llama, 4 layers, a short causal convolution before each attention but the first |
 | toy-mamba2 | Llamba's SSD heads | transformers Mamba2 |
 | toy-mamba1 | Falcon-Mamba | transformers Mamba (parallel `mambapy` scan for training) |
-| toy-hybrid | Zamba2 | transformers Zamba2: Mamba-2 layers, the last one with the shared attention block |
+| toy-hybrid | Zamba2 | transformers Zamba2: Mamba-2 layers, the middle one with the shared attention block |
 | toy-student | Llamba | `helpers.llamba`, distilled from toy-transformer the MOHAWK way |
+| toy-rad-* | the follow-up's hybrids | toy-student's recipe, one teacher head kept as attention (`KEEP_BY`) |
 
 Each model is saved as `<name>.safetensors` beside `<name>.json`, which holds its config and its
 training record (seed, steps, wall time, the loss and accuracy curves, final accuracies).
@@ -56,29 +57,45 @@ class Recipe:
     heads_per_group: int = 0  # Mamba-1: channels per "head" (a group of channels)
     teacher: str | None = None  # distilled students
     distill_steps: tuple[int, int] = (0, 0)  # MOHAWK stages 1 and 2
+    # Distilled hybrids (the follow-up's retrieval-aware distillation): `keep` of the teacher's
+    # attention heads stay attention beside the mixers, chosen by `keep_by` (KEEP_BY; `draw`
+    # numbers the random choices).
+    keep: int = 0
+    keep_by: str = ""
+    draw: int = 0
 
 
 WIDTH, LAYERS, HEADS = 64, 3, 4
+# The Transformer has a fourth layer in front, without a convolution: a layer's attention can
+# match a two-token key only after a convolution, so retrieval cannot sit in the first layer and a
+# swap can tell "the aggregating layer" from "the first one".
+TEACHER_LAYERS = 4
+STUDENT = dict(d_model=WIDTH, n_layer=TEACHER_LAYERS, mlp_cfg={"intermediate_size": 2 * WIDTH},
+               ssm_cfg={"d_state": 16, "n_v_heads": HEADS, "n_qk_heads": HEADS, "chunk_size": 32})
 RECIPES = {r.name: r for r in [
     Recipe("toy-transformer", "Llama-3.1 (Transformer)", "conv_llama",
-           dict(hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                num_key_value_heads=HEADS, max_position_embeddings=512, rms_norm_eps=1e-5,
-                tie_word_embeddings=False, conv_kernel=4, conv_layers=[0, 1, 2]), steps=3000),
+           dict(hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=TEACHER_LAYERS,
+                num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512, rms_norm_eps=1e-5,
+                tie_word_embeddings=False, conv_kernel=4, conv_layers=[1, 2, 3]), steps=3000),
     Recipe("toy-mamba2", "Llamba / Mamba-2 (pure SSM)", "mamba2",
            dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, expand=2, num_heads=HEADS, head_dim=2 * WIDTH // HEADS,
-                state_size=16, n_groups=1, conv_kernel=4, chunk_size=32, tie_word_embeddings=False), steps=3000),
+                state_size=8, n_groups=1, conv_kernel=4, chunk_size=32, tie_word_embeddings=False), steps=3000),
     Recipe("toy-mamba1", "Falcon-Mamba (Mamba-1)", "mamba",
-           dict(hidden_size=WIDTH, num_hidden_layers=2, expand=2, state_size=8, conv_kernel=4,
-                use_mambapy=True, tie_word_embeddings=False), steps=2000, heads_per_group=16),
+           dict(hidden_size=WIDTH, num_hidden_layers=2, expand=2, state_size=16, conv_kernel=4,
+                use_mambapy=True, tie_word_embeddings=False), steps=3000, heads_per_group=16),
     Recipe("toy-hybrid", "Zamba2 (hybrid)", "zamba2",
-           dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, layers_block_type=["mamba", "mamba", "hybrid"],
-                num_attention_heads=HEADS, n_mamba_heads=HEADS, mamba_d_state=16, mamba_ngroups=1,
+           dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, layers_block_type=["mamba", "hybrid", "mamba"],
+                num_attention_heads=HEADS, n_mamba_heads=HEADS, mamba_d_state=4, mamba_ngroups=1,
                 intermediate_size=2 * WIDTH, chunk_size=32, num_mem_blocks=1, use_mem_rope=True,
-                tie_word_embeddings=False), steps=3000),
-    Recipe("toy-student", "Llamba (distilled)", "llamba",
-           dict(d_model=WIDTH, n_layer=LAYERS, mlp_cfg={"intermediate_size": 2 * WIDTH},
-                ssm_cfg={"d_state": 16, "n_v_heads": HEADS, "n_qk_heads": HEADS, "chunk_size": 32}),
-           steps=0, teacher="toy-transformer", distill_steps=(400, 800)),
+                tie_word_embeddings=False), steps=4000),
+    Recipe("toy-student", "Llamba (distilled)", "llamba", STUDENT, steps=0, teacher="toy-transformer",
+           distill_steps=(400, 3000)),
+    # The follow-up's retrieval-aware distillation: the student with one of the teacher's 16
+    # heads (6%) kept as attention, chosen by each rule (three random draws).
+    *(Recipe(f"toy-rad-{tag}", f"hybrid keeping 1 head by {by}", "llamba", STUDENT, steps=0, teacher="toy-transformer",
+             distill_steps=(400, 1600), keep=1, keep_by=by, draw=draw)
+      for tag, by, draw in [("ga", "G&A ranking", 0), ("retrieval", "retrieval score", 0), ("random0", "random", 0),
+                            ("random1", "random", 1), ("random2", "random", 2)]),
 ]}
 
 TRAIN_SIZES = {"kv": (2, 16), "mcq": (2, 8), "knowledge": (None, None)}
@@ -99,8 +116,9 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def build_model(r: Recipe) -> nn.Module:
-    """An untrained model of the recipe (weights from the current torch seed)."""
+def build_model(r: Recipe, kept_attention: dict | None = None) -> nn.Module:
+    """An untrained model of the recipe (weights from the current torch seed); a hybrid's kept
+    heads are described by `kept_attention` (`LlambaConfig`), which its build decides."""
     from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM, Zamba2Config, \
         Zamba2ForCausalLM
 
@@ -116,7 +134,7 @@ def build_model(r: Recipe) -> nn.Module:
     if r.arch == "zamba2":
         return Zamba2ForCausalLM(Zamba2Config(vocab_size=vocab, attn_implementation="sdpa", **r.config))
     if r.arch == "llamba":
-        return LlambaForCausalLM(LlambaConfig(vocab_size=vocab, **r.config))
+        return LlambaForCausalLM(LlambaConfig(vocab_size=vocab, kept_attention=kept_attention, **r.config))
     raise ValueError(f"unknown architecture {r.arch!r}")
 
 
@@ -131,7 +149,7 @@ def load(name: str, folder: Path | None = None) -> Loaded:
     path = folder / f"{name}.safetensors"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: rebuild the zoo with `python -m helpers.zoo build {name}` (make zoo)")
-    model = build_model(r)
+    model = build_model(r, record(name, folder).get("kept_attention"))
     load_model(model, path)
     model.eval().requires_grad_(False)
     return Loaded(name, model, synthetic.tokenizer(), adapter_of(r, model), revision=file_hash(path))
@@ -307,6 +325,81 @@ def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed
     return curve
 
 
+# --- hybrids that keep some teacher heads as attention (retrieval-aware distillation) -------------
+
+KEEP_BY = ("G&A ranking", "retrieval score", "random")
+
+
+@torch.no_grad()
+def head_importance(teacher: Loaded, by: str, seed: int, draw: int = 0, n: int = 256) -> dict[tuple[int, int], float]:
+    """Each teacher head's claim to stay attention (higher first), from KV prompts (8 keys) of a
+    stream no probe or final score draws from. "G&A ranking": how much zeroing the head raises
+    the answer's loss (the book's KV ablation ranking); "retrieval score": the attention the
+    answer's position pays to the queried value, the token the answer copies (Wu et al.'s
+    retrieval heads, arXiv 2404.15574: a rule by attention, not by ablation); "random": a seeded
+    shuffle."""
+    from .interventions import zero_heads
+
+    a = teacher.adapter
+    heads = [(l, h) for l in a.head_layers() for h in range(a.n_heads(l))]
+    if by == "random":
+        order = np.random.default_rng([seed, 5, draw]).permutation(len(heads))
+        return {heads[i]: float(-rank) for rank, i in enumerate(order)}
+    batch = synthetic.make("kv", n, PROBES["kv"], np.random.default_rng([seed, 4]))
+    if by == "G&A ranking":
+        def loss() -> float:
+            return answer_loss(teacher.model, batch).item()
+
+        clean = loss()
+        out = {}
+        for l, h in heads:
+            with zero_heads(teacher, {l: [h]}):
+                out[(l, h)] = loss() - clean
+        return out
+    if by == "retrieval score":
+        from .attention import attention_maps
+
+        maps = attention_maps(teacher, batch.ids, a.head_layers())  # layer -> [prompt, head, T, T]
+        rows = torch.arange(len(batch))
+        # The queried value's place in the dictionary: each value is written once, before the query.
+        earlier = torch.arange(batch.ids.shape[1])[None] < batch.at[:, None]
+        needle = ((batch.ids == batch.target[:, None]) & earlier).int().argmax(1)
+        return {(l, h): maps[l][rows, h, batch.at, needle].mean().item() for l, h in heads}
+    raise ValueError(f"unknown head rule {by!r}; the zoo keeps heads by {', '.join(KEEP_BY)}")
+
+
+def choose_heads(teacher: Loaded, r: Recipe, seed: int) -> dict[int, list[int]]:
+    """The recipe's `keep` heads with the highest claim, {layer: [head, ...]} (ties: lower index)."""
+    claim = head_importance(teacher, r.keep_by, seed, r.draw)
+    top = sorted(claim, key=lambda lh: (-claim[lh], lh))[:r.keep]
+    kept: dict[int, list[int]] = {}
+    for l, h in sorted(top):
+        kept.setdefault(l, []).append(h)
+    return kept
+
+
+def kept_attention(teacher: nn.Module, kept: dict[int, list[int]]) -> dict:
+    """`LlambaConfig.kept_attention` for these teacher heads."""
+    c = teacher.config
+    return {"heads": {str(l): len(hs) for l, hs in kept.items()}, "from": {str(l): hs for l, hs in kept.items()},
+            "head_dim": c.head_dim, "rope_theta": c.rope_parameters["rope_theta"], "conv_kernel": c.conv_kernel,
+            "conv_layers": list(c.conv_layers)}
+
+
+@torch.no_grad()
+def copy_kept_heads(student: nn.Module, teacher: nn.Module, kept: dict[int, list[int]]) -> None:
+    """The kept heads' slices of the teacher's projections (and its layer's convolution)."""
+    d = teacher.config.head_dim
+    for l, hs in kept.items():
+        mine, theirs = student.backbone.layers[l].attention, teacher.model.layers[l]
+        rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in hs])
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            getattr(mine.attn, proj).weight.copy_(getattr(theirs.self_attn, proj).weight[rows])
+        mine.attn.o_proj.weight.copy_(theirs.self_attn.o_proj.weight[:, rows])
+        if isinstance(theirs.input_layernorm, nn.Sequential):
+            mine.conv.load_state_dict(theirs.input_layernorm[1].state_dict())
+
+
 # --- build -----------------------------------------------------------------------------------------
 
 def build(name: str, folder: Path | None = None, seed: int = 0, steps: int | None = None, n_final: int = 500,
@@ -318,13 +411,21 @@ def build(name: str, folder: Path | None = None, seed: int = 0, steps: int | Non
     start = time.perf_counter()
     with one_thread():
         torch.manual_seed(seed)
-        model = build_model(r)
+        extra = {}
+        if r.keep:
+            with torch.random.fork_rng(devices=[]):  # the hybrid's mixers start as a plain student's
+                teacher = load(r.teacher, folder)
+            kept = choose_heads(teacher, r, seed)
+            extra = {"kept_attention": kept_attention(teacher.model, kept), "keep_by": r.keep_by}
+        model = build_model(r, extra.get("kept_attention"))
         if r.teacher:
             teacher = load(r.teacher, folder).model
+            if r.keep:
+                copy_kept_heads(model, teacher, kept)
             scale = 1.0 if steps is None else steps / sum(r.distill_steps)
             stages = tuple(max(1, round(s * scale)) for s in r.distill_steps)
             curve = distill(model, teacher, stages, seed, progress=progress)
-            trained = {"distill_steps": list(stages), "teacher": r.teacher}
+            trained = {"distill_steps": list(stages), "teacher": r.teacher, **extra}
         else:
             n = r.steps if steps is None else steps
             curve = train(model, n, seed, progress=progress)

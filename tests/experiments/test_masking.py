@@ -35,10 +35,10 @@ def test_on_the_letter_task_the_heads_are_masked_in_head_zeroings_keep_only_mini
     # through the same stores).
     from helpers.experiments import head_zeroing
 
-    # Seed 2: at smoke size that screen finds both a G and an A head (seed 0's finds no A).
-    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, models=["toy-transformer"], seed=2))
+    # Seed 0: at smoke size that screen finds both a G and an A head (seeds 1 and 2 find no G).
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, models=["toy-transformer"], seed=0))
     (r,) = result.runs
-    zeroing = head_zeroing.run(head_zeroing.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=2))
+    zeroing = head_zeroing.run(head_zeroing.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=0))
     assert all(zeroing.roles.heads[x] for x in "GA")
     assert r.layers == zeroing.layers_kept and r.minimal.startswith("the layer-pruning chapter's")
     assert {x: r.roles.heads[x] for x in "GA"} == {x: zeroing.roles.heads[x] for x in "GA"}
@@ -170,14 +170,15 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 
 @pytest.mark.parametrize("model, heads", [("smollm2-135m-instruct", [(16, 0), (18, 6), (18, 2)]),
                                           ("toy-mamba2", [(1, 0), (1, 2)])])
-def test_masks_through_the_engine_equal_the_plain_scorers(model, heads, monkeypatch):
+def test_masks_through_the_engine_equal_the_plain_scorers(model, heads, monkeypatch, request):
     import torch
 
     from helpers import benchmarks as bm
     from helpers import evaluate, models
     from helpers.segments import aggregate_pattern, gather_pattern, score_with_patterns
 
-    loaded = models.load(model, dtype=torch.float32)  # equal to 2e-4 in float32; bfloat16 rounds further
+    # Equal to 2e-4 in float32 (bfloat16 rounds further): SmolLM2 is conftest's float32 copy.
+    loaded = request.getfixturevalue("smol") if model == "smollm2-135m-instruct" else models.load(model, dtype=torch.float32)
     b = bm.kv(model, loaded.tokenizer, 4, 2, seed=1, query="repeat")
     (g, a, *rest) = heads
     patterns = lambda seg: {g: gather_pattern(seg), a: aggregate_pattern(seg),

@@ -103,6 +103,13 @@ def test_a_model_at_chance_cannot_test_anything():
     assert "s is at chance with 2 keys" in verdicts[0].evidence and "s is at chance with 8 keys" in verdicts[1].evidence
 
 
+def test_two_models_still_at_ceiling_at_the_largest_size_cannot_show_a_fall():
+    verdicts = chapter.verdicts(result(model("t", "attention", 1.0, 1.0), model("s", "ssm", 1.0, 1.0)))
+    assert verdicts[0].outcome == v.NOT_TESTABLE and "both at ceiling with 32 keys" in verdicts[0].evidence
+    one_falls = chapter.verdicts(result(model("t", "attention", 1.0, 1.0), model("s", "ssm", 1.0, 0.6)))
+    assert one_falls[0].outcome == v.REPRODUCED
+
+
 def test_a_model_that_was_not_ranked_is_judged_on_the_papers_sets():
     run = model("falcon", "ssm", 1.0, 0.5, ranked=False)
     assert run.tested == ["paper A"]

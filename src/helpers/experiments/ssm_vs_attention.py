@@ -297,11 +297,15 @@ def pts(x: float) -> str:
 def falls_faster(t: ModelRun, s: ModelRun, small: int, large: int) -> tuple[str, str]:
     """Does the SSM's accuracy lose more than the Transformer's from `small` to `large` keys?
     The SSM-minus-Transformer gap at each size (paired where both read the same prompts), and
-    the change of that gap with its interval; judged only where both retrieve at `small`."""
+    the change of that gap with its interval; judged only where both retrieve at `small` and
+    not both are still at ceiling at `large`."""
     for r in (t, s):
         if not r.by_size[small].above(r.chance[small]):
             return v.NOT_TESTABLE, (f"{r.name} is at chance with {small} keys ({r.by_size[small]}, chance "
                                     f"{r.chance[small]:.1%}): it has nothing to lose")
+    if all(r.by_size[large].hi >= 1 for r in (t, s)):
+        return v.NOT_TESTABLE, (f"{t.name} and {s.name} are both at ceiling with {large} keys ({t.by_size[large]}, "
+                                f"{s.by_size[large]}): neither falls, so no fall can be compared")
     gap = {k: difference(t.by_size[k], s.by_size[k], paired=t.prompts[str(k)] == s.prompts[str(k)])
            for k in (small, large)}
     est, lo, hi = change(gap[small], gap[large])

@@ -20,7 +20,7 @@ def one_thread():
 
 
 def test_run_at_smoke_size_swaps_layers_and_finds_the_teachers_layer():
-    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True))
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, teacher_layer_by="layer ablation"))
     found = result.teacher_layer
     assert result.layers == sorted({0, 1, found.layer})  # smoke: layers 0 and 1, and the aggregating layer
     assert set(found.ablated) == set(result.retrieval) == {"letter MCQ (4 options)", "KV retrieval (8 keys)"}

@@ -27,7 +27,8 @@ import torch
 torch.set_num_threads(1)
 
 from helpers.experiments import (attention_maps, beyond_mmlu, head_zeroing, hybrid_models, hybrid_swap,  # noqa: E402
-                                 layer_pruning, layer_removal, masking, robustness, ssm_vs_attention, toy_zoo)
+                                 layer_pruning, layer_removal, masking, retrieval_aware, robustness, ssm_vs_attention,
+                                 toy_zoo)
 
 DROP = {"provenance", "wall_s", "timer", "record"} | set(os.environ.get("DIGEST_DROP", "").split(","))
 
@@ -74,6 +75,7 @@ RUNS = {
     "robustness": lambda: robustness.run(robustness.Config.for_profile("cpu", smoke=True, model="toy-transformer")),
     "ssm_vs_attention": lambda: ssm_vs_attention.run(ssm_vs_attention.Config.for_profile("cpu", smoke=True, models=["toy-transformer", "toy-mamba1"])),
     "toy_zoo": lambda: toy_zoo.run(toy_zoo.Config.for_profile("cpu", smoke=True)),
+    "retrieval_aware": lambda: retrieval_aware.run(retrieval_aware.Config.for_profile("cpu", smoke=True)),
 }
 
 if __name__ == "__main__":

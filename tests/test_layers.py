@@ -63,7 +63,7 @@ def test_no_module_imports_a_private_name_of_another():
 # and the minimal model, and the two things built on those (head zeroing's screen, which masking
 # reads too; the distilled student and its teacher).
 CHAPTERS = ["attention_maps", "beyond_mmlu", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval",
-            "layer_pruning", "layer_removal", "masking", "robustness", "ssm_vs_attention", "toy_zoo"]
+            "layer_pruning", "layer_removal", "masking", "retrieval_aware", "robustness", "ssm_vs_attention", "toy_zoo"]
 PROTOCOL = [Layer("head_screen", "distilled"), Layer("roles", "minimal"), Layer("shared"), Layer("base")]
 
 

@@ -414,7 +414,7 @@ def test_hidden_attention_reproduces_the_mixer(family, data):
 # --- every chapter's Config: random parameters are taken or refused at once ---------------------------
 
 CHAPTERS = ["attention_maps", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval", "layer_pruning",
-            "layer_removal", "masking", "robustness", "ssm_vs_attention", "toy_zoo"]
+            "layer_removal", "masking", "retrieval_aware", "robustness", "ssm_vs_attention", "toy_zoo"]
 
 
 def parameter_values():

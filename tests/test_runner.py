@@ -16,7 +16,7 @@ from helpers import benchmarks as bm
 from helpers import runner
 from helpers.errors import ConfigError
 from helpers.experiments import (attention_maps, beyond_mmlu, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
-                                 layer_removal, masking, robustness)
+                                 layer_removal, masking, retrieval_aware, robustness)
 from helpers.protocol import base, distilled, head_screen, minimal, roles, shared
 from helpers.sweep import Store, sweep
 
@@ -192,7 +192,7 @@ MEASUREMENTS = [minimal.measure_depths, layer_removal.measure_removals, head_scr
                 masking.measure_conditions, kv_retrieval.measure_size, shared.measure_screen, shared.measure_layer,
                 beyond_mmlu.measure_ranking, robustness.measure_kinds, robustness.measure_cut,
                 robustness.measure_patching, robustness.measure_clean,
-                roles.measure_behaviour]
+                roles.measure_behaviour, retrieval_aware.measure]
 
 
 @pytest.mark.parametrize("measure", MEASUREMENTS, ids=lambda m: f"{m.__module__.rpartition('.')[2]}.{m.__name__}")

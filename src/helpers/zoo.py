@@ -67,8 +67,8 @@ class Recipe:
 
 WIDTH, LAYERS, HEADS = 64, 3, 4
 # The Transformer has a fourth layer in front, without a convolution: a layer's attention can
-# match a two-token key only after a convolution, so retrieval cannot sit in the first layer and a
-# swap can tell "the aggregating layer" from "the first one".
+# match a two-token key only after a convolution, so the key is matched after the first layer and
+# a swap can tell "the aggregating layer" from "the first one".
 TEACHER_LAYERS = 4
 STUDENT = dict(d_model=WIDTH, n_layer=TEACHER_LAYERS, mlp_cfg={"intermediate_size": 2 * WIDTH},
                ssm_cfg={"d_state": 16, "n_v_heads": HEADS, "n_qk_heads": HEADS, "chunk_size": 32})

@@ -411,15 +411,16 @@ def build(name: str, folder: Path | None = None, seed: int = 0, steps: int | Non
     start = time.perf_counter()
     with one_thread():
         torch.manual_seed(seed)
+        if r.teacher:
+            with torch.random.fork_rng(devices=[]):  # a student's weights start from the seed alone
+                teacher = load(r.teacher, folder)
         extra = {}
         if r.keep:
-            with torch.random.fork_rng(devices=[]):  # the hybrid's mixers start as a plain student's
-                teacher = load(r.teacher, folder)
             kept = choose_heads(teacher, r, seed)
             extra = {"kept_attention": kept_attention(teacher.model, kept), "keep_by": r.keep_by}
         model = build_model(r, extra.get("kept_attention"))
         if r.teacher:
-            teacher = load(r.teacher, folder).model
+            teacher = teacher.model
             if r.keep:
                 copy_kept_heads(model, teacher, kept)
             scale = 1.0 if steps is None else steps / sum(r.distill_steps)

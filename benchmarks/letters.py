@@ -47,7 +47,7 @@ def measure(name: str, n: int, seed: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=200, help="facts drawn from the 1,022 (seeded)")
+    p.add_argument("--n", type=int, default=200, help="facts drawn from the 726 (seeded)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
                                                     "smollm2-135m-instruct"])

@@ -33,7 +33,7 @@ from .errors import InterventionError, as_index
 from .evaluate import from_loglikelihoods
 from .heads import Head
 from .interventions import replaced_site, site_width
-from .packing import batches, default_batch_tokens, pack
+from .packing import batches, default_batch_tokens, default_row_tokens, pack
 from .stats import Score
 from .tasks import Item
 
@@ -54,7 +54,7 @@ class SweepEngine:
         shared = self.adapter.packs_candidates if shared_rows is None else shared_rows
         if shared and not self.adapter.packs_candidates:
             raise InterventionError(f"{self.adapter.family} models cannot share rows between choices")
-        self.rows = pack(items, tokenizer, shared)
+        self.rows = pack(items, tokenizer, shared, default_row_tokens(self.device))
         self.batch_tokens = batch_tokens or default_batch_tokens(self.device)
         self.batches = batches(self.rows, self.batch_tokens)
         self._residuals: dict[int, list[torch.Tensor]] = {}
@@ -97,14 +97,12 @@ class SweepEngine:
     def pair_loglikelihoods(self, hidden: torch.Tensor, i: int) -> torch.Tensor:
         """Per-pair log-likelihoods [replicas, n_pairs] from the final-layer outputs of batch i."""
         b = self.batches[i]
-        rows, pos, target, pair = b.row, b.pos, b.target, b.pair
         reps = hidden.shape[0] // len(b.rows)
         hidden = self.adapter.final_norm(hidden).unflatten(0, (reps, -1))
         head = self.model.get_output_embeddings()
         out = torch.zeros(reps, self.rows.n_pairs, dtype=torch.float64)
         for k in range(reps):
-            logp = torch.log_softmax(head(hidden[k, rows.to(self.device), pos.to(self.device)]).float(), -1)
-            out[k].index_add_(0, pair, logp.gather(-1, target.to(self.device)[:, None])[:, 0].double().cpu())
+            out[k].index_add_(0, b.pair, b.logprobs(hidden[k], head).double().cpu())
         return out
 
     def first_recomputed(self, layers: list[int], touched: list[int]) -> int:

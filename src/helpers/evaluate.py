@@ -36,8 +36,7 @@ def choice_loglikelihoods(model, tokenizer, items: list[Item], batch_tokens: int
         # Right padding: a causal model's outputs at real positions never see the pads.
         with per_batch(rows.lengths[b.rows]) if per_batch else nullcontext():
             hidden = model.base_model(input_ids=rows.ids[b.rows, :b.width].to(device)).last_hidden_state
-        logp = torch.log_softmax(head(hidden[b.row.to(device), b.pos.to(device)]).float(), dim=-1)
-        flat.index_add_(0, b.pair, logp.gather(-1, b.target.to(device)[:, None])[:, 0].double().cpu())
+        flat.index_add_(0, b.pair, b.logprobs(hidden, head).double().cpu())
     bounds = np.cumsum([0] + [len(it.pairs) for it in items])
     return [flat[a:z].numpy() for a, z in zip(bounds[:-1], bounds[1:])]
 

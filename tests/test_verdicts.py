@@ -44,6 +44,32 @@ def test_a_page_agrees_or_is_partly_reproduced():
         verdict(v.REPRODUCED, "aside")
 
 
+def headline(outcome: str) -> v.Verdict:
+    return v.Verdict("claim", "Fig. 1", outcome, "", headline=True)
+
+
+def test_a_page_follows_its_headline_claims():
+    # The headline fails; the claims that depend on it hold: the page is not reproduced, not "partly".
+    assert v.overall([headline(v.NOT_REPRODUCED), verdict(v.REPRODUCED), verdict(v.REPRODUCED)]) == v.NOT_REPRODUCED
+    assert v.overall([headline(v.INCONCLUSIVE), verdict(v.REPRODUCED)]) == v.INCONCLUSIVE
+    assert v.overall([headline(v.NOT_TESTABLE), verdict(v.REPRODUCED)]) == v.NOT_TESTABLE
+    # The headline holds: a dependent claim that fails makes the page partly reproduced.
+    assert v.overall([headline(v.REPRODUCED), verdict(v.NOT_REPRODUCED)]) == v.PARTLY
+    assert v.overall([headline(v.REPRODUCED), verdict(v.REPRODUCED), verdict(v.NOT_TESTABLE)]) == v.REPRODUCED
+    assert v.overall([headline(v.REPRODUCED), headline(v.NOT_REPRODUCED), verdict(v.REPRODUCED)]) == v.PARTLY
+    # Without headlines the old agreement rule stands.
+    assert v.overall([verdict(v.NOT_REPRODUCED), verdict(v.REPRODUCED)]) == v.PARTLY
+
+
+def test_a_dependent_claim_is_judged_only_where_its_premise_holds():
+    calls = []
+    decide = lambda: calls.append(1) or (v.REPRODUCED, "kept")
+    outcome, evidence = v.gated((v.NOT_REPRODUCED, "G zeroed: -1 point"), "zeroing G does not hurt the task", decide)
+    assert outcome == v.NOT_TESTABLE and "does not hurt" in evidence and not calls
+    assert v.gated((v.INCONCLUSIVE, "..."), "zeroing G may not hurt the task", decide)[0] == v.NOT_TESTABLE
+    assert v.gated((v.REPRODUCED, "G zeroed: -30 points"), "unused", decide) == (v.REPRODUCED, "kept") and calls
+
+
 def test_a_check_is_not_one_of_the_papers_claims():
     check = verdict(v.REPRODUCED, v.CHECK)
     # a page of checks only is judged by its checks; beside claims, a check does not count
@@ -169,6 +195,17 @@ def test_kept_while_falls_needs_x_kept_and_y_falling_further():
     both_fall = right(400, (0, 180))
     assert v.kept_while_falls(mmlu, both_fall, know, know_fell, 0.25)[0] == v.NOT_REPRODUCED  # MMLU not kept
     assert v.kept_while_falls(right(400, (0, 100)), mmlu_cut, know, know_fell, 0.3)[0] == v.NOT_TESTABLE
+
+
+def test_kept_while_falls_needs_the_second_measure_to_fall():
+    # Letters rise a little (kept) and knowledge does not move: the difference in differences is
+    # above zero, but nothing fell, so there is no dissociation.
+    letters, letters_up = right(400, (0, 260)), right(400, (0, 275))
+    know, know_same = right(400, (0, 280)), right(400, (0, 280))
+    outcome, evidence = v.kept_while_falls(letters, letters_up, know, know_same, 0.25)
+    assert outcome == v.NOT_REPRODUCED and "falls (not reproduced)" in evidence
+    know_fell = right(400, (0, 200))
+    assert v.kept_while_falls(letters, letters_up, know, know_fell, 0.25)[0] == v.REPRODUCED
 
 
 def test_the_difference_in_differences_pairs_within_each_task_only():

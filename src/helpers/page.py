@@ -57,7 +57,8 @@ def _badge(outcome: str) -> str:
 def verdict_html(verdicts: list[Verdict], subject: str) -> str:
     """The box: the page's overall outcome, then each claim with its outcome and evidence."""
     items = "".join(
-        f"<li>{_badge(v.outcome)} <strong>{'check: ' if v.kind == CHECK else ''}{html.escape(v.claim)}</strong> "
+        f"<li>{_badge(v.outcome)} <strong>{'check: ' if v.kind == CHECK else 'headline: ' if v.headline else ''}"
+        f"{html.escape(v.claim)}</strong> "
         f"<span class='ga-source'>({html.escape(v.source)})</span><br>"
         f"<span class='ga-evidence'>{html.escape(v.evidence)}</span></li>" for v in verdicts)
     head = (f"{_badge(overall(verdicts))} <span>{html.escape(subject)}</span> "

@@ -94,8 +94,13 @@ def mcnemar(a: Score, b: Score) -> float:
     n, k = only_a + only_b, min(only_a, only_b)
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+    # The binomial tail P(X <= k), X ~ Bin(n, 1/2), summed in log space: exact big-integer
+    # binomials cost seconds once thousands of items disagree (the power simulations' sizes).
+    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+    i = np.arange(k + 1)
+    logs = log_factorial[n] - log_factorial[i] - log_factorial[n - i] - n * math.log(2)
+    top = logs.max()
+    return min(1.0, float(2 * math.exp(top) * np.exp(logs - top).sum()))
 
 
 def _phi(a: Score, b: Score) -> float:
@@ -255,3 +260,66 @@ def paired(a, b) -> Difference:
     if isinstance(a, TaskMean) != isinstance(b, TaskMean):
         raise TypeError("compare a mean over tasks with a mean over the same tasks, and a Score with a Score")
     return mean_difference(a, b) if isinstance(a, TaskMean) else difference(a, b)
+
+
+# --- power: how many items a claim needs --------------------------------------------------------
+
+POWER = 0.8  # a claim's n is the smallest at which its effect is decided this often
+POWER_RUNS = 400  # simulated runs per power estimate (a fixed generator: the same n every time)
+
+
+def simulated_pairs(n: int, p_ref: float, p_other: float, discordant: float, runs: int = POWER_RUNS,
+                    seed: int = 0) -> list[tuple[Score, Score]]:
+    """`runs` simulated paired scorings of n items: a reference right with probability `p_ref`,
+    another condition right with `p_other`, the two disagreeing on a share `discordant` of the
+    items (at least |p_ref - p_other|: a pure loss has discordant = p_ref - p_other)."""
+    d = p_ref - p_other
+    discordant = max(discordant, abs(d))
+    p10, p01 = (discordant + d) / 2, (discordant - d) / 2
+    p11 = max(0.0, p_ref - p10)
+    probs = np.clip([p11, p10, p01, 1 - p11 - p10 - p01], 0, None)
+    counts = np.random.default_rng(seed).multinomial(n, probs / probs.sum(), size=runs)
+    out = []
+    for both, only_ref, only_other, neither in counts:
+        ref = np.repeat([True, True, False, False], [both, only_ref, only_other, neither])
+        other = np.repeat([True, False, True, False], [both, only_ref, only_other, neither])
+        out.append((Score.of(ref), Score.of(other)))
+    return out
+
+
+def power_of(decide, want: str, n: int, p_ref: float, p_other: float, discordant: float) -> float:
+    """How often `decide(reference, other)` (a verdict rule's (outcome, evidence)) gives `want`
+    on n simulated paired items (`simulated_pairs`)."""
+    pairs = simulated_pairs(n, p_ref, p_other, discordant)
+    return float(np.mean([decide(a, b)[0] == want for a, b in pairs]))
+
+
+def powered_n(decide, want: str, p_ref: float, p_other: float, discordant: float, low: int = 10,
+              high: int = 20_000) -> int | None:
+    """The smallest n (to 5%) at which `decide` gives `want` with power POWER, where the
+    condition's true accuracy is `p_other` against the reference's `p_ref`; None when even
+    `high` items do not (the effect sits on the rule's line)."""
+    if power_of(decide, want, high, p_ref, p_other, discordant) < POWER:
+        return None
+    while high > low * 1.05 and high - low > 1:
+        middle = min(high - 1, max(low + 1, int((low * high) ** 0.5)))
+        if power_of(decide, want, middle, p_ref, p_other, discordant) >= POWER:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def detectable_loss(decide, want: str, n: int, p_ref: float, floor: float, resolution: float = 0.005) -> float | None:
+    """The smallest paired loss (a pure loss: items only turn wrong), to `resolution`, that
+    `decide` reports as `want` with power POWER on n items, from a reference at `p_ref`, the
+    condition at most down to `floor` (chance); None when not even the loss to the floor is.
+    Power grows with the loss, so the search halves the interval."""
+    power = lambda loss: power_of(decide, want, n, p_ref, p_ref - loss, loss)
+    low, high = 0.0, p_ref - floor
+    if high <= 0 or power(high) < POWER:
+        return None
+    while high - low > resolution:
+        middle = (low + high) / 2
+        low, high = (low, middle) if power(middle) >= POWER else (middle, high)
+    return high

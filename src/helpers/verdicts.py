@@ -13,6 +13,12 @@ A verdict is about one of the paper's claims (`kind="claim"`) or is a check of t
 machinery (`kind="check"`, e.g. the toy zoo's records): checks are shown as checks, never
 counted among the paper's claims.
 
+A page names its headline claims (`headline=True`: the claims its section of the paper stands on,
+listed in the chapter's plan). The other claims depend on them (knowledge kept *while* a head
+breaks letters, random heads doing little *beside* a head that does a lot): `gated` judges such
+a claim only where the claim it depends on holds, and the page's outcome follows its headline
+(`overall`): never "partly reproduced" when the headline fails and only dependent claims hold.
+
 The decision rules below are shared by every chapter, so that "kept" or "falls" means the same
 thing on every page; each returns the outcome together with the numbers that decided it.
 """
@@ -38,6 +44,7 @@ class Verdict:
     outcome: str  # one of OUTCOMES
     evidence: str  # the numbers that decided it, with their intervals and n
     kind: str = CLAIM  # CLAIM: one of the paper's; CHECK: of this book's own machinery
+    headline: bool = False  # one of the claims the page's outcome rests on (`overall`)
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
@@ -67,13 +74,11 @@ def tested_note(verdicts: Iterable[Verdict]) -> str:
     return f"{k} of {n} {what}{'s' if n != 1 else ''} testable"
 
 
-def overall(verdicts: Iterable[Verdict]) -> str:
-    """One outcome for a page, over its claims (checks count only on a page without claims).
-    Not testable unless at least half its claims were testable (one reproduced claim among three
-    untestable ones does not make a page "reproduced": `tested_note` says how many were); else
-    reproduced or not reproduced only when every testable claim agrees, not reproduced when the
-    others are only inconclusive, partly when they disagree."""
-    judged = _judged(verdicts)
+def _agreement(judged: list[Verdict]) -> str:
+    """Not testable unless at least half the claims were testable (one reproduced claim among
+    three untestable ones does not make a page "reproduced": `tested_note` says how many were);
+    else reproduced or not reproduced only when every testable claim agrees, not reproduced when
+    the others are only inconclusive, partly when they disagree."""
     k, n = tested(judged)
     if k == 0 or 2 * k < n:
         return NOT_TESTABLE
@@ -83,6 +88,32 @@ def overall(verdicts: Iterable[Verdict]) -> str:
     if outcomes <= {INCONCLUSIVE, NOT_REPRODUCED}:
         return NOT_REPRODUCED if NOT_REPRODUCED in outcomes else INCONCLUSIVE
     return PARTLY
+
+
+def overall(verdicts: Iterable[Verdict]) -> str:
+    """One outcome for a page, over its claims (checks count only on a page without claims).
+    Where the page names headline claims, their agreement (`_agreement`) is the page's outcome
+    unless it is "reproduced": then the page is "partly reproduced" if a dependent claim that
+    could be tested failed (not reproduced or partly). A failed headline is never lifted by the
+    claims that depend on it. Without headline claims, the agreement of all of them."""
+    judged = _judged(verdicts)
+    headlines = [v for v in judged if v.headline]
+    if not headlines:
+        return _agreement(judged)
+    outcome = _agreement(headlines)
+    failed = {v.outcome for v in judged if not v.headline} & {NOT_REPRODUCED, PARTLY}
+    return PARTLY if outcome == REPRODUCED and failed else outcome
+
+
+def gated(holds: tuple[str, str], what: str, decide) -> tuple[str, str]:
+    """A dependent claim (`decide()`, called only when needed) judged only where the claim it
+    depends on holds: `holds` is that claim's (outcome, evidence), e.g. "zeroing H lowers the
+    task"; where it is not reproduced the dependent claim is not testable ("knowledge kept with H
+    zeroed" says nothing when H does not hurt letters either), and `what` says which."""
+    outcome, evidence = holds
+    if outcome != REPRODUCED:
+        return NOT_TESTABLE, f"not testable: {what} ({outcome}: {evidence})"
+    return decide()
 
 
 def combine(parts: Iterable[str]) -> str:
@@ -208,18 +239,21 @@ def _beyond_controls(outcome: str, evidence: str, ablated: Measured, controls: S
 
 def kept_while_falls(x_ref: Measured, x_other: Measured, y_ref: Measured, y_other: Measured, x_chance: float,
                      margin: float = MARGIN) -> tuple[str, str]:
-    """"X is kept while Y falls" (e.g. MMLU kept while knowledge falls): X kept (`kept`, paired
-    on X's items) AND X's change above Y's, the difference-in-differences (x_other - x_ref) -
-    (y_other - y_ref) with its interval (each change paired on its own items, X's and Y's items
-    independent: `stats.difference_in_differences`): reproduced when that interval lies above
-    zero, not reproduced when it excludes a gap larger than `margin`, else inconclusive."""
+    """"X is kept while Y falls" (e.g. MMLU kept while knowledge falls), a claim of three parts
+    (`verdicts.every`): X kept (`kept`, paired on X's items); Y falls (`below`, paired on Y's
+    items: a Y that does not move, or rises, is no dissociation however X does); and X's change
+    above Y's, the difference-in-differences (x_other - x_ref) - (y_other - y_ref) with its
+    interval (each change paired on its own items, X's and Y's items independent:
+    `stats.difference_in_differences`): reproduced when that interval lies above zero, not
+    reproduced when it excludes a gap larger than `margin`, else inconclusive."""
     if not testable(x_ref, x_chance):
         return NOT_TESTABLE, f"reference {x_ref} does not clear chance {x_chance:.0%}"
     x_kept, x_evidence = kept(x_ref, x_other, x_chance, margin)
+    y_falls, y_evidence = below(y_ref, y_other, margin)
     did = difference_in_differences(x_ref, x_other, y_ref, y_other)
     gap = REPRODUCED if did.lo > 0 else NOT_REPRODUCED if did.hi < margin else INCONCLUSIVE
-    return every([x_kept, gap]), (f"kept: {x_evidence}; falls: {y_other} against {y_ref}: {paired(y_ref, y_other)}; "
-                                  f"X's change minus Y's: {did}")
+    return every([x_kept, y_falls, gap]), (f"kept ({x_kept}): {x_evidence}; falls ({y_falls}): {y_evidence}; "
+                                           f"X's change minus Y's: {did}")
 
 
 def another_mechanism(role: str, why: str, measured: bool, sure: bool = True) -> tuple[str, str]:
@@ -285,3 +319,53 @@ def rankings_agree(rho: tuple[float, float, float], overlap: tuple[float, float,
     outcome = REPRODUCED if agree else NOT_REPRODUCED if disagree else INCONCLUSIVE
     return outcome, (f"{what}: rank correlation {r:.2f} [{r_lo:.2f}, {r_hi:.2f}]; top-k overlap {o:g} [{o_lo:g}, {o_hi:g}] "
                      f"against {chance:.2f} for random orders (97.5% point {chance_line:g})")
+
+
+# --- how many items a page needs ----------------------------------------------------------------
+
+# The share of items a harmless ablation flips either way, for planning: the "kept" claims'
+# power is computed at it (a planning value, not a measurement; a page prints the discordance
+# its own check found beside it).
+KEEP_DISCORDANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Power:
+    """The items a page's claims need (`plan`): the rule's n for each kind of claim, the floor
+    and the items there are, the n used, and the smallest collapse it detects."""
+
+    n: int  # items used: the largest need, at least `floor`, at most `available`
+    needs: dict[str, int | None]  # kind of claim -> the n that decides it with 80% power (None: no n does)
+    floor: int
+    available: int
+    clean: float
+    chance: float
+    detectable: float | None  # the smallest loss `collapses` reports as reproduced with 80% power at n
+
+    def note(self, what: str = "items") -> str:
+        needs = "; ".join(f"{kind}: {n if n is not None else 'no n'}" for kind, n in self.needs.items())
+        where = (f" (the rule asks for {max(n for n in self.needs.values() if n)}, the set has {self.available})"
+                 if self.n == self.available and self.n < max((n or 0) for n in self.needs.values()) else "")
+        line = (f"a loss of {100 * self.detectable:.1f} points or more is detected as a collapse with 80% power"
+                if self.detectable is not None else "no loss down to chance is detected as a collapse with 80% power")
+        return (f"n = {self.n} {what}{where}, from the rule: the smallest n that decides each claim with 80% power at "
+                f"the clean accuracy {self.clean:.1%} (chance {self.chance:.0%}); {needs}; at least {self.floor}. "
+                f"At n = {self.n} {line}; 'kept' is planned at {100 * KEEP_DISCORDANCE:.0f}% of items flipping either way.")
+
+
+def plan(clean: float, chance: float, floor: int, available: int) -> Power:
+    """The n the book's claims need at a clean accuracy `clean` (the items' expected accuracy,
+    measured before they are drawn): a head or layer at chance decided a collapse (`collapses`
+    reproduced), one that does nothing decided no collapse (not reproduced), and an ablation that
+    does nothing decided "kept within 5 points" (`kept` reproduced, at KEEP_DISCORDANCE), each
+    with 80% power (`stats.powered_n`, simulated on the rules themselves); n is the largest of
+    them and `floor`, at most `available`."""
+    from .stats import detectable_loss, powered_n
+
+    collapse = lambda a, b: collapses(a, b, chance)
+    keep = lambda a, b: kept(a, b, chance)
+    needs = {"a collapse to chance": powered_n(collapse, REPRODUCED, clean, chance, clean - chance),
+             "no collapse where nothing changes": powered_n(collapse, NOT_REPRODUCED, clean, clean, KEEP_DISCORDANCE),
+             "kept within 5 points": powered_n(keep, REPRODUCED, clean, clean, KEEP_DISCORDANCE)}
+    n = min(available, max([floor] + [x for x in needs.values() if x]))
+    return Power(n, needs, floor, available, clean, chance, detectable_loss(collapse, REPRODUCED, n, clean, chance))

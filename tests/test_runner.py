@@ -211,7 +211,8 @@ def test_a_benchmark_made_again_from_its_spec_holds_the_same_items_in_order():
             *bm.knowledge(TOY, "cpu", 5), *bm.knowledge(smol, "cpu", 5, seed=4)]
     every = bm.letter_mcq(smol, None, "cpu", 40, seed=1)
     check = bm.part(every, 10, 30, shuffle="split-1")
-    made += [check, bm.part(check, 0, 5), bm.part(bm.kv(smol, None, 4, 9), 3)]
+    made += [check, bm.part(check, 0, 5), bm.part(bm.kv(smol, None, 4, 9), 3), bm.twins(check),
+             bm.letter_mcq(smol, None, "cpu", 6, seed=1, permuted=True)]
     for b in made:
         again = bm.from_spec(json.loads(json.dumps(b.spec)), None)
         assert (again.name, again.role, again.items) == (b.name, b.role, b.items) and again.spec == b.spec
@@ -221,7 +222,9 @@ def test_a_benchmark_made_again_from_its_spec_holds_the_same_items_in_order():
     assert check.items == [it for it in every.items if it in check.items] and check.items != every.items[10:30]
     assert bm.part(check, 0, 5).items == check.items[:5]
     assert bm.from_spec(bm.kv(TOY, None, 4, 6, seed=3).spec, None).items != made[0].items  # the seed is in the spec
-    with pytest.raises(ConfigError, match="kind is one of kv, mcq, knowledge, part"):
+    assert [c.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:") in m.pairs[0][0]
+            for m, c in zip(check.items, bm.twins(check).items)] == [True] * 20  # the twins of the very items
+    with pytest.raises(ConfigError, match="kind is one of kv, mcq, knowledge, twins, part"):
         bm.from_spec({"kind": "mmlu"}, None)
 
 

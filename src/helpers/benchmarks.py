@@ -44,11 +44,12 @@ class Benchmark:
     @property
     def kind(self) -> str | None:
         """What it is, from its spec: KV (dictionaries), MCQ (answer letters: MMLU, or a toy's
-        letter MCQ) or KNOWLEDGE (a part of one: the whole's kind); None without a spec."""
+        letter MCQ) or KNOWLEDGE (a task, or a letter set's cloze twins; a part of one: the
+        whole's kind); None without a spec."""
         spec = self.spec
         while spec is not None and spec["kind"] == "part":
             spec = spec["of"]
-        return None if spec is None else spec["kind"]
+        return None if spec is None else KNOWLEDGE if spec["kind"] == "twins" else spec["kind"]
 
     @property
     def chance(self) -> float:
@@ -82,17 +83,21 @@ def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "p
 
 
 def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0, k_shot: int = 0,
-               options: int = 4) -> Benchmark:
+               options: int = 4, permuted: bool = False) -> Benchmark:
     """Answer-letter selection: MMLU in lm-eval's prompt (`k_shot` solved examples; the CPU
-    profile's fixture set or `cais/mmlu`), or the zoo's letter MCQ with `options` options."""
-    spec = dict(kind=MCQ, model=model, profile=profile, n=n, seed=seed, k_shot=k_shot, options=options)
+    profile's fixture set or `cais/mmlu`; `permuted`: each question's options moved round,
+    `tasks.permute_options`), or the zoo's letter MCQ with `options` options."""
+    spec = dict(kind=MCQ, model=model, profile=profile, n=n, seed=seed, k_shot=k_shot, options=options,
+                **({"permuted": True} if permuted else {}))
+    if _toy(model) and permuted:
+        raise ConfigError("the toy letter MCQ has no permuted form: its letters are drawn at random already")
     if _toy(model):
         return Benchmark(f"letter MCQ ({options} options)", RETRIEVAL,
                          synthetic.items(synthetic.mcq(n or 500, options, _rng(seed, 100 + options))), synthetic.segments,
                          spec)
     with quiet():  # datasets' cache messages
-        items = tasks.load_mmlu(profile, k=k_shot, n=n, seed=seed)
-    return Benchmark(f"MMLU ({k_shot}-shot)", RETRIEVAL, items, lambda item: mcq_segments(tokenizer, item.pairs[0][0], item.gold),
+        items = tasks.load_mmlu(profile, k=k_shot, n=n, seed=seed, permuted=permuted)
+    return Benchmark(f"MMLU ({k_shot}-shot{', options moved' if permuted else ''})", RETRIEVAL, items, lambda item: mcq_segments(tokenizer, item.pairs[0][0], item.gold),
                      spec)
 
 
@@ -106,6 +111,35 @@ def knowledge(model: str, profile: str, n: int | None, seed: int = 0) -> list[Be
     with quiet():  # datasets' cache messages
         sets = tasks.load_knowledge(profile, n=n, seed=seed)
     return [Benchmark(name, KNOWLEDGE, items, spec=spec(name)) for name, items in sets.items()]
+
+
+def twins(b: Benchmark) -> Benchmark | None:
+    """The cloze twins of a letter benchmark's very items, in its order: the CPU letter set holds
+    each fact as a letter question and as a cloze question on the same four answers (a part of
+    it has the same part of the twins); None where the letters have no twins (MMLU, a toy's MCQ)."""
+    spec = b.spec
+    if spec is None:
+        return None
+    if spec["kind"] == "part":
+        whole = twins(from_spec(spec["of"], None))
+        return None if whole is None else part(whole, spec["start"], spec["stop"], spec["shuffle"])
+    if spec["kind"] != MCQ or spec["profile"] != "cpu" or _toy(spec["model"]):
+        return None
+    cloze = tasks.load_letters(spec["k_shot"], spec["n"], spec["seed"])[1]
+    return Benchmark(tasks.CPU_KNOWLEDGE, KNOWLEDGE, cloze, spec=dict(kind="twins", of=spec))
+
+
+def knowledge_of(letters: Benchmark, n: int | None, seed: int = 0) -> list[Benchmark]:
+    """The knowledge scored beside `letters`, paired with them where it can be: the cloze twins
+    of the same facts (`twins`), else the profile's knowledge tasks (`knowledge`, `n` items each,
+    drawn with `seed`) for the letters' model."""
+    twin = twins(letters)
+    if twin is not None:
+        return [twin]
+    spec = letters.spec
+    while spec["kind"] == "part":
+        spec = spec["of"]
+    return knowledge(spec["model"], spec["profile"], n, seed)
 
 
 def part(b: Benchmark, start: int, stop: int | None = None, shuffle: str | None = None) -> Benchmark:
@@ -156,8 +190,10 @@ def _knowledge_task(s: dict, tokenizer) -> Benchmark:
 
 _MAKERS = {
     KV: lambda s, tok: kv(s["model"], tok, s["pairs"], s["n"], s["seed"], s["query"], s["form"]),
-    MCQ: lambda s, tok: letter_mcq(s["model"], tok, s["profile"], s["n"], s["seed"], s["k_shot"], s["options"]),
+    MCQ: lambda s, tok: letter_mcq(s["model"], tok, s["profile"], s["n"], s["seed"], s["k_shot"], s["options"],
+                                   s.get("permuted", False)),
     KNOWLEDGE: _knowledge_task,
+    "twins": lambda s, tok: twins(from_spec(s["of"], tok)),
     "part": lambda s, tok: part(from_spec(s["of"], tok), s["start"], s["stop"], s["shuffle"]),
 }
 

@@ -4,7 +4,8 @@ A head is `Head(layer, head)`, written `L16H22` as in the paper. Rankings are Da
 one row per head (`layer`, `head`, the screen's `estimate`, and for heads measured exactly `acc`,
 `lo`, `hi`, `n`), most harmful first. Roles are assigned by behaviour, not by layer order: a
 Gather head keeps each segment's end reading inside its own segment, an Aggregate head reads the
-segments' ends from the final position (`segments.head_measures` computes both).
+segments' summary tokens from the final position (`segments.head_measures` computes both), and
+among the heads whose zeroing hurts, the most harmful that behaves so takes the role.
 Imports nothing heavy (pandas, numpy).
 """
 
@@ -74,11 +75,14 @@ def layers_to_sweep(estimate: dict[Head, float], top: int) -> list[int]:
 
 def ranking_table(estimate: dict[Head, float], exact: dict[Head, "Score"]) -> pd.DataFrame:
     """One row per head: the exactly measured heads first, most harmful (lowest accuracy) first,
-    ties broken by the screen's estimate; `acc` is empty for heads not measured exactly."""
+    ties broken by the screen's estimate; `acc` is empty for heads not measured exactly, and
+    `correct` holds which items each measured head's zeroing left right ('0110...'), so that its
+    harm can be tested item by item against the clean run (`protocol.roles.harmful`)."""
     rows = [dict(layer=h.layer, head=h.head, estimate=e,
-                 **({"acc": exact[h].acc, "lo": exact[h].lo, "hi": exact[h].hi, "n": exact[h].n} if h in exact else {}))
+                 **({"acc": exact[h].acc, "lo": exact[h].lo, "hi": exact[h].hi, "n": exact[h].n,
+                     "correct": exact[h].to_json()["correct"]} if h in exact else {}))
             for h, e in estimate.items()]
-    table = pd.DataFrame(rows, columns=["layer", "head", "estimate", "acc", "lo", "hi", "n"])
+    table = pd.DataFrame(rows, columns=["layer", "head", "estimate", "acc", "lo", "hi", "n", "correct"])
     return table.sort_values(["acc", "estimate"], na_position="last", kind="stable").reset_index(drop=True)
 
 
@@ -88,58 +92,38 @@ def measured(ranking: pd.DataFrame) -> list[Head]:
     return [Head(int(l), int(h)) for l, h in zip(rows.layer, rows["head"])]
 
 
-def candidates(ranking: pd.DataFrame, k: int = 4) -> list[Head]:
-    """The `k` most harmful measured heads, from at least two layers (the most harmful head of
-    another layer is added when the first k share one)."""
-    heads = measured(ranking)
-    chosen = heads[:k]
-    if len({h.layer for h in chosen}) < 2:
-        other = [h for h in heads if h.layer != chosen[0].layer]
-        if not other:
-            raise ValueError(f"only layer {chosen[0].layer} was swept exactly; a Gather/Aggregate pair needs two: "
-                             "sweep more layers (a larger `top`, or name the layers)")
-        chosen = chosen[:k - 1] + other[:1]
-    return chosen
-
-
-def boundary_ties(ranking: pd.DataFrame, chosen: list[Head]) -> list[Head]:
-    """The measured heads left out of `chosen` that are exactly as harmful as the last head
-    chosen (the same accuracy on the same prompts): the ranking's order among them is the
-    screen's estimate, which a page must say rather than break the tie in silence."""
-    rows = ranking.dropna(subset=["acc"])
-    acc = {Head(int(l), int(h)): a for l, h, a in zip(rows.layer, rows["head"], rows.acc)}
-    if not chosen or chosen[-1] not in acc:
-        return []
-    return [h for h in acc if h not in chosen and acc[h] == acc[chosen[-1]]]
-
-
 # --- roles, by behaviour ------------------------------------------------------------------------
 
 GATHER_MEASURE = "segment end: own-segment share"
-AGGREGATE_MEASURE = "final position: share on segment ends"
+# What the final position reads of the segments: the tokens an option (a line) can be summarised
+# in, its end (the newline) and, in an MCQ, its letter; each reported, the Aggregate behaviour
+# is their sum (a head that reads the letters instead of the newlines aggregates all the same).
+ENDS_MEASURE = "final position: share on segment ends"
+LETTERS_MEASURE = "final position: share on option letters"
+AGGREGATE_MEASURE = "final position: share on summary tokens"
 LOCAL_MEASURE = "segment ends: share on themselves and the previous token"
 LOCAL = 0.8  # above this a head is a previous-token head: staying inside a segment says little
+LINE = 0.5  # a role's behaviour: more than half of the mass where the role puts it
 
 
 ROLE_MEASURES = (GATHER_MEASURE, AGGREGATE_MEASURE)
 
 
-def assign_roles(measures: pd.DataFrame) -> dict[str, Head | None]:
+def assign_roles(measures: pd.DataFrame, order: list[Head] | None = None) -> dict[str, Head | None]:
     """Gather and Aggregate heads among candidates, from `measures` (one row per head, indexed
-    by Head, with the columns of `segments.head_measures`, averaged over prompts).
-
-    Aggregate: the head whose final position puts the largest share of its in-segment attention
-    on the segments' end tokens. Gather: of the others, the head whose segment ends keep the
-    largest share of their attention inside their own segment, leaving out local heads. A role
-    goes unfilled (None) when no candidate shows the behaviour on more than half its mass."""
+    by Head, with the columns of `segments.head_measures`, averaged over prompts), taken in
+    `order` (most harmful first; default: the rows' order). Harm decides which head plays a
+    role, behaviour whether it plays it: the Aggregate head is the first candidate whose final
+    position puts more than half of its in-segment attention on the segments' summary tokens
+    (ends, option letters); the Gather head the first other candidate, not a previous-token head,
+    whose segment ends keep more than half of theirs inside their own segment. A role goes
+    unfilled (None) when no candidate shows its behaviour."""
     roles: dict[str, Head | None] = {"G": None, "A": None}
     if measures.empty:
         return roles
-    agg = measures[AGGREGATE_MEASURE].astype(float)
-    if agg.max() > 0.5:
-        roles["A"] = Head(*agg.idxmax())
-    rest = measures.drop(index=[roles["A"]] if roles["A"] else [])
-    rest = rest[rest[LOCAL_MEASURE] <= LOCAL]
-    if not rest.empty and rest[GATHER_MEASURE].max() > 0.5:
-        roles["G"] = Head(*rest[GATHER_MEASURE].astype(float).idxmax())
+    order = [h for h in (order or [Head(*h) for h in measures.index]) if h in measures.index]
+    value = lambda h, column: float(measures.loc[[h], column].iloc[0])
+    roles["A"] = next((h for h in order if value(h, AGGREGATE_MEASURE) > LINE), None)
+    roles["G"] = next((h for h in order if h != roles["A"] and value(h, LOCAL_MEASURE) <= LOCAL
+                       and value(h, GATHER_MEASURE) > LINE), None)
     return roles

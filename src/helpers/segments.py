@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .heads import AGGREGATE_MEASURE, ENDS_MEASURE, GATHER_MEASURE, LETTERS_MEASURE, LOCAL_MEASURE
+
 if TYPE_CHECKING:
     from .stats import Score
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 class Segments:
     labels: list[str]  # each token, decoded, for axis labels
     segment: np.ndarray  # segment index per token, -1 outside every segment
-    role: list[str]  # "key", "sep", "value", "end" inside segments; "query", "other" outside
+    role: list[str]  # "key" (KV) or "letter" (MCQ), "sep", "value", "end" inside segments; "query", "other" outside
     target: int  # the segment holding the answer
 
     @property
@@ -74,7 +76,7 @@ def mcq_segments(tokenizer, context: str, gold: int) -> Segments:
     end = context.rindex("\nAnswer:") + 1
     spans, pos = [], start
     for line in context[start:end].split("\n")[:-1]:
-        spans.append((pos, pos + len(line) + 1, [(pos, "key"), (pos + 1, "sep"), (pos + 2, "value"),
+        spans.append((pos, pos + len(line) + 1, [(pos, "letter"), (pos + 1, "sep"), (pos + 2, "value"),
                                                  (pos + len(line), "end")]))
         pos += len(line) + 1
     return _by_chars(tokenizer, context, spans, end, gold)
@@ -113,7 +115,7 @@ def aggregate_pattern(seg: Segments, control: bool = False) -> torch.Tensor:
 def mass_by_role(row: np.ndarray, seg: Segments) -> dict[str, float]:
     """Where one query's attention goes: the answer segment's key / value / end, the other
     segments, the query's own tokens, and the rest."""
-    out = {"answer key": 0.0, "answer value": 0.0, "answer end": 0.0, "answer sep": 0.0,
+    out = {"answer key": 0.0, "answer letter": 0.0, "answer value": 0.0, "answer end": 0.0, "answer sep": 0.0,
            "other segments": 0.0, "query": 0.0, "rest": 0.0}
     for t, w in enumerate(row):
         if seg.segment[t] == seg.target:
@@ -174,22 +176,26 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> Score:
 def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     """Everything the book reads off one head's [T, T] attention (or hidden attention) over a
     prompt: where the final position looks (`mass_by_role`), how sharply (`sharpness`), what
-    share of its in-segment mass lands on the segments' end tokens (an Aggregate head's
-    signature), how local the segment ends are (the share of their in-segment attention on
-    themselves and the previous token: high for a previous-token head, for which staying inside
-    a segment says little; taken within the segments, so that a head sending most of its mass
-    to an attention sink and the rest to the previous token counts as local), and how much of
-    each segment end's in-segment mass stays in its own segment (a Gather head's signature;
-    from the second segment on, where another segment is visible)."""
+    share of its in-segment mass lands on the tokens a segment can be summarised in (its end,
+    the newline; an MCQ option's letter), each and together (an Aggregate head's signature), how
+    local the segment ends are (the share of their in-segment attention on themselves and the
+    previous token: high for a previous-token head, for which staying inside a segment says
+    little; taken within the segments, so that a head sending most of its mass to an attention
+    sink and the rest to the previous token counts as local), and how much of each segment end's
+    in-segment mass stays in its own segment (a Gather head's signature; from the second segment
+    on, where another segment is visible)."""
     a = np.abs(a)
     inside = seg.segment >= 0
     local = [(a[e, e] + a[e, e - 1]) / max(a[e][inside].sum(), 1e-12) for e in seg.ends]
     own = [a[e][seg.segment == k].sum() / max(a[e][inside].sum(), 1e-12) for k, e in enumerate(seg.ends) if k > 0]
-    ends = a[-1][seg.ends].sum() / max(a[-1][inside].sum(), 1e-12) if seg.ends else float("nan")
+    total = max(a[-1][inside].sum(), 1e-12)
+    letters = [t for t, r in enumerate(seg.role) if r == "letter"]
+    ends = a[-1][seg.ends].sum() / total if seg.ends else float("nan")
+    on_letters = a[-1][letters].sum() / total if seg.ends else float("nan")
     return {**mass_by_role(a[-1], seg), **sharpness(a[-1], seg),
-            "final position: share on segment ends": float(ends),
-            "segment ends: share on themselves and the previous token": float(np.mean(local)) if local else float("nan"),
-            "segment end: own-segment share": float(np.mean(own)) if own else float("nan")}
+            ENDS_MEASURE: float(ends), LETTERS_MEASURE: float(on_letters), AGGREGATE_MEASURE: float(ends + on_letters),
+            LOCAL_MEASURE: float(np.mean(local)) if local else float("nan"),
+            GATHER_MEASURE: float(np.mean(own)) if own else float("nan")}
 
 
 def measure_heads(loaded, items: list, segmenter, heads: list, average: bool = True):

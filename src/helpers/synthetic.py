@@ -200,7 +200,7 @@ def segments(item: Item) -> Segments:
         elif t > 0:
             segment[t] = s
             role[t] = ("end" if tok == "\\n" else "sep" if tok == ":" else
-                       "key" if tok in "ABCDEFGH" or tok.startswith("k") else "value")
+                       "letter" if tok in "ABCDEFGH" else "key" if tok.startswith("k") else "value")
             s += tok == "\\n"
     target = _answer_segment(item, labels, segment)
     return Segments(labels, segment, role, target)

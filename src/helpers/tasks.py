@@ -9,6 +9,7 @@ YAMLs from the installed lm-eval and compares.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -97,37 +98,53 @@ def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]
     return items
 
 
-def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0) -> list[Item]:
+def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0, permuted: bool = False) -> list[Item]:
     """MMLU test items: `cais/mmlu` on the paper profile, the letter-selection set on the CPU
-    profile (`load_letters`). `n` draws a seeded random subset (all when None)."""
+    profile (`load_letters`). `n` draws a seeded random subset (all when None); `permuted` moves
+    each question's options round (`permute_options`)."""
     _check_profile(profile)
     k = _integer(k, "k (shots)", low=0)
     n, seed = _check_subset(n, seed)
     if profile == "cpu":
-        return load_letters(k, n, seed)[0]
-    else:
-        ds = hub_dataset("cais/mmlu", "all")
-        test, dev = list(ds["test"]), list(ds["dev"])
+        return load_letters(k, n, seed, permuted)[0]
+    ds = hub_dataset("cais/mmlu", "all")
+    test, dev = list(ds["test"]), list(ds["dev"])
+    if permuted:
+        test = [permute_options({**r, "id": f"{r['subject']}-{i}"}) for i, r in enumerate(test)]
     return _subset(mmlu_items(test, dev, k), n, seed)
 
 
 @cache
-def _letter_sets(k: int) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
+def _letter_sets(k: int, permuted: bool = False) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
     rows = _jsonl(paths.data() / "letters" / "letters.jsonl")
     test = [r for r in rows if r["split"] == "test"]
-    letters = mmlu_items(test, [r for r in rows if r["split"] == "dev"], k)
+    if permuted:
+        test = [permute_options(r) for r in test]
+    letters = [dataclasses.replace(it, group=r["table"]) for it, r in
+               zip(mmlu_items(test, [r for r in rows if r["split"] == "dev"], k), test)]
     cloze = [_choices(f"Question: {r['question']}\nAnswer:", r["choices"], r["answer"], r["table"]) for r in test]
     return tuple(letters), tuple(cloze)
 
 
-def load_letters(k: int = 0, n: int | None = None, seed: int = 0) -> tuple[list[Item], list[Item]]:
-    """The CPU profile's letter-selection set (data/letters, 1,022 test facts): each test row as an
-    MMLU question in lm-eval's prompt (k-shot from its subject's dev rows) and, at the same index,
-    as a cloze question on the same four answer texts in ARC's prompt, so that "picks the letter"
-    and "knows the fact" are scored on the same facts. `n` draws the same seeded subset of both."""
+def permute_options(row: dict) -> dict:
+    """The same question with its options moved round by one to three places (drawn from its
+    id), so that the answer stands at another letter: a model that picks by content follows it,
+    one that picks a letter does not."""
+    shift = random.Random(f"options-{row['id']}").randrange(1, 4)
+    choices = row["choices"][-shift:] + row["choices"][:-shift]
+    return {**row, "choices": choices, "answer": (row["answer"] + shift) % len(choices)}
+
+
+def load_letters(k: int = 0, n: int | None = None, seed: int = 0, permuted: bool = False) -> tuple[list[Item], list[Item]]:
+    """The CPU profile's letter-selection set (data/letters, 726 test facts): each test row as an
+    MMLU question in lm-eval's prompt (k-shot from its subject's dev rows; its `group` the fact's
+    table) and, at the same index, as a cloze question on the same four answer texts in ARC's
+    prompt, so that "picks the letter" and "knows the fact" are scored on the same facts. `n`
+    draws the same seeded subset of both; `permuted` moves each question's options round
+    (`permute_options`), the same questions with the answer at another letter."""
     k = _integer(k, "k (shots)", low=0)
     n, seed = _check_subset(n, seed)
-    letters, cloze = _letter_sets(k)
+    letters, cloze = _letter_sets(k, bool(permuted))
     _record_committed(paths.data() / "letters" / "letters.jsonl")  # each run's record, not only the first
     return _subset(list(letters), n, seed), _subset(list(cloze), n, seed)
 

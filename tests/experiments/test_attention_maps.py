@@ -123,13 +123,13 @@ def test_the_roles_are_measured_once_for_every_chapter(monkeypatch):
 
 def test_the_maps_name_the_roles_every_chapter_names():
     # One assignment (roles.find_roles, the seed's KV ranking): KV retrieval's roles, and where no
-    # candidate plays a role, the closest candidate, said so. The toy Transformer at smoke size and
-    # seed 2 has an Aggregate head on KV and no Gather head (its first layer's heads only look back
-    # one token): both cases.
+    # harmful head plays a role, the closest measured head, said so. The toy Transformer at the CPU
+    # sizes (seconds; at smoke size no head's harm shows on 4 prompts) and seed 1 has an Aggregate
+    # head on KV and no Gather head (its first layer's heads only look back one token): both cases.
     from helpers.experiments import kv_retrieval
 
-    kv = kv_retrieval.run(kv_retrieval.Config.for_profile("cpu", smoke=True, model="toy-transformer", seed=2))
-    maps = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", kv_pairs=4, seed=2))
+    kv = kv_retrieval.run(kv_retrieval.Config.for_profile("cpu", model="toy-transformer", seed=1, sizes=[2, 8, 32]))
+    maps = chapter.run(chapter.Config.for_profile("cpu", model="toy-transformer", seed=1))
     assert maps.roles.source == kv.roles.source == "behaviour"
     assert kv.roles.heads["A"] and not kv.roles.heads["G"]
     assert maps.roles.heads["A"] == kv.roles.heads["A"] and maps.roles.filled["A"]

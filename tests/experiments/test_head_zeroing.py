@@ -24,7 +24,7 @@ def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
     # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
     # a shared ranking of seconds rather than minutes.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert result.layers_kept == minimal.minimal_depth(result.depths) and result.clean.n == 4
+    assert result.layers_kept == minimal.minimal_depth(result.depths, 0.25) and result.clean.n == 4
     assert chapter.NONE in result.scores and len(result.controls) <= 1
     assert all(s.n == 4 for s in result.scores.values())
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
@@ -48,7 +48,7 @@ def test_the_screen_and_the_check_never_share_a_prompt():
     loaded = SimpleNamespace(tokenizer=None)  # prompts are text; the tokenizer only finds segments later
     for task in ("kv", "mmlu"):
         cfg = chapter.Config.for_profile("cpu", task=task, n_screen=20, n_check=20)
-        screen, check = head_screen.prompts(cfg, loaded)
+        screen, check, _ = head_screen.prompts(cfg, loaded)
         contexts = lambda b: {it.pairs[0][0] for it in b.items}
         assert len(screen) == len(check) == 20 and not contexts(screen) & contexts(check)
 
@@ -65,24 +65,35 @@ def measures(gather_share, aggregate_share):
                          hd.LOCAL_MEASURE: [0.3, 0.2]}, index=pd.Index([G, A]))
 
 
-def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25, knowledge=(0.9, 0.9, 0.9)):
+def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25, knowledge=(0.9, 0.9, 0.9),
+            both=None):
     """A made-up run; `knowledge` is the knowledge task's accuracy with no head, G and A zeroed
-    (two tasks, each the same: their mean is the same number)."""
+    (two tasks, each the same: their mean is the same number). The screen's most harmful head is G."""
     scores = {chapter.NONE: at(clean), chapter.zeroed("G"): at(g, offset=3), chapter.zeroed("A"): at(a, offset=5),
-              chapter.kept_only("G", "A"): at(only, offset=7),
+              chapter.BOTH: at(min(g, a) if both is None else both, offset=4), chapter.kept_only("G", "A"): at(only, offset=7),
+              chapter.TOP: at(g, offset=3),  # G's zeroing, where G is no role's head
               **{chapter.control(i): at(c, offset=i) for i, c in enumerate(controls)}}
     roles = roles or Roles({"G": (G,), "A": (A,)}, "paper", measures(0.9, 0.8), found or {"G": G, "A": A})
-    ranked = hd.ranking_table({G: -2.0, A: -1.0}, {})
+    ranked = hd.ranking_table({G: -2.0, A: -1.0}, {G: at(g), A: at(a)})
     k_clean, k_g, k_a = knowledge
     per_condition = {c: at(k_clean) for c in scores} | {chapter.zeroed("G"): at(k_g), chapter.zeroed("A"): at(k_a)}
     return chapter.Result(chapter.Config.for_profile("paper"), 18, 32, at(clean), ranked, roles, scores,
                           [(Head(16, i), Head(17, i)) for i in range(len(controls))], chance, {},
-                          {"arc_easy": per_condition, "piqa": dict(per_condition)}, {"arc_easy": 0.25, "piqa": 0.5})
+                          {"arc_easy": per_condition, "piqa": dict(per_condition)}, {"arc_easy": 0.25, "piqa": 0.5},
+                          top=G)
+
+
+def outcomes(result) -> dict[str, str]:
+    """Each verdict's outcome by a short name: top, roles, G, A, controls, only, knowledge G, knowledge A."""
+    names = ["top", "roles", "G", "A", "controls", "only", "knowledge G", "knowledge A"]
+    return dict(zip(names, (x.outcome for x in chapter.verdicts(result))))
 
 
 def test_the_papers_table_1_is_reproduced():
     result = made_up(g=0.26, a=0.25, controls=[0.7, 0.69, 0.7], only=0.7)
-    assert [x.outcome for x in chapter.verdicts(result)] == [v.REPRODUCED] * 7
+    verdicts = chapter.verdicts(result)
+    assert [x.outcome for x in verdicts] == [v.REPRODUCED] * 8 and v.overall(verdicts) == v.REPRODUCED
+    assert [x.headline for x in verdicts] == [True] * 4 + [False] * 4
 
 
 def test_knowledge_that_falls_with_a_head_zeroed_is_not_kept_and_one_within_the_margin_is():
@@ -91,56 +102,81 @@ def test_knowledge_that_falls_with_a_head_zeroed_is_not_kept_and_one_within_the_
     gather = by_claim["Knowledge is kept with the Gather head zeroed"]
     assert gather.outcome == v.NOT_REPRODUCED and "mean of 2 tasks" in gather.evidence
     assert by_claim["Knowledge is kept with the Aggregate head zeroed"].outcome == v.REPRODUCED
+    assert v.overall(chapter.verdicts(result)) == v.PARTLY  # the headline holds, a dependent claim fails
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, knowledge=(0.9, 0.9, 0.9))
     result.knowledge.clear()
     assert {x.outcome for x in chapter.verdicts(result) if x.claim.startswith("Knowledge")} == {v.NOT_TESTABLE}
 
 
 def test_heads_that_do_not_collapse_and_controls_that_do_are_not_the_paper():
-    result = made_up(g=0.65, a=0.3, controls=[0.3, 0.7], only=0.4)
-    gather, aggregate, controls, only, *_ = chapter.verdicts(result)
-    assert gather.outcome == v.NOT_REPRODUCED
+    result = made_up(g=0.65, a=0.3, controls=[0.3, 0.7], only=0.4, both=0.3)
+    said = outcomes(result)
+    assert said["G"] == said["top"] == v.NOT_REPRODUCED  # G (the top head) loses 5 points: no collapse
     # A collapses, but one random draw (0.3) does as much: no more harmful than random heads
-    assert aggregate.outcome == v.NOT_REPRODUCED and "below every random control" in aggregate.evidence
-    assert controls.outcome == v.NOT_REPRODUCED and only.outcome == v.NOT_REPRODUCED  # every draw must keep it
+    assert said["A"] == v.NOT_REPRODUCED and "below every random control" in chapter.verdicts(result)[3].evidence
+    assert said["controls"] == said["only"] == v.NOT_REPRODUCED  # G hurts a little: judged, and every draw must keep it
 
 
 def test_a_head_that_collapses_beyond_every_random_control_is_a_bottleneck():
     result = made_up(g=0.26, a=0.25, controls=[0.7, 0.5], only=0.7)
-    gather, aggregate, controls, *_ = chapter.verdicts(result)
-    assert gather.outcome == aggregate.outcome == v.REPRODUCED  # lower than the 0.5 draw too
-    assert controls.outcome == v.NOT_REPRODUCED  # but that draw does not do "little"
+    said = outcomes(result)
+    assert said["top"] == said["G"] == said["A"] == v.REPRODUCED  # lower than the 0.5 draw too
+    assert said["controls"] == v.NOT_REPRODUCED  # but that draw does not do "little"
 
 
-def test_a_role_no_measured_candidate_plays_is_another_mechanism_and_says_why():
+def test_claims_that_depend_on_a_head_that_hurts_are_not_testable_beside_heads_that_do_nothing():
+    # No head hurts on the check: the controls, keep-only and knowledge claims would all "hold", vacuously.
+    found = Roles({"G": (G,), "A": (A,)}, "behaviour", measures(0.9, 0.8), {"G": G, "A": A}, candidates=(G, A))
+    result = made_up(g=0.7, a=0.7, controls=[0.7, 0.7], only=0.7, both=0.7, roles=found)
+    said = outcomes(result)
+    assert said["top"] == said["roles"] == said["G"] == said["A"] == v.NOT_REPRODUCED
+    assert {said[k] for k in ("controls", "only", "knowledge G", "knowledge A")} == {v.NOT_TESTABLE}
+    assert "does not lower the task" in chapter.verdicts(result)[4].evidence
+    assert v.overall(chapter.verdicts(result)) == v.NOT_REPRODUCED  # never "partly" on dependent claims alone
+
+
+def test_a_role_no_harmful_head_plays_is_one_finding_and_says_why():
     found = {"G": None, "A": A}
-    roles = Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found)
+    roles = Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found, candidates=(A, G))
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=roles)
     result.scores.pop(chapter.zeroed("G")), result.scores.pop(chapter.kept_only("G", "A"))
-    gather, aggregate, _, only, *_ = chapter.verdicts(result)
-    assert gather.outcome == only.outcome == v.NOT_REPRODUCED and gather.evidence.startswith("another mechanism")
-    assert "no candidate behaves as a Gather head" in gather.evidence and "0.30" in gather.evidence
+    said, verdicts = outcomes(result), chapter.verdicts(result)
+    assert said["roles"] == v.NOT_REPRODUCED and "another mechanism" in verdicts[1].evidence
+    assert "no candidate behaves as a Gather head" in verdicts[1].evidence and "0.30" in verdicts[1].evidence
+    assert said["G"] == said["only"] == said["knowledge G"] == v.NOT_TESTABLE  # one finding, not one per claim
+    assert [x.outcome for x in verdicts].count(v.NOT_REPRODUCED) == 1
     # The same best measure, but its interval over the prompts reaches the line: too few prompts decide.
     noisy = measures(0.3, 0.8).assign(**{f"{hd.GATHER_MEASURE} lo": [0.1, 0.1], f"{hd.GATHER_MEASURE} hi": [0.55, 0.3]})
-    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=Roles({"G": (), "A": (A,)}, "behaviour", noisy, found))
-    assert chapter.verdicts(result)[0].outcome == v.INCONCLUSIVE and "[0.10, 0.55]" in chapter.verdicts(result)[0].evidence
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7,
+                     roles=Roles({"G": (), "A": (A,)}, "behaviour", noisy, found, candidates=(A, G)))
+    assert outcomes(result)["roles"] == v.INCONCLUSIVE and "[0.10, 0.55]" in chapter.verdicts(result)[1].evidence
     sure = noisy.assign(**{f"{hd.GATHER_MEASURE} hi": [0.45, 0.3]})
-    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=Roles({"G": (), "A": (A,)}, "behaviour", sure, found))
-    assert chapter.verdicts(result)[0].outcome == v.NOT_REPRODUCED
-    unmeasured = Roles({"G": (), "A": ()}, "behaviour", None, None)  # e.g. single SSM channels
-    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=unmeasured)
-    assert {x.outcome for x in chapter.verdicts(result)[:2]} == {v.NOT_TESTABLE}
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7,
+                     roles=Roles({"G": (), "A": (A,)}, "behaviour", sure, found, candidates=(A, G)))
+    assert outcomes(result)["roles"] == v.NOT_REPRODUCED
+    nobody = Roles({"G": (), "A": ()}, "behaviour", None, None)  # no head's zeroing hurts on the screen
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=nobody)
+    assert "no head's zeroing lowers accuracy" in chapter.verdicts(result)[1].evidence
 
 
 def test_the_papers_heads_that_do_not_behave_as_their_roles_are_said_to():
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, found={"G": Head(16, 3), "A": A})
-    behave = chapter.verdicts(result)[-1]
+    behave = chapter.verdicts(result)[1]
     assert behave.outcome == v.NOT_REPRODUCED and "by behaviour L16H3" in behave.evidence  # both must behave
 
 
 def test_a_model_at_chance_cannot_test_the_claims():
     result = made_up(g=0.25, a=0.25, controls=[0.25], only=0.25, clean=0.26)
-    assert {x.outcome for x in chapter.verdicts(result)[:4]} == {v.NOT_TESTABLE}
+    assert {outcomes(result)[k] for k in ("top", "G", "A", "controls")} == {v.NOT_TESTABLE}
+
+
+def test_the_check_is_as_large_as_its_claims_need():
+    loaded = SimpleNamespace(tokenizer=None)
+    cfg = chapter.Config.for_profile("cpu")
+    screen, check, power = head_screen.prompts(cfg, loaded, clean=0.8)
+    assert len(check) == power.n >= head_screen.CHECK_FLOOR and not {it.pairs[0][0] for it in screen.items} & {
+        it.pairs[0][0] for it in check.items}
+    assert "n = 500 check questions" in power.note("check questions") and "kept within 5 points" in power.note()
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -163,18 +199,13 @@ def test_random_controls_are_different_sets_drawn_from_the_seed():
     assert len(chapter.distinct_draws(pool[:5], 4, 10, seed=0)) == 5  # only five sets of four exist
 
 
-def test_a_tie_at_the_candidates_boundary_is_reported_and_none_is_not():
-    exact = {Head(16, 0): 0.3, Head(16, 1): 0.4, Head(17, 0): 0.5, Head(17, 1): 0.6, Head(17, 2): 0.6, Head(16, 2): 0.6}
-    n = 100
-    ranking = hd.ranking_table({h: -i for i, h in enumerate(exact)}, {h: Score.of(np.arange(n) < a * n) for h, a in exact.items()})
-    chosen = head_screen.screen_candidates(ranking)
-    tied = hd.boundary_ties(ranking, chosen)
-    assert len(chosen) == 4 and len(tied) == 2 and set(tied) | {chosen[-1]} == {Head(17, 1), Head(17, 2), Head(16, 2)}
+def test_candidates_as_harmful_as_a_role_and_behaving_so_are_reported():
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7)
-    untied = chapter.draws(result)
-    assert "Seed 0 drew" in untied and "tie" not in untied
-    tied_text = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": ranking}))
-    assert "A tie at the candidates' boundary: 2 more heads" in tied_text and "60%" in tied_text
+    assert "as harmful on the screen" not in chapter.draws(result)
+    roles = Roles({"G": (G,), "A": (A,)}, "behaviour", measures(0.9, 0.8), {"G": G, "A": A}, candidates=(A, G),
+                  ties={"A": (Head(17, 3),)})
+    text = chapter.draws(chapter.Result(**{**result.__dict__, "roles": roles}))
+    assert "L17H3 is as harmful on the screen as L17H24" in text and "L17H3" in roles.describe("A")
 
 
 def test_every_draw_follows_the_seed(tmp_path, monkeypatch):

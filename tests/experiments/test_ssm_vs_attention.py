@@ -23,7 +23,8 @@ def test_run_at_smoke_size_gives_every_part_for_every_model():
     assert list(result.runs) == ["toy-transformer", "toy-mamba1"] and result.keys == shared.SMOKE["pairs"]
     for r in result.runs.values():
         assert sorted(r.by_size) == [2, largest] and r.by_size[largest].n == n and r.chance[largest] == 1 / largest
-        assert r.ranking is not None and len(r.candidates) == 4
+        # the heads whose zeroing hurts, or (none does on 4 prompts) the two most harmful measured
+        assert r.ranking is not None and len(r.candidates) >= 2
         assert set(r.zeroed) == {"clean", *map(str, r.candidates)} and r.clean.n == n
         assert sorted(r.measures.prompt.unique()) == [0, 1, 2, 3] and set(r.measures["head"]) == set(map(str, r.candidates))
         assert set(r.maps) <= {"G", "A"} and r.prompts["held out"] == result.runs["toy-transformer"].prompts["held out"]

@@ -1,22 +1,24 @@
 """Zeroing single heads of the minimal model (the paper's §3.4 and Table 1).
 
 A head is zeroed where its output enters its layer's output projection (a hook; no weight is
-edited). The chapter first finds the heads that matter on one set of prompts (the screen: the
-attribution estimate for every head, then the layers it points to swept exactly, or the layers
-of the paper's heads), names the Gather and the Aggregate head (the paper's where it names them
-for the model, else by behaviour among the ranking's candidates: `roles.find_roles`), and then
-measures them on other prompts, disjoint from the screen's, beside random heads of the same
-layers and Table 1's "keep only" configurations.
+edited). The protocol (`head_screen.screen`, shared with masking) first finds, on one set of
+prompts, where the harm is: the minimal model by the paper's rule (the layer-pruning page's),
+each layer's whole attention zeroed, the layers that matter swept head by head, the attribution
+screen for every head; it names the Gather and the Aggregate head among the heads whose zeroing
+hurts (the paper's where it names them for the model). Then, on other prompts disjoint from the
+screen's, as many as the claims need (`verdicts.plan`), it zeroes the screen's most harmful head,
+each role's heads, both, random heads of the same layers and Table 1's "keep only"
+configurations, and scores knowledge beside them.
 
 The task is MMLU-format letter selection: on the CPU profile Qwen2.5-Coder-1.5B-Instruct (a real
-pretrained model that picks letters) on the book's letter set, on the paper profiles the paper's
-model on MMLU; the questions are split by a seeded shuffle into the screen's part and the
-check's. Knowledge (cloze questions: the letter set's facts on the CPU profile, the released
-code's six tasks on the paper profiles) is scored under every condition too, as the paper's
-headline says it hardly moves. KV retrieval (`task="kv"`) is screened by the book's shared KV
-ranking. Where no minimal model is published for the model, it is the one the layer-pruning page
-names: the shallowest cut that keeps the task on that chapter's items at this seed
-(`minimal.task_depths`, `minimal.minimal_depth`).
+pretrained model that picks letters) on the book's letter set, its knowledge the cloze twins of
+the very check questions; on the paper profiles the paper's model on MMLU and the released code's
+six knowledge tasks. KV retrieval (`task="kv"`) is screened by the book's shared KV ranking.
+
+The headline claims (`verdicts.Verdict.headline`) are the paper's: one head takes the task most of
+the way to chance, the harmful heads are a Gather and an Aggregate head, and each of those is such
+a bottleneck. The others depend on a head that hurts (`verdicts.gated`): random heads doing little,
+Table 1's keep-only, knowledge kept with a head zeroed.
 """
 
 from __future__ import annotations
@@ -31,15 +33,14 @@ from .. import benchmarks as bm
 from .. import heads as hd
 from .. import registry
 from .. import verdicts as v
-from ..engine import SweepEngine
 from ..heads import Head, ablation
 from ..reference import paper
-from ..stats import Score, TaskMean
+from ..stats import Score, TaskMean, difference
 from ..sweep import sweep
 from ..protocol import base
-# The screen (prompts split, minimal model, ranking, roles) is shared with masking: this chapter's
-# Config is the screen's; the check (the heads zeroed on fresh prompts) and its verdicts are here.
-from ..protocol.head_screen import MAX_SWEPT, screen, screen_candidates
+# The screen (minimal model, prompts split, where the harm is, ranking, roles) is shared with masking:
+# this chapter's Config is the screen's; the check (the heads zeroed on fresh prompts) and its verdicts are here.
+from ..protocol.head_screen import MAX_SWEPT, NONE, LayerScan, agreement, measure_conditions, screen
 from ..protocol.head_screen import ScreenConfig as Config
 from ..protocol.roles import ROLE_NAMES, Roles, missing_role
 
@@ -65,6 +66,10 @@ class Result:
     knowledge_chance: dict[str, float] = field(default_factory=dict)  # task -> chance
     depths: dict[int, Score] = field(default_factory=dict)  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found there
     task_name: str = ""  # the check's benchmark (a toy's letter MCQ is not MMLU)
+    scan: LayerScan | None = None  # each layer's attention zeroed on the screen's prompts
+    swept: tuple[int, ...] = ()  # the layers swept exactly on the screen
+    power: v.Power | None = None  # how many check questions the claims need (None: set, or the rest of MMLU)
+    top: Head | None = None  # the screen's most harmful head, zeroed on the check too
 
     def knowledge_under(self, condition: str) -> TaskMean:
         """Knowledge under one condition: the unweighted mean over the tasks, as the release scores it."""
@@ -79,7 +84,7 @@ class Result:
         return [self.scores[control(i)] for i in range(len(self.controls))]
 
 
-NONE, BOTH = "no head zeroed", "G and A zeroed"
+BOTH, TOP = "G and A zeroed", "the screen's most harmful head zeroed"
 
 
 def zeroed(role: str) -> str:
@@ -100,28 +105,38 @@ def toy_config(cfg: Config) -> Config:
     return Config.for_profile("cpu", cfg.smoke, model=SSM_TOY, task="mmlu", seed=cfg.seed)
 
 
-def conditions(roles: Roles, ranking: pd.DataFrame, n_heads: dict[int, int], n_controls: int,
+def conditions(roles: Roles, top: Head | None, n_heads: dict[int, int], n_controls: int,
                seed: int) -> tuple[dict[str, dict[int, list[int]]], list[tuple[Head, ...]]]:
-    """What is zeroed on the check's prompts: each role's heads, both, Table 1's "keep only"
-    configurations in the roles' layers, and random heads of the same layers (other than the
-    roles' and the screen's top heads; of every layer in `n_heads` where those layers hold too
-    few others for `n_controls` different sets)."""
+    """What is zeroed on the check's prompts: the screen's most harmful head, each role's heads,
+    both, Table 1's "keep only" configurations in the roles' layers, and random heads of the
+    candidates' layers (the roles', else the harmful heads' or the top head's; other than those
+    heads; of every layer in `n_heads` where those layers hold too few others for `n_controls`
+    different sets)."""
     g, a = roles.heads["G"], roles.heads["A"]
     out = {NONE: {}, **{zeroed(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
     if g and a:
         out[BOTH] = ablation(g + a)
-    layers = sorted({h.layer for h in g + a}) or sorted({h.layer for h in hd.measured(ranking)[:2]})
+    if top is not None and top not in g + a:
+        out[TOP] = top.ablation
+    layers = control_layers(roles, top)
     for kept in (("G", "A"), ("G",), ("A",)):
         if g and a:
             keep = {h for r in kept for h in roles.heads[r]}
             out[kept_only(*kept)] = {l: [h for h in range(n_heads[l]) if Head(l, h) not in keep] for l in layers}
-    taken = set(g + a) | set(hd.measured(ranking)[:5])
+    taken = set(g + a) | set(roles.candidates) | ({top} if top else set())
     pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
     if math.comb(len(pool), CONTROL_SIZE) < n_controls:  # a toy's few heads a layer: draw from every layer kept
         pool = [Head(l, h) for l in sorted(n_heads) for h in range(n_heads[l]) if Head(l, h) not in taken]
     controls = distinct_draws(pool, CONTROL_SIZE, n_controls, seed)
     out |= {control(i): ablation(c) for i, c in enumerate(controls)}
     return out, controls
+
+
+def control_layers(roles: Roles, top: Head | None) -> list[int]:
+    """The layers random heads are drawn from: the roles' heads', else the two most harmful
+    candidates', else the top head's."""
+    heads = roles.heads["G"] + roles.heads["A"] or roles.candidates[:2] or ((top,) if top else ())
+    return sorted({h.layer for h in heads})
 
 
 def distinct_draws(pool: list[Head], size: int, n: int, seed: int) -> list[tuple[Head, ...]]:
@@ -143,30 +158,24 @@ def run(cfg: Config) -> Result:
     n_layers = loaded.adapter.n_layers
     found = screen(cfg, loaded)
     check, kept, layers, ranking, roles = found.check, found.layers_kept, found.layers, found.ranking, found.roles
-    knowledge = bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)
+    knowledge = bm.knowledge_of(check, cfg.n_knowledge, cfg.seed)  # the check's cloze twins where it has them
     n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
-    ablations, controls = conditions(roles, ranking, n_heads, cfg.n_controls, cfg.seed)
+    top = next(iter(hd.measured(ranking)), None)
+    ablations, controls = conditions(roles, top, n_heads, cfg.n_controls, cfg.seed)
 
-    sets = {b.name: b for b in [check, *knowledge]}
+    # Knowledge is scored where a claim reads it: with no head, the roles' and the top head zeroed.
+    known = {k: a for k, a in ablations.items() if k in (NONE, BOTH, TOP) or k in map(zeroed, ROLE_NAMES)}
+    sets = {b.name: (b, ablations if b is check else known) for b in [check, *knowledge]}
     store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
     cells = [dict(model=cfg.model, benchmark=name, items=b.spec, layers=kept,
-                  ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()})
-             for name, b in sets.items()]
+                  ablations={k: {str(l): hs for l, hs in a.items()} for k, a in conditions_of.items()})
+             for name, (b, conditions_of) in sets.items()]
     rows = {r["benchmark"]: r for r in sweep(store, cells, measure_conditions, desc="heads zeroed on fresh prompts")}
-    scored = {name: {c: Score.from_json(rows[name][c]) for c in ablations} for name in sets}
+    scored = {name: {c: Score.from_json(rows[name][c]) for c in conditions_of} for name, (_, conditions_of) in sets.items()}
     return Result(cfg, kept, n_layers, found.screen_clean, ranking, roles, scored[check.name], controls, check.chance,
                   base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
-                  {b.name: b.chance for b in knowledge}, found.depths, check.name)
-
-
-def measure_conditions(cell: dict) -> dict:
-    """One benchmark (the cell's items) in the model's first `layers` layers under each of the
-    cell's `ablations` ({condition: {layer: [heads]}}, layers as text), {condition: score} (a
-    measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
-    engine = SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
-    ablations = {name: {int(l): hs for l, hs in a.items()} for name, a in cell["ablations"].items()}
-    return {name: s.to_json() for name, s in engine.score_each(ablations, list(range(cell["layers"]))).items()}
+                  {b.name: b.chance for b in knowledge}, found.depths, check.name, found.scan, found.swept,
+                  found.power, top)
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -177,34 +186,82 @@ def _task(result: Result) -> str:
     return result.task_name if registry.spec(result.cfg.model).toy and result.task_name else "MMLU"  # a toy's letter MCQ
 
 
+def top_condition(result: Result) -> str | None:
+    """The check's condition that zeroes the screen's most harmful head (a role's, where it has one)."""
+    if result.top is None:
+        return None
+    return next((zeroed(r) for r in ROLE_NAMES if result.roles.heads[r] == (result.top,)), TOP)
+
+
+def hurts(result: Result, condition: str) -> tuple[str, str]:
+    """Does the condition lower the task on the check's prompts (`verdicts.falls`, paired)?"""
+    return v.falls(result.clean, result.scores[condition], result.chance)
+
+
+def one_head(result: Result) -> tuple[str, str]:
+    """Does zeroing the screen's most harmful head (picked on the screen's prompts) take the task
+    most of the way to chance on the check's, and lower than every random control?"""
+    condition = top_condition(result)
+    if condition is None:
+        return v.NOT_TESTABLE, "no head was measured exactly on the screen"
+    outcome, evidence = v.beats_controls(result.clean, result.scores[condition], result.control_scores(), result.chance)
+    return outcome, f"{result.top}: {evidence}"
+
+
+def roles_found(result: Result) -> tuple[str, str]:
+    """Do the heads that hurt include a Gather and an Aggregate head? The paper's heads: do they
+    behave as its roles here? One finding for a role that no harmful head plays (not one per
+    claim about that role: those are not testable)."""
+    if result.roles.source == "paper":
+        return behave(result)
+    parts = []
+    for r in ROLE_NAMES:
+        if not result.roles.heads[r]:
+            parts.append(missing_role(result.roles, r, result.clean, result.chance))
+            continue
+        # named among the heads that hurt on the screen's prompts; they must hurt on the check's too
+        outcome, evidence = hurts(result, zeroed(r))
+        parts.append((outcome, f"{ROLE_NAMES[r]}: {result.roles.describe(r)}; zeroed on the check: {evidence}"))
+    return v.every(o for o, _ in parts), "; ".join(e for _, e in parts)
+
+
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
-    """Does zeroing the role's heads take retrieval most of the way to chance, and lower than
-    every random control (`verdicts.beats_controls`, paired on the check's prompts)? Where no
-    measured candidate plays the role, the harmful heads do something else: another mechanism."""
+    """Does zeroing the role's heads take the task most of the way to chance, and lower than every
+    random control (`verdicts.beats_controls`, paired on the check's prompts)? Not testable where
+    no harmful head plays the role (the roles' claim says so, once)."""
     if not result.roles.heads[role]:
-        return missing_role(result.roles, role, result.clean, result.chance)
+        return v.NOT_TESTABLE, f"no {ROLE_NAMES[role]} head to zero ({result.roles.missing(role)})"
     return v.beats_controls(result.clean, result.scores[zeroed(role)], result.control_scores(), result.chance)
 
 
 def controls_do_little(result: Result) -> tuple[str, str]:
-    """Every random draw keeps accuracy (`verdicts.kept` for each, `verdicts.every` over them)."""
-    if not result.controls:
-        return v.NOT_TESTABLE, "no random controls were drawn"
-    parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
-    lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
-    drawn = sorted({h.layer for c in result.controls for h in c})
-    return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of layer{'s' if len(drawn) > 1 else ''} "
-                                          f"{', '.join(map(str, drawn))}; the lowest, "
-                                          f"{', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
+    """Every random draw keeps accuracy (`verdicts.kept` for each, `verdicts.every` over them),
+    judged where the most harmful head hurts: beside a head that changes nothing, random heads
+    that change nothing say nothing. The page says whether their layers' attention matters."""
+    condition = top_condition(result)
+    if condition is None or not result.controls:
+        return v.NOT_TESTABLE, "no random controls were drawn" if condition else "no head was measured exactly"
+
+    def decide():
+        parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
+        lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
+        drawn = sorted({h.layer for c in result.controls for h in c})
+        return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of layer"
+                                              f"{'s' if len(drawn) > 1 else ''} {', '.join(map(str, drawn))} "
+                                              f"({layers_matter(result, drawn)}); the lowest, "
+                                              f"{', '.join(map(str, result.controls[lowest]))}: {parts[lowest][1]}")
+    return v.gated(hurts(result, condition), f"zeroing {result.top} does not lower the task", decide)
 
 
 def only_roles_kept(result: Result) -> tuple[str, str]:
+    """Table 1: only G and A left in their layers keep accuracy, judged where zeroing G and A
+    together lowers it (else the two carry nothing the claim could keep)."""
     name = kept_only("G", "A")
     if name not in result.scores:
-        missing = [r for r in ROLE_NAMES if not result.roles.heads[r]]
-        parts = [missing_role(result.roles, r, result.clean, result.chance) for r in missing]
-        return v.every(o for o, _ in parts), "; ".join(e for _, e in parts)
-    return v.kept(result.clean, result.scores[name], result.chance)
+        missing = [ROLE_NAMES[r] for r in ROLE_NAMES if not result.roles.heads[r]]
+        return v.NOT_TESTABLE, f"no {' or '.join(missing)} head to keep (the roles' claim says why)"
+    return v.gated(hurts(result, BOTH), "zeroing G and A together does not lower the task",
+                   lambda: v.kept(result.clean, result.scores[name], result.chance))
 
 
 def behave(result: Result) -> tuple[str, str]:
@@ -223,29 +280,41 @@ def behave(result: Result) -> tuple[str, str]:
 
 def knowledge_kept(result: Result, role: str) -> tuple[str, str]:
     """Is knowledge kept with the role's heads zeroed (`verdicts.kept` on the unweighted mean over
-    the knowledge tasks, each task paired across conditions)?"""
+    the knowledge tasks, each task paired across conditions)? Judged where zeroing them lowers the
+    task: knowledge kept beside letters kept is no dissociation."""
     if not result.roles.heads[role]:
-        roles = result.roles
-        unsure = roles.measures is not None and not roles.measures.empty and not roles.surely_missing(role)
-        return (v.INCONCLUSIVE if unsure else v.NOT_TESTABLE), f"no {ROLE_NAMES[role]} head to zero: {roles.missing(role)}"
+        return v.NOT_TESTABLE, f"no {ROLE_NAMES[role]} head to zero (the roles' claim says why)"
     if not result.knowledge:
         return v.NOT_TESTABLE, "no knowledge task was scored"
     clean = result.knowledge_under(NONE)
-    return v.kept(clean, result.knowledge_under(zeroed(role)), clean.chance)
+    return v.gated(hurts(result, zeroed(role)), f"zeroing {result.roles.label(role)} does not lower the task",
+                   lambda: v.kept(clean, result.knowledge_under(zeroed(role)), clean.chance))
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
     task = _task(result)
-    out = [v.Verdict(f"Zeroing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) alone takes {task} most of the way "
-                     "to chance", "§3.4, abstract", *bottleneck(result, r)) for r in ROLE_NAMES]
+    roles_claim = ("The paper's heads behave as Gather and Aggregate here" if result.roles.source == "paper" else
+                   "Among the heads whose zeroing hurts, one behaves as a Gather head and one as an Aggregate head")
+    out = [v.Verdict(f"Zeroing one head (the screen's most harmful, {result.top or 'none'}) takes {task} most of the "
+                     "way to chance", "§3.4, abstract", *one_head(result), headline=True)]
+    if result.roles.source != "set":
+        out.append(v.Verdict(roles_claim, "§3.4, Fig. 1", *roles_found(result), headline=True))
+    out += [v.Verdict(f"Zeroing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) alone takes {task} most of the way "
+                      "to chance", "§3.4, abstract", *bottleneck(result, r), headline=True) for r in ROLE_NAMES]
     out.append(v.Verdict(f"Zeroing {CONTROL_SIZE} random heads of the same layers does little", "§3.4",
                          *controls_do_little(result)))
     out.append(v.Verdict("Keeping only G and A in their layers keeps accuracy", "Table 1", *only_roles_kept(result)))
     out += [v.Verdict(f"Knowledge is kept with the {ROLE_NAMES[r]} head zeroed", "§3.4, abstract",
                       *knowledge_kept(result, r)) for r in ROLE_NAMES]
-    if result.roles.source == "paper":
-        out.append(v.Verdict("The paper's heads behave as Gather and Aggregate here", "§3.4", *behave(result)))
     return out
+
+
+def layers_matter(result: Result, layers: list[int]) -> str:
+    """Whether the layers' attention matters on the screen's prompts (the layer scan), in words."""
+    if result.scan is None:
+        return "their attention was not scanned"
+    said = [f"L{l}: {'matters' if result.scan.matters(l) else 'does not matter'} ({result.scan.loss(l)})" for l in layers]
+    return "attention zeroed on the screen: " + "; ".join(said)
 
 
 # --- tables and figures ------------------------------------------------------------------------
@@ -269,23 +338,46 @@ def control_names(result: Result) -> list[str]:
 def conditions_table(result: Result, short: bool = False, knowledge: bool = False) -> pd.DataFrame:
     """One row per condition of the check, indexed by the condition: what was zeroed, acc, lo,
     hi, n (of the task, or with `knowledge` of the knowledge tasks' unweighted mean)."""
+    scored = set(next(iter(result.knowledge.values()), {})) if knowledge else set(result.scores)
     score = (lambda k: result.knowledge_under(k)) if knowledge else (lambda k: result.scores[k])
-    return pd.DataFrame([dict(zeroed=_describe(result, k, short), acc=score(k).acc, lo=score(k).lo, hi=score(k).hi,
-                              n=score(k).n) for k in result.scores], index=pd.Index(list(result.scores), name="condition"))
+    nan = float("nan")  # knowledge is scored under the conditions a claim reads, not under the controls
+    return pd.DataFrame([dict(zeroed=_describe(result, k, short), **(dict(acc=score(k).acc, lo=score(k).lo, hi=score(k).hi,
+                                                                            n=score(k).n) if k in scored else
+                                                                       dict(acc=nan, lo=nan, hi=nan, n=nan)))
+                         for k in result.scores], index=pd.Index(list(result.scores), name="condition"))
 
 
 def roles_table(result: Result) -> pd.DataFrame:
     """What each measured candidate does (`segments.head_measures`, averaged over the screen's
-    prompts) and the role it was given."""
+    prompts), most harmful first, with its accuracy zeroed on the screen and the role it was given."""
     m = result.roles.measures
     if m is None or m.empty:
         return pd.DataFrame(columns=["head", "role"])
     found = result.roles.found or {}
-    rows = [{"head": str(Head(*h)), "role by behaviour": next((ROLE_NAMES[r] for r in found if found[r] == Head(*h)), "-"),
-             "segment ends: own-segment share": row[hd.GATHER_MEASURE],
-             "final position: share on segment ends": row[hd.AGGREGATE_MEASURE],
-             "final position: mass on the answer's value": row["answer value"],
-             "segment ends: share on themselves and the previous token": row[hd.LOCAL_MEASURE]} for h, row in m.iterrows()]
+    order = list(result.roles.candidates) + [Head(*h) for h in m.index if Head(*h) not in result.roles.candidates]
+    screen = lambda h: _screen_row(result, h)[0] if h in hd.measured(result.ranking) else float("nan")
+    rows = [{"head": str(h), "role by behaviour": next((ROLE_NAMES[r] for r in found if found[r] == h), "-"),
+             "screen: accuracy zeroed": screen(h),
+             "segment ends: own-segment share": m.loc[[h], hd.GATHER_MEASURE].iloc[0],
+             "final position: on segment ends": m.loc[[h], hd.ENDS_MEASURE].iloc[0],
+             "final position: on option letters": m.loc[[h], hd.LETTERS_MEASURE].iloc[0],
+             "final position: on summary tokens (both)": m.loc[[h], hd.AGGREGATE_MEASURE].iloc[0],
+             "segment ends: share on themselves and the previous token": m.loc[[h], hd.LOCAL_MEASURE].iloc[0]}
+            for h in order]
+    return pd.DataFrame(rows)
+
+
+def scan_table(result: Result) -> pd.DataFrame:
+    """One row per layer of the minimal model: the task's and knowledge's paired change with the
+    layer's whole attention zeroed on the screen's prompts, whether it matters, whether it was
+    swept head by head."""
+    scan = result.scan
+    rows = []
+    for l in scan.layers:
+        know = scan.knowledge_loss(l)
+        rows.append({"layer": l, f"{_task(result)}: change (points)": str(scan.loss(l)),
+                     "knowledge: change (points)": str(know) if know else "-",
+                     "matters": "yes" if scan.matters(l) else "no", "swept head by head": "yes" if l in result.swept else "no"})
     return pd.DataFrame(rows)
 
 
@@ -295,13 +387,17 @@ def comparison(result: Result) -> pd.DataFrame:
     llama = registry.cast("paper", "llama")
     g, a = paper("head_zeroing", "gather_head", llama), paper("head_zeroing", "aggregate_head", llama)
     controls = result.control_scores()
-    return base.comparison_table([
+    top = top_condition(result)
+    rows = [
         ("model", f"Llama-3.1-8B-Instruct, layers 0-{paper('layer_pruning', 'minimal_model_last_layer').value}",
          "same (cells 23-31)", f"{result.cfg.model}, layers 0-{result.layers_kept - 1} of {result.n_layers} "
                                f"({result.cfg.profile} profile; {minimal_source(result)})"),
         ("task", f"MMLU, {paper('released_settings', 'num_fewshot').value}-shot",
          f"lm-eval {paper('released_settings', 'lm_eval_version').value}",
-         f"{_task(result)}, fresh prompts disjoint from the screen's"),
+         f"{_task(result)}, {result.clean.n} fresh prompts disjoint from the screen's {result.screen_clean.n}"),
+        ("where the harm is", "L16 and L17 (Fig. 3)", "-", harm_row(result)),
+        ("the most harmful head", "G or A (§3.4)", "-",
+         f"{result.top} (screen {_screen_row(result, result.top)[0]:.1%}; check {fmt(top)})" if top else "-"),
         ("Gather head", str(g), "GATHER_HEADS (cell 13)", result.roles.describe("G")),
         ("Aggregate head", str(a), "AGGREGATE_HEADS (cell 15)", result.roles.describe("A")),
         ("no head zeroed", str(paper("head_zeroing", "mmlu_minimal")), "-", fmt(NONE)),
@@ -314,12 +410,26 @@ def comparison(result: Result) -> pd.DataFrame:
         ("only G and A kept in their layers", "accuracy kept (Table 1)", "cells 23-24", fmt(kept_only("G", "A"))),
         ("only G kept / only A kept", "Table 1 (not read)", "cells 27 / 25 (labels swapped)",
          f"{fmt(kept_only('G'))} / {fmt(kept_only('A'))}"),
-    ])
+    ]
+    return base.comparison_table(rows)
+
+
+def harm_row(result: Result) -> str:
+    """The layers whose attention matters on the screen, the most harmful first, and those swept."""
+    scan = result.scan
+    if scan is None:
+        return f"not scanned; swept: {', '.join(f'L{l}' for l in result.swept) or 'none'}"
+    matter = scan.that_matter()
+    worst = min(scan.layers, key=lambda l: scan.loss(l).delta)
+    return (f"most harmful attention: L{worst} ({scan.loss(worst)}); attention matters in "
+            f"{', '.join(f'L{l}' for l in sorted(matter)) or 'no layer'}; swept head by head: "
+            f"{', '.join(f'L{l}' for l in result.swept) or 'none'}")
 
 
 def minimal_source(result: Result) -> str:
     if result.depths:
-        return f"the layer-pruning chapter's minimal model: the shallowest cut that keeps the task on its {_n_walked(result)} items"
+        return (f"the layer-pruning chapter's minimal model: the shallowest cut above the sharpest fall of the task on "
+                f"its {_n_walked(result)} items")
     return "as set" if result.cfg.layers_kept else "the published minimal model"
 
 
@@ -335,8 +445,8 @@ def knowledge_row(result: Result) -> str:
 
 
 def draws(result: Result) -> str:
-    """What `seed` drew on this page, and the ties the ranking's order broke among the heads
-    whose roles were measured."""
+    """What `seed` drew on this page, the ties among the candidates, and whether the screen could
+    tell its heads apart."""
     cfg = result.cfg
     if cfg.task == "kv":
         prompts_drawn = f"the screen's KV dictionaries (seed {cfg.seed}) and the check's (seed {cfg.seed + 1})"
@@ -347,14 +457,11 @@ def draws(result: Result) -> str:
     controls = (f"the {len(result.controls)} random control sets (all different)" if result.controls
                 else "no random control set (too few heads outside the candidates)")
     text = f"Seed {cfg.seed} drew {prompts_drawn}{knowledge} and {controls}."
-    chosen = screen_candidates(result.ranking)
-    tied = hd.boundary_ties(result.ranking, chosen)
-    if tied:
-        last = chosen[-1]
-        acc = _screen_row(result, last)[0]
-        text += (f" A tie at the candidates' boundary: {len(tied)} more heads ({', '.join(map(str, tied[:6]))}"
-                 f"{', ...' if len(tied) > 6 else ''}) leave the screen exactly where {last} does ({acc:.0%}); "
-                 "the screen's estimate ordered them, so another seed may measure other candidates.")
+    for r in ROLE_NAMES:
+        if tied := result.roles.ties.get(r):
+            text += (f" {', '.join(map(str, tied))} {'is' if len(tied) == 1 else 'are'} as harmful on the screen as "
+                     f"{result.roles.label(r)} (within its interval) and behave{'s' if len(tied) == 1 else ''} as the "
+                     f"{ROLE_NAMES[r]} head too: the screen's order named {result.roles.label(r)}.")
     if result.roles.source == "behaviour" and (top := hd.measured(result.ranking)):
         readable, why = v.ranking_readable(result.screen_clean, _screen_row(result, top[0]), result.chance)
         named = any(result.roles.heads[r] for r in ROLE_NAMES)
@@ -363,6 +470,30 @@ def draws(result: Result) -> str:
                 " The roles are named among heads that tie, so another seed may name other heads; the claims "
                 "below are measured on the check all the same." if named else "")
     return text
+
+
+def protocol_note(result: Result) -> str:
+    """The choices the page made, in numbers: how many check questions and why, where the harm is,
+    and how far the attribution screen agrees with the exact sweep."""
+    parts = []
+    if result.power is not None:
+        parts.append(result.power.note("check questions"))
+    if result.controls:
+        flips = [float((result.clean.correct != c.correct).mean()) for c in result.control_scores()]
+        parts.append(f"The random controls flipped {100 * min(flips):.1f}% to {100 * max(flips):.1f}% of the check's "
+                     "questions either way.")
+    if result.scan is not None:
+        parts.append(f"Where the harm is, on the screen's {result.screen_clean.n} questions: {harm_row(result)}. The "
+                     f"{result.cfg.harm_layers} most letter-specific of the layers that matter (letters lost beyond "
+                     "knowledge) are swept head by head{' beside the layers of the paper' + chr(39) + 's heads' if result.roles.source == 'paper' else ''}, "
+                     f"and the attribution screen's top {result.cfg.top} heads are zeroed exactly too.")
+    agree = agreement(result.ranking)
+    if agree["n"] >= 5:
+        rho, lo, hi = agree["rho"]
+        parts.append(f"The attribution screen against the exact sweep on the {agree['n']} heads both measured: rank "
+                     f"correlation {rho:.2f} [{lo:.2f}, {hi:.2f}]; of the sweep's {agree['k']} most harmful heads, "
+                     f"{agree['recall']} are among the screen's {agree['k']} lowest estimates.")
+    return " ".join(parts)
 
 
 def _screen_row(result: Result, head: Head) -> tuple[float, float, float]:
@@ -390,8 +521,11 @@ def sweep_figure(result: Result):
         ax.text(0.5, 0.5, f"no exact sweep: more than {MAX_SWEPT} heads in the layers to sweep", ha="center", va="center")
         return fig
     grid = exact.pivot(index="layer", columns="head", values="acc") * 100
+    # The colours run from chance to the clean accuracy, not over the cells' range: a one-question
+    # difference must not look like a collapse.
     ax = plots.head_heatmap(grid, f"{result.cfg.model}: one head zeroed (none: {result.screen_clean.acc:.0%})",
-                            "accuracy (%)")
+                            f"accuracy (%): chance {result.chance:.0%} to clean", limits=(100 * result.chance,
+                                                                                       100 * result.screen_clean.acc))
     for r in ROLE_NAMES:
         for h in result.roles.heads[r]:
             if h.layer in grid.index and h.head in grid.columns:
@@ -399,6 +533,39 @@ def sweep_figure(result: Result):
                 ax.add_patch(plt.Rectangle((x, y), 1, 1, fill=False, edgecolor="tab:cyan", lw=2.5))
                 ax.text(x + 0.5, y + 0.5, r, ha="center", va="center", color="tab:cyan", fontweight="bold")
     return ax.figure
+
+
+def scan_figure(result: Result):
+    """Each layer's whole attention zeroed on the screen's prompts: the paired change of the task
+    and of knowledge (95% intervals), the layers swept head by head marked."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+
+    plots.style()
+    scan = result.scan
+    layers = scan.layers
+    fig, ax = plt.subplots(figsize=(plots.WIDTH, 3.8))
+    x = np.arange(len(layers))
+    series = [(_task(result), [scan.loss(l) for l in layers], "tab:blue", -0.2)]
+    if scan.knowledge:
+        series.append(("knowledge" + (" (the same facts as cloze)" if scan.paired_knowledge else ""),
+                       [scan.knowledge_loss(l) for l in layers], "tab:orange", 0.2))
+    for label, diffs, colour, shift in series:
+        d = np.array([100 * x.delta for x in diffs])
+        err = [d - [100 * x.lo for x in diffs], [100 * x.hi for x in diffs] - d]
+        ax.bar(x + shift, d, 0.4, yerr=err, color=colour, capsize=1.5, label=label)
+    for k, l in enumerate(layers):
+        if l in result.swept:
+            ax.annotate("swept", (k, 0), xytext=(0, 4), textcoords="offset points", ha="center",
+                        fontsize=plots.MIN_FONT, rotation=90)
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.axhline(-100 * (scan.task[NONE].acc - scan.chance), ls=":", color="0.2", lw=1.2, label="down to chance")
+    ax.set_xticks(x, [str(l) for l in layers], fontsize=plots.MIN_FONT)
+    ax.set(xlabel="layer whose attention is zeroed", ylabel="change (points)",
+           title=f"{result.cfg.model}: each layer's attention zeroed ({scan.task[NONE].n} screen questions)")
+    plots.legend_below(ax, ncols=3)
+    return fig
 
 
 def conditions_figure(result: Result):

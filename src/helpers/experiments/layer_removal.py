@@ -7,9 +7,9 @@ model). Each of its layers is then skipped in turn and the retrieval probe (MMLU
 where the model picks letters at chance) and the knowledge tasks are scored without it, beside
 the minimal model itself on the same items. The sweep engine reuses the residual stream below the removed
 layer, so each removal reruns only the layers above it; the whole sweep costs about d/2 full
-passes for a minimal model of d layers, so on the CPU profile this chapter scores fewer items
-than the pruning chapter (the letter model, Qwen2.5-Coder-1.5B, on the letter set and the same
-facts as cloze).
+passes for a minimal model of d layers. On the CPU profile (the letter model, Qwen2.5-Coder-1.5B,
+on the letter set, knowledge the cloze twins of the same facts) the items are as many as the
+claims need at the minimal model's accuracy (`verdicts.plan`), at least 150.
 
 The paper's claim: only the removal of a critical layer or two (L16, L17 in Llama-3.1-8B)
 takes retrieval to chance, while the knowledge tasks change little whichever layer goes.
@@ -33,7 +33,7 @@ from ..stats import Score, TaskMean
 from ..sweep import sweep
 from ..protocol import base, minimal
 
-CPU_ITEMS = 30  # items per benchmark removed layer by layer on the CPU profile
+CPU_FLOOR = 150  # the CPU profile's items per benchmark for each removal: at least these (more where the claims need them)
 FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (the paper: 2 of 18), and at least 2
 
 
@@ -50,10 +50,10 @@ class Config(base.BenchmarkConfig):
 
     @classmethod
     def defaults(cls, profile):
-        # The benchmarks of the layer-pruning chapter; the minimal model is resolved in `run`, since
-        # it depends on the model. On 2 CPU cores the sweep of a 24-layer minimal model of the
-        # 1.5B letter model costs ~11 full passes per item: fewer items, to fit 15 minutes.
-        sizes = dict(n_mmlu=CPU_ITEMS, n_knowledge=CPU_ITEMS, n_kv=CPU_ITEMS) if profile == "cpu" else {}
+        # The benchmarks of the layer-pruning chapter; the minimal model is resolved in `run`, since it depends on
+        # the model. On the CPU profile n_mmlu None is as many letter questions as the claims need at the minimal
+        # model's accuracy (at least CPU_FLOOR), their cloze twins the knowledge; on the paper profiles every question.
+        sizes = dict(n_mmlu=None, n_knowledge=None, n_kv=CPU_FLOOR) if profile == "cpu" else {}
         return {**minimal.PruningConfig.defaults(profile), **sizes, "minimal_layers": None}
 
     def __post_init__(self):
@@ -78,6 +78,7 @@ class Result(base.ByRole):
     chance: dict[str, float]
     provenance: dict
     kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    power: v.Power | None = None  # how many items the claims need (None: set, or every question)
 
     def knowledge(self, layer: int | None = None) -> TaskMean:
         """Knowledge as the release scores it, the unweighted mean over the knowledge tasks, with
@@ -106,16 +107,23 @@ def run(cfg: Config) -> Result:
     pruning = minimal.prune(pruning_config(cfg))
     probe = minimal.probe(pruning)
     given = cfg.minimal_layers or minimal.published_minimal(cfg.model)
-    d = given or minimal.minimal_depth(pruning.scores[probe])
+    d = given or pruning.minimal()
     loaded = base.load(cfg.model)
     if d > loaded.adapter.n_layers:
         raise ConfigError(f"minimal_layers must be at most {loaded.adapter.n_layers} for {cfg.model}, got {d}")
-    # The probe and the knowledge tasks (Fig. 3's curves), on this chapter's items.
-    sets = [*bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)]
+    # The probe and the knowledge tasks (Fig. 3's curves), on this chapter's items: as many as the claims need.
+    power = None
     if probe == pruning.mmlu:
-        sets.insert(0, bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot))
+        n = cfg.n_mmlu
+        if n is None and cfg.profile == "cpu":
+            every = len(bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, None, cfg.seed, cfg.k_shot))
+            power = v.plan(pruning.scores[probe][min(d, pruning.n_layers)].acc, pruning.chance[probe], CPU_FLOOR, every)
+            n = power.n
+        letters = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, n, cfg.seed, cfg.k_shot)
+        sets = [letters, *bm.knowledge_of(letters, cfg.n_knowledge, cfg.seed)]  # the cloze twins where there are
     else:
-        sets.insert(0, bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query))
+        sets = [bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
+                *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed)]
     kept = list(range(d))
     store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded])
     cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, minimal_layers=d) for b in sets]
@@ -124,7 +132,7 @@ def run(cfg: Config) -> Result:
     at = lambda key: {r["benchmark"]: Score.from_json(r[key]) for r in rows}
     return Result(cfg, d, "given" if cfg.minimal_layers else "published" if given else "found", probe,
                   at("full"), at("minimal"), removed, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
+                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets}, power)
 
 
 def measure_removals(cell: dict) -> dict:
@@ -202,11 +210,19 @@ def verdicts(result: Result) -> list[v.Verdict]:
     critical = _published_critical(result.cfg.model)
     if critical and max(critical) < result.minimal_layers:
         claims[f"The layers are the paper's ({_layers(critical)})"] = the_papers_layers
+    headline = lambda decide: decide is not knowledge_stays  # knowledge "stays" only beside layers that break retrieval
     base_score, chance = result.minimal[name], result.chance[name]
     if not base_score.above(chance):
         reason = f"the minimal model's {name} {base_score} does not clear chance {chance:.0%}: nothing to remove"
-        return [v.Verdict(claim, "Fig. 3", v.NOT_TESTABLE, reason) for claim in claims]
-    return [v.Verdict(claim, "Fig. 3", *decide(result)) for claim, decide in claims.items()]
+        return [v.Verdict(claim, "Fig. 3", v.NOT_TESTABLE, reason, headline=headline(d)) for claim, d in claims.items()]
+    return [v.Verdict(claim, "Fig. 3", *decide(result), headline=headline(decide)) for claim, decide in claims.items()]
+
+
+def power_note(result: Result) -> str:
+    """How many items each removal was scored on, and why."""
+    if result.power is None:
+        return f"n = {result.minimal[result.probe].n} items per removal, as set."
+    return result.power.note("letter questions per removal, and their cloze twins")
 
 
 def _published_critical(model: str) -> list[int]:

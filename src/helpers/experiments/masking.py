@@ -119,8 +119,13 @@ class Config(base.Config):
 
 
 def check_questions(profile: str, smoke: bool) -> int | None:
-    """How many questions head zeroing measures its roles on (the prompts masked here)."""
-    return head_screen.ScreenConfig.smoke_sizes["n_check"] if smoke else head_screen.ScreenConfig.defaults(profile)["n_check"]
+    """How many questions head zeroing measures its roles on at least (the prompts masked here):
+    its smoke size, its floor on the CPU profile (it checks as many as its claims need), None on
+    the paper profiles (the rest of MMLU)."""
+    if smoke:
+        return head_screen.ScreenConfig.smoke_sizes["n_check"]
+    n = head_screen.ScreenConfig.defaults(profile)["n_check"]
+    return head_screen.CHECK_FLOOR if n is None and profile == "cpu" else n
 
 
 @dataclass(frozen=True)
@@ -303,46 +308,67 @@ def roles_of(which: str) -> list[str]:
 
 def compare(r: ModelRun, which: str, rule, a: str, b: str, needs_harm: bool = False) -> tuple[str, str]:
     """One model's part of a claim about role(s) `which`: `rule(scores[a], scores[b], chance)`.
-    Not testable where the model is at chance; not reproduced where no top head behaves as a
-    role (`verdicts.another_mechanism`: the closest head says nothing about the paper's). With
-    `needs_harm` (every claim about a role's masks), judged only where zeroing each role's heads
-    lowers accuracy (`verdicts.falls`): when the model does not need the head at all, a mask can
-    show neither that it needs only its pattern nor that another pattern breaks it."""
+    Not testable where the model is at chance. With `needs_harm` (every claim about a role's
+    masks), judged only where zeroing each role's heads lowers accuracy (`verdicts.falls`): when
+    the model does not need the head at all, a mask can show neither that it needs only its
+    pattern nor that another pattern breaks it. Then not testable where a role is played by the
+    closest candidate only: no harmful head behaves as that role, which the roles' claim says
+    once (`roles_found`), and a mask of another head says nothing about the paper's."""
     clean = r.scores["no mask"]
     if not clean.above(r.chance):
         return v.NOT_TESTABLE, (f"{r.model}: no mask does not clear chance ({clean}, chance {r.chance:.0%}), "
                                 "nothing to keep or lose")
-    missing = [x for x in roles_of(which) if not r.roles.filled[x]]
-    if missing:
-        names = " or ".join(ROLE_NAMES[x] for x in missing)
-        outcome, why = v.another_mechanism(names, f"no top head behaves as the {names} head; the closest "
-                                           f"({', '.join(r.roles.label(x) for x in missing)}) says nothing about the "
-                                           f"paper's: {b}: {r.scores[b]} against {a}: {r.scores[a]}", measured=True,
-                                           sure=all(r.roles.surely_missing(x) for x in missing))  # an interval at the line: inconclusive
-        return outcome, f"{r.model}: {why}"
     if needs_harm:
         harm = {x: v.falls(clean, r.scores[f"{x} zeroed"], r.chance) for x in roles_of(which)}
         if idle := [x for x, (o, _) in harm.items() if o != v.REPRODUCED]:
             return v.NOT_TESTABLE, (f"{r.model}: zeroing {' and '.join(ROLE_NAMES[x] for x in idle)} does not "
                                     f"measurably lower accuracy, so a mask keeping it says nothing: "
                                     + "; ".join(f"{x} zeroed: {harm[x][1]}" for x in idle))
+    if missing := [x for x in roles_of(which) if not r.roles.filled[x]]:
+        names = " or ".join(ROLE_NAMES[x] for x in missing)
+        return v.NOT_TESTABLE, (f"{r.model}: no harmful head behaves as the {names} head (the roles' claim); the "
+                                f"closest, {', '.join(r.roles.label(x) for x in missing)}, stands in: {b}: {r.scores[b]} "
+                                f"against {a}: {r.scores[a]}")
     outcome, evidence = rule(r.scores[a], r.scores[b], r.chance)
     return outcome, f"{r.model}: {evidence}"
 
 
-def verdict(result: Result, claim: str, which: str, rule, a: str, b: str, needs_harm: bool = False) -> v.Verdict:
+def roles_found(r: ModelRun) -> tuple[str, str]:
+    """One model's roles: played by harmful heads, or only by the closest candidate (one finding,
+    `verdicts.another_mechanism`, where the model can do the task)."""
+    clean = r.scores["no mask"]
+    parts = []
+    for x in ROLE_NAMES:
+        if r.roles.filled[x]:
+            parts.append((v.REPRODUCED, f"{ROLE_NAMES[x]}: {r.roles.describe(x)}"))
+        elif not clean.above(r.chance):
+            parts.append((v.NOT_TESTABLE, f"no mask does not clear chance ({clean})"))
+        else:
+            parts.append(v.another_mechanism(ROLE_NAMES[x], r.roles.missing(x), measured=True,
+                                             sure=r.roles.surely_missing(x)))
+    return v.every(o for o, _ in parts), f"{r.model}: " + "; ".join(e for _, e in parts)
+
+
+def verdict(result: Result, claim: str, which: str, rule, a: str, b: str, needs_harm: bool = False,
+            headline: bool = False) -> v.Verdict:
     """A claim over every model of the run (`verdicts.every`), each model's part decided by `compare`."""
     parts = [compare(r, which, rule, a, b, needs_harm) for r in result.runs]
-    return v.Verdict(claim, "Fig. 6, §4.3", v.every(o for o, _ in parts), "; ".join(e for _, e in parts))
+    return v.Verdict(claim, "Fig. 6, §4.3", v.every(o for o, _ in parts), "; ".join(e for _, e in parts),
+                     headline=headline)
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
     kept, falls, lower = v.kept, v.falls, lambda a, b, chance: v.lower(a, b)
     out = []
+    if any(r.roles.source == "behaviour" for r in result.runs):
+        parts = [roles_found(r) for r in result.runs if r.roles.source == "behaviour"]
+        out.append(v.Verdict("The masked heads are a Gather and an Aggregate head (harmful heads that behave so)",
+                             "Fig. 1, §3.4", v.every(o for o, _ in parts), "; ".join(e for _, e in parts), headline=True))
     for which in ("G", "A", BOTH):
         heads = f"{which} head{'s' if which == BOTH else ''}"
         out += [verdict(result, f"{heads} masked to the hypothesised pattern{'s' if which == BOTH else ''}: "
-                                "accuracy is kept", which, kept, "no mask", PATTERN_OF[which], needs_harm=True),
+                                "accuracy is kept", which, kept, "no mask", PATTERN_OF[which], needs_harm=True,
+                        headline=True),
                 verdict(result, f"{heads} masked to the control pattern{'s' if which == BOTH else ''}: accuracy falls",
                         which, falls, "no mask", CONTROL_OF[which], needs_harm=True),
                 verdict(result, f"{heads}: the control scores below the hypothesised pattern", which, lower,

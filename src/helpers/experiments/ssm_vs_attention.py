@@ -34,13 +34,14 @@ from .. import verdicts as v
 from ..attention import attention_maps
 from ..engine import SweepEngine
 from ..errors import ConfigError, InterventionError
-from ..heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL, LOCAL_MEASURE, Head, ablation, assign_roles, candidates
+from ..heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL, LOCAL_MEASURE, Head, ablation, assign_roles
+from ..heads import measured as exactly_measured
 from ..reference import paper
 from ..segments import Segments, measure_heads
 from ..stats import Z95, Difference, Score, difference
 from ..sweep import sweep
 from ..protocol import base, shared
-from ..protocol.roles import check_roles_of
+from ..protocol.roles import MAX_CANDIDATES, check_roles_of, harmful as harmful_heads
 
 # transformers warns once per process that Mamba layers run its reference PyTorch scan when
 # mamba-ssm's CUDA kernels are not installed (always, on a CPU): true and useless on a page.
@@ -107,6 +108,7 @@ class ModelRun:
     # attention on the first held-out prompt
     segments: Segments  # the lines of that prompt
     trained_up_to: int | None  # the largest dictionary in the model's training (toys), else None
+    ranking_clean: Score | None = None  # no head zeroed, on the ranking's prompts (where ranked)
 
     @property
     def clean(self) -> Score:
@@ -186,10 +188,15 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     paper_sets = reference.paper_heads(name) or {}
     widest = max(loaded.adapter.n_heads(layer) for layer in loaded.adapter.head_layers())
     if widest <= SWEEP_LIMIT:
-        ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke).table
-        measured = tuple(candidates(ranking))
+        kv_ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
+        ranking, ranking_clean = kv_ranking.table, kv_ranking.clean
+        # The roles' candidates are the heads whose zeroing hurts, most harmful first (`roles.harmful`,
+        # as every chapter names them); where none does, the two most harmful are measured all the same.
+        harm_order = harmful_heads(ranking, kv_ranking.clean)[:MAX_CANDIDATES]
+        measured = tuple(harm_order or exactly_measured(ranking)[:2])
     elif paper_sets:
         ranking, measured = None, tuple(h for hs in paper_sets.values() for h in hs)
+        harm_order, ranking_clean = list(measured), None
     else:
         raise InterventionError(f"{name} has {widest} {loaded.adapter.head_kind}s in a layer, more than the "
                                 f"{SWEEP_LIMIT} the ranking sweeps, and data/reference names none of them")
@@ -217,7 +224,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     cell = dict(setting, n=cfg.n_maps, keys=keys, heads=[str(h) for h in measured])
     measures = pd.DataFrame(sweep(store, [cell], measure, desc=f"{name}: attention measures")[0]["rows"])
     assigning = halves(measures)[0]  # roles named on these prompts, judged on the others
-    roles = assign_roles(means(assigning))
+    roles = assign_roles(means(assigning), harm_order) if harm_order else {"G": None, "A": None}
     shown = {role: h for role, h in weighed(assigning, roles).items() if h is not None}
     ids = tok(items[0].pairs[0][0], return_tensors="pt").input_ids
     layer_maps = attention_maps(loaded, ids, sorted({h.layer for h in shown.values()}))
@@ -225,7 +232,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     return ModelRun(name, registry.spec(name).mixer, by_size, {k: s.chance for k, s in sets.items()},
                     {**{str(k): digest(s.items) for k, s in sets.items()}, "held out": digest(items)},
                     ranking, measured, paper_sets, zeroed, measures, roles, maps, kv.segments(items[0]),
-                    zoo.TRAIN_SIZES["kv"][1] if registry.spec(name).toy else None)
+                    zoo.TRAIN_SIZES["kv"][1] if registry.spec(name).toy else None, ranking_clean)
 
 
 def halves(measures: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -381,7 +388,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
     pairs = ([falls_faster(t, s, small, large) for t in attention for s in ssms] if small < large else
              [(v.NOT_TESTABLE, f"one dictionary size ({small} keys): no slope to compare")])
     out.append(v.Verdict(f"SSM retrieval falls faster than the Transformer's from {small} to {large} keys",
-                         "§4, Fig. 4", combine(pairs), join(pairs)))
+                         "§4 (the text; Fig. 4 shows Llama-3.1-8B only)", combine(pairs), join(pairs)))
 
     parts = [bottleneck(r, chance) if r.name in retrieving else at_chance(r) for r in result.runs.values()]
     out.append(v.Verdict("In every model, zeroing one head takes KV retrieval halfway to chance or further",
@@ -436,7 +443,7 @@ def comparison(result: Result) -> pd.DataFrame:
         shown = dict.fromkeys(r.tested + [f"paper {role}" for role in r.paper_sets])
         rows += [
             (f"{r.name}: KV accuracy, {small} -> {large} keys",
-             "falls faster than a Transformer's (§4, Fig. 4)" if r.mixer == "ssm" else "holds better than an SSM's (§4, Fig. 4)",
+             "falls faster than a Transformer's (§4; Fig. 4 is Llama only)" if r.mixer == "ssm" else "holds better than an SSM's (§4; Fig. 4 is Llama only)",
              "-", f"{r.by_size[small].brief} -> {r.by_size[large].brief}"),
             (f"{r.name}: heads zeroed", f"{heads}: each breaks retrieval{source}" if named else
              "a G or an A head breaks retrieval (§4)", "the same heads" if named else "-",
@@ -501,7 +508,10 @@ def figure_heads(result: Result):
     tall = max([t.shape[0] for t in tables.values()], default=1)
     fig, axes = plt.subplots(rows, cols, figsize=(plots.WIDTH, rows * (1.4 + 0.35 * tall)), squeeze=False)
     for ax, r in zip(axes.flat, ranked):
-        plots.head_heatmap(tables[r.name], r.name, "accuracy", ax=ax, limits=(0, 1))
+        # from chance to the clean accuracy on the ranking's prompts, never the cells' own range
+        chance = 1 / shared.ranking_settings(result.cfg.profile, result.cfg.smoke)["pairs"]  # one of the dictionary's values
+        plots.head_heatmap(tables[r.name], r.name, "accuracy: chance to clean", ax=ax,
+                           limits=(chance, r.ranking_clean.acc if r.ranking_clean else 1.0))
     for ax in list(axes.flat)[len(ranked):]:
         ax.axis("off")
     if not ranked:

@@ -1,5 +1,5 @@
-"""The minimal model: the shallowest cut of a model's layers that still does the task (the
-paper's Llama-3.1-8B layers 0-17).
+"""The minimal model: the shallowest cut of a model's layers above the sharpest fall in its
+task (the paper's Llama-3.1-8B layers 0-17: without L17, MMLU falls to chance).
 
 Pruning from the top leaves the layers below the cut unchanged, so one walk up the residual
 stream scores every depth (`SweepEngine.score_by_depth`, tested against `prune_top`): the stream
@@ -14,6 +14,8 @@ minimal model it removes layers from; head zeroing and masking read that walk's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import pandas as pd
 
 from .. import benchmarks as bm
 from .. import registry
@@ -50,6 +52,41 @@ class PruningConfig(base.BenchmarkConfig):
 
 
 @dataclass(frozen=True)
+class LetterCheck:
+    """The full model on the letter questions as drawn and on the same questions with their
+    options moved round (`tasks.permute_options`): a model that picks by content keeps its
+    accuracy and follows each answer to its new letter; one that favours a letter does not."""
+
+    original: Score
+    moved: Score
+    gold: tuple[int, ...]  # per question, the answer's letter as drawn (0 = A)
+    gold_moved: tuple[int, ...]  # and with the options moved
+    groups: tuple[str, ...]  # per question, its table (capitals, sums, ...)
+
+    def by_letter(self) -> pd.DataFrame:
+        """Accuracy by the answer's letter, as drawn and with the options moved."""
+        rows = []
+        for name, score, gold in (("as drawn", self.original, self.gold), ("options moved", self.moved, self.gold_moved)):
+            for g in sorted(set(gold)):
+                rows.append({"options": name, "answer's letter": "ABCD"[g],
+                             **_brief(Score.of(score.correct[[k for k, x in enumerate(gold) if x == g]]))})
+        return pd.DataFrame(rows)
+
+    def by_group(self) -> pd.DataFrame:
+        """Accuracy by table, as drawn and with the options moved."""
+        rows = []
+        for group in sorted(set(self.groups)):
+            at = [k for k, x in enumerate(self.groups) if x == group]
+            rows.append({"table": group, "n": len(at), "as drawn": Score.of(self.original.correct[at]).acc,
+                         "options moved": Score.of(self.moved.correct[at]).acc})
+        return pd.DataFrame(rows)
+
+
+def _brief(s: Score) -> dict:
+    return {"acc": s.acc, "lo": s.lo, "hi": s.hi, "n": s.n}
+
+
+@dataclass(frozen=True)
 class Pruned(base.ByRole):
     """Every benchmark scored at every depth (the layer-pruning chapter's `Result`)."""
 
@@ -60,6 +97,7 @@ class Pruned(base.ByRole):
     chance: dict[str, float]
     provenance: dict
     kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    letter_check: LetterCheck | None = None  # the letters with their options moved (where the model picks letters)
 
     @property
     def mmlu(self) -> str:
@@ -75,6 +113,11 @@ class Pruned(base.ByRole):
         return TaskMean.of([self.scores[t][depth] for t in self.knowledge_tasks],
                            [self.chance[t] for t in self.knowledge_tasks])
 
+    def minimal(self) -> int:
+        """The minimal model's layers, by the paper's rule (`minimal_depth`) on the probe."""
+        name = probe(self)
+        return minimal_depth(self.scores[name], self.chance[name])
+
 
 def prune(cfg: PruningConfig) -> Pruned:
     """Every benchmark at every depth: one walk up the residual stream per benchmark."""
@@ -84,8 +127,23 @@ def prune(cfg: PruningConfig) -> Pruned:
             *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
             bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
     scores = walk(cfg.profile, loaded, sets)
-    return Pruned(cfg, loaded.adapter.n_layers, scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets})
+    letters, top = sets[0], loaded.adapter.n_layers
+    check = None
+    if letters.kind == bm.MCQ and not registry.spec(cfg.model).toy and scores[letters.name][top].above(letters.chance):
+        moved = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot, permuted=True)
+        store = base.open_store(PruningConfig.chapter, cfg.profile, "options-moved", [loaded])
+        row = sweep(store, [dict(model=loaded.name, benchmark=moved.name, items=moved.spec)], measure_whole,
+                    desc="letters, options moved")[0]
+        check = LetterCheck(scores[letters.name][top], Score.from_json(row), tuple(it.gold for it in letters.items),
+                            tuple(it.gold for it in moved.items), tuple(it.group for it in letters.items))
+    return Pruned(cfg, top, scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
+                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets}, check)
+
+
+def measure_whole(cell: dict) -> dict:
+    """One benchmark (the cell's items) scored by the whole model (a measurement, `runner`)."""
+    loaded = base.model_for(cell["model"])
+    return SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items).score().to_json()
 
 
 def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, Score]]:
@@ -99,8 +157,9 @@ def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, 
     return {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
 
 
-def task_depths(loaded, profile: str, smoke: bool, seed: int, task: str, kv_pairs: int, kv_query: str) -> dict[int, Score]:
-    """`task` ("mmlu" or "kv") at every depth, on the layer-pruning chapter's items for it (its
+def task_depths(loaded, profile: str, smoke: bool, seed: int, task: str, kv_pairs: int,
+                kv_query: str) -> tuple[dict[int, Score], float]:
+    """`task` ("mmlu" or "kv") at every depth, and its chance, on the layer-pruning chapter's items for it (its
     sizes at `profile`/`smoke` and its prompt settings, drawn with `seed`): the walk its page shows,
     where head zeroing and masking find the minimal model (`minimal_depth`). A screen's own
     prompts named 23 layers at one seed and 24 at the next, so the heads swept moved with the seed.
@@ -110,7 +169,7 @@ def task_depths(loaded, profile: str, smoke: bool, seed: int, task: str, kv_pair
         b = bm.letter_mcq(loaded.name, loaded.tokenizer, profile, sizes["n_mmlu"], seed, sizes["k_shot"])
     else:
         b = bm.kv(loaded.name, loaded.tokenizer, kv_pairs, sizes["n_kv"], seed, kv_query)
-    return walk(profile, loaded, [b])[b.name]
+    return walk(profile, loaded, [b])[b.name], b.chance
 
 
 def measure_depths(cell: dict) -> dict:
@@ -122,12 +181,35 @@ def measure_depths(cell: dict) -> dict:
     return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, items).score_by_depth(depths).items()}
 
 
-def minimal_depth(by_depth: dict[int, Score], margin: float = 0.05) -> int:
-    """The shallowest depth from which every deeper cut keeps the full model's accuracy within
-    `margin` (the point estimate): the paper's "minimal model". This picks the model to study, it
-    is no claim: the claims about it are tested with their intervals. Requiring a sure "kept"
-    here let one cut's 2-point dip on 100 questions stop the walk at the top (Qwen's letters at
-    seed 1: 28 of 28 layers, where seed 0 found 24)."""
+def minimal_depth(by_depth: dict[int, Score], chance: float) -> int:
+    """The paper's minimal model: the shallowest cut above the sharpest fall (Llama-3.1-8B keeps
+    MMLU with layers 0-17 and falls to chance without L17). The fall at depth d is what the next
+    cut loses, acc(d) - acc(d - 1); a fall *collapses* when it takes more than half of what d
+    holds above chance. The pick is the depth of the largest collapsing fall (where no fall
+    collapses, of the largest fall; the deeper on a tie). This picks the model to study, it is no
+    claim: the claims about it ("kept while knowledge falls", "one layer fewer collapses") are
+    tested with their intervals, and `pick_by_halves` shows whether the items decide it."""
+    acc = {d: s.acc for d, s in by_depth.items()}
+    depths = [d for d in sorted(acc) if d - 1 in acc]
+    if not depths:
+        return max(acc)
+    fall = {d: acc[d] - acc[d - 1] for d in depths}
+    collapsing = [d for d in depths if acc[d] > chance and acc[d - 1] - chance < (acc[d] - chance) / 2]
+    return max(collapsing or depths, key=lambda d: (fall[d], d))
+
+
+def pick_by_halves(by_depth: dict[int, Score], chance: float) -> tuple[int, int]:
+    """`minimal_depth` on each half of the items (every other item), to show whether the pick
+    rests on a few of them: two equal picks say the walk's items do not decide it."""
+    half = lambda k: {d: Score.of(s.correct[k::2]) for d, s in by_depth.items()}
+    return minimal_depth(half(0), chance), minimal_depth(half(1), chance)
+
+
+def margin_minimal_depth(by_depth: dict[int, Score], margin: float = 0.05) -> int:
+    """A variant, not the paper's rule: the shallowest depth from which every deeper cut keeps
+    the full model's accuracy within `margin` (the point estimate). It stops above any cut that
+    loses more than the margin, however far from a collapse (Qwen's letters: 24 layers, one above
+    the paper rule's 23, where the screen's swept layers did nothing)."""
     top = max(by_depth)
     depth = top
     for d in sorted(by_depth, reverse=True)[1:]:

@@ -1,10 +1,13 @@
 """Which heads play the Gather and the Aggregate role: one assignment for every chapter.
 
 A role's heads are the reader's where set, else the paper's for the model (data/reference),
-else found by behaviour (`heads.assign_roles`) among the candidates of a ranking (the shared KV
-ranking's, or the one a chapter's screen hands in), measured on that ranking's prompts. Where no
-candidate behaves as a role the role stays empty: the chapters that zero a role's heads say
-"another mechanism". The chapters that must draw or mask a head for every role (attention maps,
+else found among the heads whose zeroing hurts: the candidates are the exactly measured heads of
+a ranking (the shared KV ranking's, or the one a chapter's screen hands in) whose zeroing lowers
+accuracy on the ranking's prompts, item by item (`harmful`), most harmful first; the most harmful
+candidate that behaves as a role takes it (`heads.assign_roles`), measured on those prompts, and
+candidates that tie with it are reported. Where no candidate behaves as a role the role stays
+empty: one finding ("another mechanism"), which the claims about that role's head then cannot be
+tested against. The chapters that must draw or mask a head for every role (attention maps,
 masking) then take the candidate that comes closest (`with_closest`), and say so.
 
 Every chapter that names roles comes here (head zeroing, KV retrieval, attention maps, masking,
@@ -64,6 +67,8 @@ class Roles:
     found: dict[str, Head | None] | None = None  # by behaviour among the candidates, where measured
     closest: tuple[str, ...] = ()  # roles no candidate plays, given to the closest one (`with_closest`)
     ranking: str = "the KV ranking"  # whose top heads the candidates are
+    candidates: tuple[Head, ...] = ()  # the heads whose zeroing hurts, most harmful first (where found by behaviour)
+    ties: dict[str, tuple[Head, ...]] = dataclasses.field(default_factory=dict)  # role -> candidates that also behave so, as harmful within the interval
 
     @property
     def filled(self) -> dict[str, bool]:
@@ -74,13 +79,16 @@ class Roles:
         return ", ".join(map(str, self.heads[role])) or "none"
 
     def describe(self, role: str) -> str:
-        """The role's heads and how they were named."""
+        """The role's heads and how they were named, with the candidates that tie with them."""
         how = {"paper": "the paper's", "set": "as set"}.get(self.source)
         if how is None:
-            nobody = f"no top head of {self.ranking} behaves as the {ROLE_NAMES[role]} head"
+            nobody = (f"no head whose zeroing hurts on {self.ranking}'s prompts behaves as the {ROLE_NAMES[role]} head"
+                      if self.candidates else f"no head's zeroing hurts on {self.ranking}'s prompts")
             how = (f"{nobody}: the closest" if role in self.closest else
-                   f"by behaviour among {self.ranking}'s top heads" if self.heads[role] else nobody)
-        return f"{self.label(role)} ({how})"
+                   f"the most harmful head of {self.ranking} that behaves so" if self.heads[role] else nobody)
+        tied = self.ties.get(role, ())
+        ties = f"; as harmful within the interval and behaving so too: {', '.join(map(str, tied))}" if tied else ""
+        return f"{self.label(role)} ({how}{ties})"
 
     def role_of(self, head: Head) -> str:
         return next((r for r in ROLE_NAMES if head in self.heads[r]), "")
@@ -98,21 +106,24 @@ class Roles:
         column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
         eligible, _ = self._eligible(role)
         top = eligible[f"{column} hi"] if f"{column} hi" in eligible else eligible[column]
-        return bool((top.astype(float) <= 0.5).all())
+        return bool((top.astype(float) <= hd.LINE).all())
 
     def missing(self, role: str) -> str:
-        """Why a role has no head: the best candidate's measure (and its interval) against the line."""
+        """Why a role has no head: no head hurts, or the best candidate's measure (and its
+        interval) against the line."""
         column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
+        if self.source == "behaviour" and not self.candidates:
+            return f"no {ROLE_NAMES[role]} head: no head's zeroing lowers accuracy on {self.ranking}'s prompts"
         if self.measures is None or self.measures.empty:
             return f"no {ROLE_NAMES[role]} head: no candidate could be measured"
         eligible, local = self._eligible(role)
         best = eligible[column].astype(float)
         interval = ""
-        if len(best) and f"{column} hi" in eligible:
+        if len(best) and {f"{column} lo", f"{column} hi"} <= set(eligible):
             top = Head(*best.idxmax())
             interval = f" [{eligible.loc[[top], f'{column} lo'].iloc[0]:.2f}, {eligible.loc[[top], f'{column} hi'].iloc[0]:.2f}]"
         why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f}"
-               f"{interval} ({Head(*best.idxmax())}), at most 0.5 is not the behaviour" if len(best) else "")
+               f"{interval} ({Head(*best.idxmax())}), at most {hd.LINE} is not the behaviour" if len(best) else "")
         if len(local):
             why = "; ".join(filter(None, [f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
                                           f"the previous token (local share above {hd.LOCAL})", why]))
@@ -135,53 +146,102 @@ def closest_roles(measures: pd.DataFrame) -> tuple[dict[str, tuple[Head, ...]], 
     takes it (for G, a non-local one where there is one), and `filled` says so."""
     found = hd.assign_roles(measures)
     filled = {r: found[r] is not None for r in ROLE_NAMES}
-    if not filled["G"]:
-        rest = measures.drop(index=[found["A"]] if found["A"] else [])
-        not_local = rest[rest[hd.LOCAL_MEASURE] <= hd.LOCAL]
-        found["G"] = Head(*(not_local if not not_local.empty else rest)[hd.GATHER_MEASURE].astype(float).idxmax())
-    if not filled["A"]:
-        found["A"] = Head(*measures.drop(index=[found["G"]])[hd.AGGREGATE_MEASURE].astype(float).idxmax())
+    for r in ROLE_NAMES:
+        if not filled[r]:
+            found[r] = closest(measures, r, [h for h in found.values() if h is not None])
     return {r: (found[r],) for r in ROLE_NAMES}, filled
 
 
+def closest(measures: pd.DataFrame, role: str, taken: list[Head]) -> Head | None:
+    """The head of `measures`, other than `taken`, that comes closest to the role's behaviour
+    (for G a non-local one where there is one); None where no head is left."""
+    rest = measures.drop(index=[h for h in taken if h in measures.index])
+    if role == "G":
+        not_local = rest[rest[hd.LOCAL_MEASURE].astype(float) <= hd.LOCAL]
+        rest = not_local if not not_local.empty else rest
+    column = hd.GATHER_MEASURE if role == "G" else hd.AGGREGATE_MEASURE
+    return None if rest.empty else Head(*rest[column].astype(float).idxmax())
+
+
 def with_closest(roles: Roles) -> Roles:
-    """`roles` with every role that no candidate plays given to the candidate that comes closest
-    (`closest_roles`), named in `closest`: for the chapters that must draw or mask a head of each
-    role. The roles that are played keep their heads."""
+    """`roles` with every role that no candidate plays given to the measured head that comes
+    closest (`closest`, never a head that plays the other role), named in `closest`: for the
+    chapters that must draw or mask a head of each role. The roles that are played keep their
+    heads; where too few heads were measured, the roles are left as they are."""
     missing = tuple(r for r in ROLE_NAMES if not roles.heads[r])
-    if not missing or roles.measures is None or len(roles.measures) < 2:
+    if not missing or roles.measures is None:
         return roles
-    closest, _ = closest_roles(roles.measures)
-    return dataclasses.replace(roles, heads={r: roles.heads[r] or closest[r] for r in ROLE_NAMES}, closest=missing)
+    taken = [h for r in ROLE_NAMES for h in roles.heads[r]]
+    picks = {}
+    for r in missing:
+        picks[r] = closest(roles.measures, r, taken + list(picks.values()))
+        if picks[r] is None:
+            return roles
+    return dataclasses.replace(roles, heads={r: roles.heads[r] or (picks[r],) for r in ROLE_NAMES}, closest=missing)
+
+
+MAX_CANDIDATES = 8  # the most harmful heads whose attention is measured for the roles
+
+
+def harmful(ranking: pd.DataFrame, clean: Score) -> list[Head]:
+    """The exactly measured heads of a ranking (`heads.ranking_table`, with each head's items)
+    whose zeroing lowers accuracy against `clean` on the same prompts (`verdicts.below`: the
+    paired interval below zero), most harmful first."""
+    rows = ranking.dropna(subset=["acc"])
+    scores = {Head(int(l), int(h)): Score.from_json({"correct": c}) for l, h, c in zip(rows.layer, rows["head"], rows.correct)}
+    return [h for h, s in scores.items() if v.below(clean, s)[0] == v.REPRODUCED]
+
+
+def near_ties(ranking: pd.DataFrame, chosen: Head, others: list[Head]) -> tuple[Head, ...]:
+    """Of `others`, those whose zeroed accuracy lies inside the 95% interval of `chosen`'s: as
+    harmful as it, as far as the ranking's prompts can tell."""
+    at = {Head(int(l), int(h)): (a, lo, hi) for l, h, a, lo, hi in
+          zip(ranking.layer, ranking["head"], ranking.acc, ranking.lo, ranking.hi) if a == a}
+    if chosen not in at:
+        return ()
+    _, lo, hi = at[chosen]
+    return tuple(h for h in others if h != chosen and h in at and lo <= at[h][0] <= hi)
 
 
 def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, benchmark: bm.Benchmark | None = None,
-               candidates: list[Head] | None = None, seed: int | None = None, measure: bool = True,
-               ranking: str = "the KV ranking") -> Roles:
-    """The heads of each role: as set; else the paper's for this model; else by behaviour
-    (`heads.assign_roles`) among `candidates` measured on `benchmark` (default: the shared KV
-    ranking's candidates, on its own prompts, as every chapter measures them; `seed` draws that
-    ranking's dictionaries, None the shared one's; `ranking` names whose candidates they are).
-    The paper's heads are measured beside the candidates too, so that a verdict can ask whether
-    they behave; `measure=False` skips that (and the ranking) where the heads are named."""
+               ranking: pd.DataFrame | None = None, clean: Score | None = None, seed: int | None = None,
+               measure: bool = True, name: str = "the KV ranking") -> Roles:
+    """The heads of each role: as set; else the paper's for this model; else among the heads
+    whose zeroing hurts on the prompts of `ranking` (a `heads.ranking_table`, its clean score
+    `clean`, its prompts `benchmark`; default: the shared KV ranking, on its own prompts, as
+    every chapter measures them; `seed` draws that ranking's dictionaries, None the shared one's;
+    `name` says whose ranking it is): the most harmful that behaves as the role
+    (`heads.assign_roles` on their attention, measured on those prompts), with the candidates as
+    harmful within the interval that behave so too (`near_ties`). The paper's heads are measured
+    beside the candidates too, so that a verdict can ask whether they behave; `measure=False`
+    skips that (and the ranking) where the heads are named."""
     n = shared.ranking_settings(profile, smoke)["n"]
     if gather is not None:
-        return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set", ranking=ranking)
+        return Roles({"G": tuple(gather), "A": tuple(aggregate)}, "set", ranking=name)
     named = paper_heads(loaded.name)
     if named and not measure:
-        return Roles(named, "paper", ranking=ranking)
+        return Roles(named, "paper", ranking=name)
     if benchmark is None:
         kv = shared.kv_ranking(loaded, profile, smoke, seed=seed)
         s = kv.settings
         benchmark = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
-        candidates = hd.candidates(kv.table)
-    heads = list(dict.fromkeys(list(candidates or []) + [h for hs in (named or {}).values() for h in hs]))
+        ranking, clean = kv.table, kv.clean
+    candidates = harmful(ranking, clean)[:MAX_CANDIDATES] if ranking is not None else []
+    # Where fewer than two heads hurt, the ranking's next most harmful heads are measured too: no role is
+    # named among them, but a chapter that must draw a head for every role takes the closest (`with_closest`).
+    others = [h for h in hd.measured(ranking) if h not in candidates] if ranking is not None else []
+    measured = candidates + others[:max(0, 2 - len(candidates))]
+    heads = list(dict.fromkeys(measured + [h for hs in (named or {}).values() for h in hs]))
     measures = measure_roles(loaded, profile, benchmark, heads, n) if heads else None
-    found = hd.assign_roles(measures) if heads else None
+    found = hd.assign_roles(measures.loc[[h for h in measures.index if Head(*h) in candidates]], candidates) \
+        if candidates else {r: None for r in ROLE_NAMES}
     if named:
-        return Roles(named, "paper", measures, found, ranking=ranking)
-    found = found or {r: None for r in ROLE_NAMES}
-    return Roles({r: (found[r],) if found[r] else () for r in ROLE_NAMES}, "behaviour", measures, found, ranking=ranking)
+        return Roles(named, "paper", measures, found, ranking=name, candidates=tuple(candidates))
+    behaves = lambda r, h: (measures.loc[[h], hd.AGGREGATE_MEASURE if r == "A" else hd.GATHER_MEASURE].iloc[0] > hd.LINE)
+    ties = {r: near_ties(ranking, found[r], [h for h in candidates if behaves(r, h) and h not in found.values()])
+            for r in ROLE_NAMES if found[r]}
+    return Roles({r: (found[r],) if found[r] else () for r in ROLE_NAMES}, "behaviour", measures, found, ranking=name,
+                 candidates=tuple(candidates), ties=ties)
 
 
 # --- measuring what heads do -------------------------------------------------------------------

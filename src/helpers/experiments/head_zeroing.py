@@ -35,7 +35,7 @@ from .. import registry
 from .. import verdicts as v
 from ..heads import Head, ablation
 from ..reference import paper
-from ..stats import Score, TaskMean, difference
+from ..stats import Score, TaskMean
 from ..sweep import sweep
 from ..protocol import base
 # The screen (minimal model, prompts split, where the harm is, ranking, roles) is shared with masking:

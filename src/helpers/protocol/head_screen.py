@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..heads import Head
 from .. import verdicts as v
 from ..screen import attribution, gradient_batch_tokens
-from ..stats import Difference, Score, paired, rank_correlation
+from ..stats import Difference, Score, TaskMean, paired, rank_correlation
 from ..sweep import sweep
 from . import base, minimal, shared
 from .roles import Roles, check_pair, check_roles_of, find_roles
@@ -206,8 +206,8 @@ class LayerScan:
         return paired(self.task[NONE], self.task[attention_of(layer)])
 
     def knowledge_loss(self, layer: int) -> Difference | None:
-        from ..stats import TaskMean
-
+        """Knowledge's paired change (the mean over its tasks, each paired) with the layer's
+        attention zeroed; None where no knowledge was scored."""
         if not self.knowledge:
             return None
         means = {c: TaskMean.of([t[c] for t in self.knowledge.values()], [0.0] * len(self.knowledge))

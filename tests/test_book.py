@@ -46,6 +46,19 @@ def test_chapter_is_a_short_notebook_with_its_verdict_first(md):
         f"code lines: parameters {knobs}, other cells {calls}"
 
 
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
+def test_papermill_reads_every_knob_of_the_parameters_cell(md):
+    # papermill skips a line with two '=' (a '>=' in its comment): the knob then vanishes from
+    # `papermill --help-notebook` and from inspect_notebook, which readers use to find it.
+    import papermill
+
+    nb = jupytext.read(md)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    names = [l.split("=")[0].strip() for l in cell.source.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    path = md.with_suffix(".ipynb")
+    assert sorted(papermill.inspect_notebook(str(path))) == sorted(names)
+
+
 @pytest.fixture(scope="session")
 def cpu_book(tmp_path_factory):
     out = tmp_path_factory.mktemp("book")

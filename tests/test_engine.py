@@ -77,6 +77,20 @@ def test_engine_on_a_recurrent_model():
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
 
 
+@torch.inference_mode()
+def test_both_scorers_read_a_float32_residual_through_a_bfloat16_head():
+    # Falcon-Mamba's `residual_in_fp32`: in bfloat16 its backbone returns float32 hidden states.
+    from test_attention import tiny_mamba1
+
+    model = tiny_mamba1("falcon_mamba").to(torch.bfloat16)
+    assert model.config.residual_in_fp32
+    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
+             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
+    got = SweepEngine(model, CharTokenizer(), items, batch_tokens=64).loglikelihoods([{}])[0]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_attribution_is_the_derivative_of_the_margin(smol, kv, alpha):
     """attribution[l, h] = -d(mean gold margin)/d(scale of head h's output), taken with every

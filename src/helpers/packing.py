@@ -10,6 +10,8 @@ row, and only the positions that predict a continuation token are scored.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,12 +30,38 @@ def encode_pair(tokenizer, context: str, continuation: str, verbatim: bool = Fal
 
 
 def default_batch_tokens(device: torch.device) -> int:
-    """Tokens per forward batch, from the memory there is: activations of a 135M model on CPU,
-    or a share of the free GPU memory for the 8B models."""
+    """Tokens per forward batch: on CPU 1024, or a share of the free GPU memory for the 8B models.
+
+    On CPU the batch is sized for glibc's allocator. A tensor over its mmap threshold (32 MiB at
+    most) is mapped fresh and faulted in page by page on every allocation: at 4096 tokens a
+    Qwen2.5-Coder-1.5B MLP activation is 73 MB, and scoring spent 16% of its time in the kernel
+    (200 M page faults in one head-zeroing run). At 1024 tokens every activation stays on the
+    heap, which `keep_freed_memory` stops glibc from handing back. Measured side by side, two
+    passes over 200 letter questions through 23 layers: 4096 tokens 59.6 s (16.0 s system, 8.1 M
+    faults), 2048 53.6 s, 1024 with freed memory kept 43.1 s (0.1 s system, no faults); SmolLM2
+    on 200 KV prompts 14.5 s against 12.3 s."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(max(2048, min(65536, free // (2 * 1024 * 1024))))
-    return 4096
+    keep_freed_memory()
+    return 1024
+
+
+@functools.cache
+def keep_freed_memory() -> None:
+    """Ask glibc (where it is the C library) to keep freed memory for reuse rather than return
+    it to the system, so that each batch reuses the pages of the one before instead of faulting
+    in fresh ones: the threshold above which an allocation is mapped on its own at its maximum,
+    trimming and top padding large."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # macOS, musl: nothing to tune
+        return
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
+    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    mallopt(M_TOP_PAD, 256 * 2**20)
 
 
 def default_row_tokens(device: torch.device) -> int:
@@ -165,7 +193,9 @@ class RowBatch:
         """Each scored token's log-probability [n_scored] (float32 log-softmax over the
         vocabulary) from the batch's final hidden states [rows, width, d], after `head`."""
         at = hidden.flatten(0, 1)[self.sites.to(hidden.device)]
-        logp = torch.log_softmax(head(at).float(), dim=-1)
+        # In the head's dtype: a backbone with `residual_in_fp32` (Falcon-Mamba) returns float32
+        # hidden states beside a bfloat16 head.
+        logp = torch.log_softmax(head(at.to(head.weight.dtype)).float(), dim=-1)
         return logp[self.site_of.to(hidden.device), self.target.to(hidden.device)]
 
 

@@ -5,14 +5,20 @@ and the pinned torch is one for which mamba-ssm and causal-conv1d publish prebui
 as their setup.py names them. Nothing here installs CUDA torch: what needs a GPU is listed in
 the README ("The GPU check")."""
 
+import ast
+import importlib.metadata as md
 import re
 import subprocess
+import sys
 import tomllib
+
+import jupytext
 
 import pytest
 import yaml
 
 from helpers import kernels
+from helpers import book
 from helpers.book import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -134,3 +140,65 @@ def test_kernels_that_do_not_import_count_as_the_fallback(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", broken)
     assert not kernels.importable()
     assert kernels.status("cuda")["ssm kernels"] == "PyTorch fallback"
+
+
+# Imported only on paths their extra serves, each behind a message naming the extra.
+OPTIONAL = {"ray": "ray", "mamba_ssm": "kernels", "causal_conv1d": "kernels"}
+
+
+def third_party_imports(files: list, chapters: bool) -> set[str]:
+    """Top-level modules the files (and the chapters' cells) import, stdlib excluded."""
+    sources = [p.read_text() for p in files]
+    if chapters:
+        sources += ["\n".join(c.source for c in jupytext.read(md_).cells if c.cell_type == "code")
+                    for md_ in book.chapters()]
+    names = set()
+    for src in sources:
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"helpers", "google"} - set(OPTIONAL)  # google.colab: Colab's own
+
+
+def installed_with(requirements_: list[str]) -> set[str]:
+    """Distributions pip installs for these requirements here: them and, recursively, what they
+    require on this platform and Python (extras' requirements only for the extras asked for)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo, seen = [Requirement(r) for r in requirements_], set()
+    while todo:
+        req = todo.pop()
+        key = canonicalize_name(req.name)
+        if key in seen:
+            continue
+        seen.add(key)
+        for line in md.requires(req.name) or []:
+            dep = Requirement(line)
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in req.extras or {""}):
+                todo.append(dep)
+    return seen
+
+
+def test_every_module_the_book_imports_is_installed_where_it_runs():
+    # The paper profile runs in environment.yml's environment, and Colab in the package's own
+    # dependencies: a module only the `dev` extra brings fails there, not in `make test`.
+    from packaging.utils import canonicalize_name
+
+    provided = md.packages_distributions()
+    package = ROOT / "src" / "helpers"
+    where = {"environment.yml": (third_party_imports(list(package.rglob("*.py")), True),
+                                 installed_with([p for p in environment_pip() if not p.startswith("-e")])),
+             # what a chapter runs on Colab (its cells, the chapter and protocol modules)
+             "the package's dependencies (Colab)": (
+                 third_party_imports(list((package / "experiments").glob("*.py")) + list((package / "protocol").glob("*.py")), True),
+                 installed_with(PROJECT["dependencies"]))}
+    missing = {}
+    for place, (modules, have) in where.items():
+        for module in sorted(modules):
+            if not {canonicalize_name(d) for d in provided.get(module, [module])} & have:
+                missing.setdefault(place, []).append(module)
+    assert not missing, f"imported but not installed: {missing}"
+    assert set(OPTIONAL.values()) <= set(EXTRAS)

@@ -87,9 +87,13 @@ def browser_paths() -> tuple[str | None, str | None]:
 
 def driver(scheme: str = "light"):
     """Headless Chrome(ium) that reports `scheme` as the reader's preferred colour scheme."""
-    from selenium import webdriver
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.chrome.service import Service
+    try:
+        from selenium import webdriver
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        raise SystemExit("the rendered-page check needs selenium (the `book` extra: pip install 'ga-companion[book]'); "
+                         "or skip the check with `python -m helpers.book build --no-check`") from None
 
     opts = webdriver.ChromeOptions()
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",

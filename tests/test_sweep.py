@@ -318,3 +318,59 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     remount("ro")
     with pytest.raises(StoreError, match=r"cannot .*Read-only file system.*GA_RESULTS"):
         Store(disk / "other.jsonl").put({"x": 1}, {"y": 1})
+
+
+def test_a_stale_view_never_writes_a_cell_twice(tmp_path):
+    # Two views of one store (two processes, or two opens in one): the one that looked first
+    # does not append a cell the other wrote since; it reads theirs.
+    path = tmp_path / "s.jsonl"
+    mine, theirs = Store(path), Store(path)
+    theirs.put({"x": 1}, {"by": "theirs"})
+    mine.put({"x": 1}, {"by": "mine"})
+    assert len(lines(path)) == 1 and mine[{"x": 1}] == {"by": "theirs"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", "import sys; from helpers.sweep import Store; "
+                    "Store(sys.argv[1]).put({'x': 2}, {'by': 'other process'})", str(path)], env=env, check=True)
+    mine.put({"x": 2}, {"by": "mine"})
+    assert [r["result"]["by"] for r in lines(path)] == ["theirs", "other process"]
+
+
+def test_a_lock_file_deleted_while_held_stops_the_writer_with_the_fix(tmp_path):
+    # Deleting it let a second writer take a fresh lock beside the first (28 of 60 cells twice).
+    path = tmp_path / "s.jsonl"
+    store = Store(path)
+    with store.lock():
+        (tmp_path / "s.jsonl.lock").unlink()
+        with pytest.raises(StoreError, match=r"s\.jsonl\.lock.*deleted or replaced.*never delete a \.lock"):
+            store.put({"x": 1}, {"y": 1})
+    assert not path.exists() or lines(path) == []
+    store.put({"x": 1}, {"y": 1})  # a lock taken afresh is the one on disk
+
+
+def test_a_second_process_is_stopped_when_the_first_ones_lock_file_vanishes(tmp_path):
+    path = tmp_path / "s.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from pathlib import Path
+        from helpers.sweep import Store
+        store = Store(sys.argv[1])
+        with store.lock():
+            Path(sys.argv[1] + ".held").touch()
+            while not Path(sys.argv[1] + ".go").exists():
+                time.sleep(0.01)
+            store.put({"x": 1}, {"by": "first"})
+        """), str(path)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "s.jsonl.held").exists():
+            assert time.monotonic() < deadline and holder.poll() is None, holder.stderr.read()
+            time.sleep(0.01)
+        (tmp_path / "s.jsonl.lock").unlink()
+        Store(path).put({"x": 2}, {"by": "second"})  # takes a fresh lock: it cannot know
+        (tmp_path / "s.jsonl.go").touch()
+        _, err = holder.communicate(timeout=60)
+    finally:
+        holder.kill()
+    assert holder.returncode != 0 and "deleted or replaced" in err
+    assert [r["result"]["by"] for r in lines(path)] == ["second"]

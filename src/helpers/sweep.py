@@ -81,6 +81,28 @@ def _holder(fd: int) -> str | None:
         return None
 
 
+def _open_lock(path: Path) -> int:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise os_error(_lock_path(path), "create the store's lock file", e) from None
+
+
+def _check_lock_file(path: Path, fd: int) -> None:
+    """The lock held through `fd` is the one on disk. A lock file deleted (or replaced) while
+    held lets a second process take a fresh one and write beside this one: stop, naming it."""
+    try:
+        same = os.stat(_lock_path(path)).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        raise StoreError(f"{_lock_path(path)}, the lock of the results store {path}, was deleted or replaced while "
+                         f"this process held it, so another process may be writing the store too: stop the other "
+                         f"runs of this chapter and run it again (finished cells are kept); never delete a .lock "
+                         f"file while a chapter runs")
+
+
 @contextlib.contextmanager
 def lock(path: Path | str):
     """Hold the store at `path` for the block: the only writer until the block ends. If another
@@ -97,11 +119,7 @@ def lock(path: Path | str):
             finally:
                 _held[key][1] -= 1
             return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise os_error(_lock_path(path), "create the store's lock file", e) from None
+        fd = _open_lock(path)
         try:
             if not _try_lock(fd):
                 holder = _holder(fd)
@@ -118,6 +136,7 @@ def lock(path: Path | str):
                           f"(the cells it finishes will not be computed again)", file=out, flush=True)
                     fcntl.flock(fd, fcntl.LOCK_EX)
                     print(f"{path}: the other writer is done; going on", file=out, flush=True)
+            _check_lock_file(path, fd)
             try:  # who holds it, for a process that comes to wait (informative only: a full disk may refuse it)
                 me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
                                  "command": " ".join(sys.argv)[:200] or sys.executable}).encode()
@@ -281,10 +300,18 @@ class Store:
     def __len__(self) -> int:
         return len(self._done)
 
+    def cells(self) -> list[dict]:
+        """The settings of every cell the store holds."""
+        return [json.loads(key) for key in self._done]
+
     def put(self, cell: dict, result: dict) -> None:
         """Record a cell's result: on disk (flushed and fsynced) before it counts as done."""
         line = _line(cell, result)
         with self.lock():
+            _check_lock_file(self.path, _held[os.path.abspath(self.path)][0])
+            self.refresh()
+            if _key(cell) in self._done:  # another process wrote it since this one last looked: keep theirs
+                return
             try:
                 _fsync_append(self.path, line)
             except OSError as e:

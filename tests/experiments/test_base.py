@@ -100,6 +100,22 @@ def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_
         base.open_store("made_up", "cpu", "part", [model])
 
 
+@pytest.mark.parametrize("sidecar", ["{}", '{"toy-transformer": "zoo 123"}'])
+def test_a_sidecar_that_does_not_name_the_stores_model_is_not_trusted_nor_rewritten(tmp_path, monkeypatch, sidecar):
+    # It was accepted, and rewritten with this run's revisions: results of unknown weights certified.
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
+    base.open_store("made_up", "cpu", "part", [model]).put({"model": model.name, "x": 1}, {"y": 2})
+    meta = next(tmp_path.glob("made_up/*.models.json"))
+    meta.write_text(sidecar)
+    with pytest.raises(StaleResults, match=r"holds results of smollm2-135m-instruct but its sidecar .* does not say "
+                                           r"which weights.*delete"):
+        base.open_store("made_up", "cpu", "part", [model])
+    assert meta.read_text() == sidecar
+    other = type("Loaded", (), {"name": "toy-transformer", "revision": "zoo 123"})
+    base.open_store("made_up", "cpu", "part", [other])  # a model whose results it does not hold: no claim made
+
+
 def test_a_list_given_as_text_says_how_to_pass_a_list_through_papermill():
     with pytest.raises(ConfigError, match=r"sizes must be a list, got 'L1H0' \(with papermill, pass a list as YAML: "
                                           r"-y 'sizes: \[L1H0\]'\)"):

@@ -497,6 +497,13 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
             raise StaleResults(f"{path} holds results but its sidecar {meta} is missing, so nothing says which weights "
                                f"computed them: delete {path} to compute them again, or set GA_RESULTS to a fresh folder")
         recorded = recorded or {}
+        store = Store(path)
+        # This run's models whose results the store holds must be in the sidecar already: else
+        # writing their revisions now would certify results of unknown weights.
+        if unnamed := sorted((models_named(store.cells()) & set(revisions)) - set(recorded)):
+            raise StaleResults(f"{path} holds results of {', '.join(unnamed)} but its sidecar {meta} does not say which "
+                               f"weights computed them: delete {path} and {meta} to compute them again, or set "
+                               f"GA_RESULTS to a fresh folder")
         changed = {k: (recorded[k], v) for k, v in revisions.items() if k in recorded and recorded[k] != v}
         if changed:
             raise StaleResults(
@@ -505,7 +512,19 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
         if {**recorded, **revisions} != recorded or not meta.exists():
             _replace(meta, json.dumps({**recorded, **revisions}, indent=1))
         _opened.setdefault(chapter, {})[path.name] = None
-        return Store(path)
+        return store
+
+
+def models_named(cells) -> set[str]:
+    """The registered models the cells name anywhere in their settings: the ones whose weights
+    computed their results."""
+    def strings(value):
+        if isinstance(value, dict):
+            return [s for v in value.values() for s in strings(v)]
+        if isinstance(value, list):
+            return [s for v in value for s in strings(v)]
+        return [value] if isinstance(value, str) else []
+    return {s for cell in cells for s in strings(cell) if s in registry.MODELS}
 
 
 _opened: dict[str, dict[str, None]] = {}  # chapter -> the store files (names) this process opened, in order

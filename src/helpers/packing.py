@@ -194,8 +194,8 @@ class RowBatch:
         vocabulary) from the batch's final hidden states [rows, width, d], after `head`."""
         at = hidden.flatten(0, 1)[self.sites.to(hidden.device)]
         # In the head's dtype: a backbone with `residual_in_fp32` (Falcon-Mamba) returns float32
-        # hidden states beside a bfloat16 head.
-        logp = torch.log_softmax(head(at.to(head.weight.dtype)).float(), dim=-1)
+        # hidden states beside a bfloat16 head (a weightless head, an oracle's Identity, takes them as they are).
+        logp = torch.log_softmax(head(at.to(getattr(head, "weight", at).dtype)).float(), dim=-1)
         return logp[self.site_of.to(hidden.device), self.target.to(hidden.device)]
 
 

@@ -500,7 +500,8 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
         store = Store(path)
         # This run's models whose results the store holds must be in the sidecar already: else
         # writing their revisions now would certify results of unknown weights.
-        if unnamed := sorted((models_named(store.cells()) & set(revisions)) - set(recorded)):
+        new = set(revisions) - set(recorded)  # usually none: the records are read only when there are
+        if new and (unnamed := sorted(models_named(store.cells()) & new)):
             raise StaleResults(f"{path} holds results of {', '.join(unnamed)} but its sidecar {meta} does not say which "
                                f"weights computed them: delete {path} and {meta} to compute them again, or set "
                                f"GA_RESULTS to a fresh folder")

@@ -4,6 +4,7 @@ an option's letter as well as its newline."""
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from helpers import heads as hd
 from helpers.heads import Head
@@ -58,3 +59,23 @@ def test_an_aggregate_head_may_read_the_options_letters_instead_of_their_newline
     newline[-1, [3, 7]] = 0.5
     reads = head_measures(newline, seg)
     assert reads[hd.ENDS_MEASURE] == 1.0 and reads[hd.LETTERS_MEASURE] == 0.0 and reads[hd.AGGREGATE_MEASURE] == 1.0
+
+
+def test_a_head_whose_final_position_reads_next_to_nothing_of_the_segments_is_no_aggregate_head():
+    # Qwen's L0H10: its final position reads "Answer:" with all its attention; what little reaches
+    # the options lands on their letters. A share of next to nothing is not the Aggregate behaviour.
+    roles = ["letter", "sep", "value", "end"] * 2 + ["query"]
+    seg = Segments(list("A.x\nB.y\n?"), np.array([0, 0, 0, 0, 1, 1, 1, 1, -1]), roles, target=1)
+    local = np.zeros((9, 9))
+    local[-1, -1], local[-1, [0, 4]] = 0.99, 0.005
+    reads = head_measures(local, seg)
+    assert reads[hd.SEGMENTS_MEASURE] == pytest.approx(0.01) and reads[hd.AGGREGATE_MEASURE] == pytest.approx(0.2)
+    m = pd.DataFrame([{**reads, hd.GATHER_MEASURE: 0.0, hd.LOCAL_MEASURE: 0.0}], index=pd.Index([Head(0, 10)]))
+    assert hd.assign_roles(m)["A"] is None
+    # The same letters read with a tenth of its attention (the rest on an attention sink): an Aggregate head.
+    sink = np.zeros((9, 9))
+    sink[-1, -1], sink[-1, [0, 4]] = 0.9, 0.05
+    reads = head_measures(sink, seg)
+    assert reads[hd.SEGMENTS_MEASURE] == pytest.approx(0.1) and reads[hd.AGGREGATE_MEASURE] == pytest.approx(1.0)
+    assert hd.assign_roles(pd.DataFrame([{**reads, hd.GATHER_MEASURE: 0.0, hd.LOCAL_MEASURE: 0.0}],
+                                        index=pd.Index([Head(0, 10)])))["A"] == Head(0, 10)

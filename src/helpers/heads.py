@@ -101,6 +101,11 @@ GATHER_MEASURE = "segment end: own-segment share"
 ENDS_MEASURE = "final position: share on segment ends"
 LETTERS_MEASURE = "final position: share on option letters"
 AGGREGATE_MEASURE = "final position: share on summary tokens"
+SEGMENTS_MEASURE = "final position: share on the segments"  # of all its attention
+# The final position's shares are of what it puts on the segments, taken as at least this share of
+# all its attention: a head that reads next to nothing there (Qwen's L0H10 reads the prompt's
+# "Answer:" with all of it) has no share worth the name, whatever that nothing is made of.
+SEGMENT_FLOOR = 0.05
 LOCAL_MEASURE = "segment ends: share on themselves and the previous token"
 LOCAL = 0.8  # above this a head is a previous-token head: staying inside a segment says little
 LINE = 0.5  # a role's behaviour: more than half of the mass where the role puts it

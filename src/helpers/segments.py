@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .heads import AGGREGATE_MEASURE, ENDS_MEASURE, GATHER_MEASURE, LETTERS_MEASURE, LOCAL_MEASURE
+from .heads import (AGGREGATE_MEASURE, ENDS_MEASURE, GATHER_MEASURE, LETTERS_MEASURE, LOCAL_MEASURE, SEGMENT_FLOOR,
+                    SEGMENTS_MEASURE)
 
 if TYPE_CHECKING:
     from .stats import Score
@@ -177,7 +178,9 @@ def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     """Everything the book reads off one head's [T, T] attention (or hidden attention) over a
     prompt: where the final position looks (`mass_by_role`), how sharply (`sharpness`), what
     share of its in-segment mass lands on the tokens a segment can be summarised in (its end,
-    the newline; an MCQ option's letter), each and together (an Aggregate head's signature), how
+    the newline; an MCQ option's letter), each and together (an Aggregate head's signature; the
+    in-segment mass counted as at least `SEGMENT_FLOOR` of the final position's attention, whose
+    share on the segments is reported too), how
     local the segment ends are (the share of their in-segment attention on themselves and the
     previous token: high for a previous-token head, for which staying inside a segment says
     little; taken within the segments, so that a head sending most of its mass to an attention
@@ -188,13 +191,14 @@ def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     inside = seg.segment >= 0
     local = [(a[e, e] + a[e, e - 1]) / max(a[e][inside].sum(), 1e-12) for e in seg.ends]
     own = [a[e][seg.segment == k].sum() / max(a[e][inside].sum(), 1e-12) for k, e in enumerate(seg.ends) if k > 0]
-    total = max(a[-1][inside].sum(), 1e-12)
+    on_segments = a[-1][inside].sum() / max(a[-1].sum(), 1e-12)
+    total = max(a[-1][inside].sum(), SEGMENT_FLOOR * a[-1].sum(), 1e-12)
     letters = [t for t, r in enumerate(seg.role) if r == "letter"]
     ends = a[-1][seg.ends].sum() / total if seg.ends else float("nan")
     on_letters = a[-1][letters].sum() / total if seg.ends else float("nan")
     return {**mass_by_role(a[-1], seg), **sharpness(a[-1], seg),
             ENDS_MEASURE: float(ends), LETTERS_MEASURE: float(on_letters), AGGREGATE_MEASURE: float(ends + on_letters),
-            LOCAL_MEASURE: float(np.mean(local)) if local else float("nan"),
+            SEGMENTS_MEASURE: float(on_segments), LOCAL_MEASURE: float(np.mean(local)) if local else float("nan"),
             GATHER_MEASURE: float(np.mean(own)) if own else float("nan")}
 
 

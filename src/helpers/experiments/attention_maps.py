@@ -42,6 +42,7 @@ MIN_PROMPTS = 5  # fewer prompts than this: a bootstrap interval means little, n
 MEASURES = {  # what the summary table shows, as the reader would name it
     hd.GATHER_MEASURE: "segment ends: share kept in their own segment",
     hd.LOCAL_MEASURE: "segment ends: share on themselves and the previous token",
+    hd.SEGMENTS_MEASURE: "final position: share of its attention on the segments",
     hd.AGGREGATE_MEASURE: "final position: share on the segment ends",
     ANSWER_END: "final position: the answer's end, share of the ends",
     "answer key": "final position: mass on the answer's key",
@@ -214,7 +215,7 @@ def roles_table(result: Result) -> pd.DataFrame:
         head = Head(*index)
         role = next((x for x in ROLE_NAMES if head in r.heads[x]), None)
         name = "-" if role is None else ROLE_NAMES[role] + ("" if r.filled[role] else " (closest; none behaves as one)")
-        deciding = (hd.GATHER_MEASURE, hd.LOCAL_MEASURE, hd.AGGREGATE_MEASURE)
+        deciding = (hd.GATHER_MEASURE, hd.LOCAL_MEASURE, hd.SEGMENTS_MEASURE, hd.AGGREGATE_MEASURE)
         rows.append({"head": str(head), "role": name, **{MEASURES[k]: f"{m[k]:.2f}" for k in deciding}})
     return pd.DataFrame(rows)
 

@@ -213,13 +213,15 @@ def lower(a: Score, b: Score, paired: bool = True) -> tuple[str, str]:
 
 
 def beats_controls(clean: Measured, ablated: Measured, controls: Sequence[Measured], chance: float,
-                   margin: float = MARGIN) -> tuple[str, str]:
+                   margin: float = MARGIN, ablated_on_controls: Measured | None = None) -> tuple[str, str]:
     """Is an ablation a bottleneck: does it take accuracy most of the way to chance
     (`collapses`) AND lower than every random control does (`below` against each draw, on the
     same items)? A universal claim (`every`): an ablation no more harmful than some random heads
     is not reproduced, not "partly"; with no control drawn it cannot be shown specific
-    (inconclusive at best)."""
-    return _beyond_controls(*collapses(clean, ablated, chance), ablated, controls, margin)
+    (inconclusive at best). Where the controls were scored on fewer items than the collapse
+    (a dependent claim's n), `ablated_on_controls` is the ablation on their items."""
+    beside = ablated if ablated_on_controls is None else ablated_on_controls
+    return _beyond_controls(*collapses(clean, ablated, chance), beside, controls, margin)
 
 
 def _beyond_controls(outcome: str, evidence: str, ablated: Measured, controls: Sequence[Measured],
@@ -342,15 +344,26 @@ class Power:
     chance: float
     detectable: float | None  # the smallest loss `collapses` reports as reproduced with 80% power at n
 
+    @property
+    def n_dependent(self) -> int:
+        """The n of the claims judged only where a head hurts (`gated`: random heads doing little,
+        keep-only, knowledge kept): the largest need without the floor, which is the headline's,
+        at most `n`."""
+        return min(self.n, max([x for x in self.needs.values() if x] or [self.n]))
+
     def note(self, what: str = "items") -> str:
         needs = "; ".join(f"{kind}: {n if n is not None else 'no n'}" for kind, n in self.needs.items())
         where = (f" (the rule asks for {max(n for n in self.needs.values() if n)}, the set has {self.available})"
                  if self.n == self.available and self.n < max((n or 0) for n in self.needs.values()) else "")
         line = (f"a loss of {100 * self.detectable:.1f} points or more is detected as a collapse with 80% power"
                 if self.detectable is not None else "no loss down to chance is detected as a collapse with 80% power")
+        dependent = (f" The claims that depend on a head that hurts are scored on {self.n_dependent} of them drawn at random, "
+                     "the most their rule asks for, beside what they are compared with there."
+                     if self.n_dependent < self.n else "")
         return (f"n = {self.n} {what}{where}, from the rule: the smallest n that decides each claim with 80% power at "
                 f"the clean accuracy {self.clean:.1%} (chance {self.chance:.0%}); {needs}; at least {self.floor}. "
-                f"At n = {self.n} {line}; 'kept' is planned at {100 * KEEP_DISCORDANCE:.0f}% of items flipping either way.")
+                f"At n = {self.n} {line}; 'kept' is planned at {100 * KEEP_DISCORDANCE:.0f}% of items flipping either "
+                f"way.{dependent}")
 
 
 def plan(clean: float, chance: float, floor: int, available: int) -> Power:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import benchmarks as bm
 from helpers import heads as hd
 from helpers import page
 from helpers import verdicts as v
@@ -66,13 +67,20 @@ def measures(gather_share, aggregate_share):
 
 
 def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25, knowledge=(0.9, 0.9, 0.9),
-            both=None):
+            both=None, first=None):
     """A made-up run; `knowledge` is the knowledge task's accuracy with no head, G and A zeroed
-    (two tasks, each the same: their mean is the same number). The screen's most harmful head is G."""
-    scores = {chapter.NONE: at(clean), chapter.zeroed("G"): at(g, offset=3), chapter.zeroed("A"): at(a, offset=5),
-              chapter.BOTH: at(min(g, a) if both is None else both, offset=4), chapter.kept_only("G", "A"): at(only, offset=7),
-              chapter.TOP: at(g, offset=3),  # G's zeroing, where G is no role's head
-              **{chapter.control(i): at(c, offset=i) for i, c in enumerate(controls)}}
+    (two tasks, each the same: their mean is the same number). The screen's most harmful head is
+    G. The dependent claims' conditions are scored on all 300 check prompts, or on `first`:
+    {condition: accuracy} on 150 prompts of their own (their no-head, G's and A's defaulting to
+    the check's accuracies)."""
+    def conditions(n):
+        return {chapter.NONE: at(clean, n), chapter.zeroed("G"): at(g, n, offset=3), chapter.zeroed("A"): at(a, n, offset=5),
+                chapter.TOP: at(g, n, offset=3),  # G's zeroing, where G is no role's head
+                chapter.kept_only("G", "A"): at(only, n, offset=7),
+                **{chapter.control(i): at(c, n, offset=i) for i, c in enumerate(controls)}}
+    scores = {k: s for k, s in conditions(300).items() if k in (chapter.NONE, chapter.TOP, *map(chapter.zeroed, "GA"))}
+    scores[chapter.BOTH] = at(min(g, a) if both is None else both, offset=4)
+    dependent = conditions(300) if first is None else conditions(150) | {k: at(x, 150) for k, x in first.items()}
     roles = roles or Roles({"G": (G,), "A": (A,)}, "paper", measures(0.9, 0.8), found or {"G": G, "A": A})
     ranked = hd.ranking_table({G: -2.0, A: -1.0}, {G: at(g), A: at(a)})
     k_clean, k_g, k_a = knowledge
@@ -80,7 +88,7 @@ def made_up(g, a, controls, only, clean=0.7, roles=None, found=None, chance=0.25
     return chapter.Result(chapter.Config.for_profile("paper"), 18, 32, at(clean), ranked, roles, scores,
                           [(Head(16, i), Head(17, i)) for i in range(len(controls))], chance, {},
                           {"arc_easy": per_condition, "piqa": dict(per_condition)}, {"arc_easy": 0.25, "piqa": 0.5},
-                          top=G)
+                          top=G, dependent=dependent)
 
 
 def outcomes(result) -> dict[str, str]:
@@ -106,6 +114,29 @@ def test_knowledge_that_falls_with_a_head_zeroed_is_not_kept_and_one_within_the_
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, knowledge=(0.9, 0.9, 0.9))
     result.knowledge.clear()
     assert {x.outcome for x in chapter.verdicts(result) if x.claim.startswith("Knowledge")} == {v.NOT_TESTABLE}
+
+
+def test_the_dependent_claims_are_paired_on_the_prompts_they_were_scored_on():
+    # Controls and keep-only on the check's first 150 prompts: each is compared with no head and
+    # with the heads zeroed on those same 150, never with the check's 300.
+    fine = made_up(g=0.26, a=0.25, controls=[0.7, 0.69], only=0.7, first={chapter.kept_only("G", "A"): 0.7})
+    assert outcomes(fine) == {k: v.REPRODUCED for k in outcomes(fine)} and fine.n_dependent == 150
+    assert fine.clean.n == 300 and {s.n for s in fine.control_scores()} == {150}
+    assert "n=150" in chapter.verdicts(fine)[4].evidence and "n=300" in chapter.verdicts(fine)[0].evidence
+    # A control at 45%: below it on the first 150 where G and A are 26% there too; on those 150 no
+    # lower than it where they are 45% there, however low they are on the check's 300.
+    below = made_up(g=0.26, a=0.25, controls=[0.7, 0.45], only=0.7, first={chapter.kept_only("G", "A"): 0.7})
+    assert outcomes(below)["top"] == outcomes(below)["G"] == outcomes(below)["A"] == v.REPRODUCED
+    tied = made_up(g=0.26, a=0.25, controls=[0.7, 0.45], only=0.7, first={chapter.zeroed("G"): 0.45,
+                                                                          chapter.zeroed("A"): 0.45, chapter.TOP: 0.45})
+    said = outcomes(tied)
+    assert said["top"] == said["G"] == said["A"] == v.NOT_REPRODUCED
+    # No head kept on the first 150 (clean there 0.5): keep-only is judged against that, and kept.
+    low = made_up(g=0.26, a=0.25, controls=[0.5], only=0.5, first={chapter.NONE: 0.5})
+    assert outcomes(low)["only"] == v.REPRODUCED and outcomes(low)["controls"] == v.REPRODUCED
+    table = chapter.conditions_table(fine)
+    assert table.loc[chapter.control(0), "n"] == 150 and table.loc[chapter.NONE, "n"] == 300
+    assert list(table.index).count(chapter.NONE) == 1
 
 
 def test_heads_that_do_not_collapse_and_controls_that_do_are_not_the_paper():
@@ -139,7 +170,8 @@ def test_a_role_no_harmful_head_plays_is_one_finding_and_says_why():
     found = {"G": None, "A": A}
     roles = Roles({"G": (), "A": (A,)}, "behaviour", measures(0.3, 0.8), found, candidates=(A, G))
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=roles)
-    result.scores.pop(chapter.zeroed("G")), result.scores.pop(chapter.kept_only("G", "A"))
+    for scored in (result.scores, result.dependent):
+        scored.pop(chapter.zeroed("G")), scored.pop(chapter.kept_only("G", "A"), None)
     said, verdicts = outcomes(result), chapter.verdicts(result)
     assert said["roles"] == v.NOT_REPRODUCED and "another mechanism" in verdicts[1].evidence
     assert "no candidate behaves as a Gather head" in verdicts[1].evidence and "0.30" in verdicts[1].evidence
@@ -177,6 +209,30 @@ def test_the_check_is_as_large_as_its_claims_need():
     assert len(check) == power.n >= head_screen.CHECK_FLOOR and not {it.pairs[0][0] for it in screen.items} & {
         it.pairs[0][0] for it in check.items}
     assert "n = 500 check questions" in power.note("check questions") and "kept within 5 points" in power.note()
+    # The floor is the headline's: the claims that depend on a head that hurts take what their rule asks.
+    assert power.n_dependent == max(n for n in power.needs.values() if n) < power.n
+    assert f"on {power.n_dependent} of them drawn at random" in power.note()
+    near_chance = v.plan(0.3, 0.25, floor=10, available=1000)  # a collapse of 5 points needs more than the floor
+    assert near_chance.n_dependent == near_chance.n > 10 and "drawn at random" not in near_chance.note()
+
+
+def drawn_part(n_check: int, n: int, seed: int = 0) -> list[int]:
+    """Which of `n_check` check prompts `head_screen.check_part` draws `n` of."""
+    return head_screen.check_part(bm.Benchmark("check", bm.RETRIEVAL, list(range(n_check))), n, seed).items
+
+
+def test_the_run_scores_the_dependent_claims_on_a_random_part_of_the_check(monkeypatch):
+    made = head_screen.prompts
+    power = v.Power(6, {"kept within 5 points": 3}, 6, 6, 0.7, 0.25, None)  # 6 check prompts, the dependent claims' 3
+    monkeypatch.setattr(head_screen, "prompts", lambda *a, **k: (*made(*a, **k)[:2], power))
+    result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", n_check=6))
+    assert {s.n for s in result.scores.values()} == {6} and {s.n for s in result.dependent.values()} == {3}
+    assert set(result.dependent) >= {chapter.NONE, *map(chapter.control, range(len(result.controls)))}
+    assert chapter.BOTH not in result.dependent and not set(result.scores) & set(map(chapter.control, range(5)))
+    drawn = drawn_part(6, 3)
+    assert drawn != [0, 1, 2]  # a random part: the letter set keeps its sources' order
+    assert list(result.dependent[chapter.NONE].correct) == [result.clean.correct[i] for i in drawn]
+    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -4,6 +4,7 @@ testable at chance or without a head of the role), and bad parameters."""
 import numpy as np
 import pytest
 
+from helpers import benchmarks as bm
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.protocol import head_screen
@@ -46,13 +47,16 @@ def test_on_the_letter_task_the_heads_are_masked_in_head_zeroings_keep_only_mini
     kept = {h for hs in r.roles.heads.values() for h in hs}
     assert {l: set(hs) for l, hs in r.others_zeroed.items()} == {
         h.layer: {k for k in range(4) if Head(h.layer, k) not in kept} for h in kept}
-    # Only G and A kept in their layers is the unmasked condition: head zeroing's own score of it.
-    n = r.scores["no mask"].n
-    assert r.scores["no mask"].correct.tolist() == zeroing.scores["only G and A kept in their layers"].correct[:n].tolist()
+    # Only G and A kept in their layers is the unmasked condition: head zeroing's own score of it, on the
+    # prompts both drew (the masked ones, a subset of head zeroing's).
+    n_check, n = zeroing.clean.n, r.scores["no mask"].n
+    drawn = lambda k: head_screen.check_part(bm.Benchmark("check", bm.RETRIEVAL, list(range(n_check))), k, 0).items
+    masked, zeroed = drawn(n), drawn(zeroing.n_dependent)
+    kept_only = zeroing.score("only G and A kept in their layers").correct
+    assert n < zeroing.n_dependent and r.scores["no mask"].correct.tolist() == [kept_only[zeroed.index(i)] for i in masked]
 
 
 def test_masked_conditions_from_one_cached_stream_equal_each_run_alone(smol):
-    from helpers import benchmarks as bm
     from helpers.engine import SweepEngine
     from helpers.segments import aggregate_pattern, gather_pattern
 
@@ -184,7 +188,6 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 def test_masks_through_the_engine_equal_the_plain_scorers(model, heads, monkeypatch, request):
     import torch
 
-    from helpers import benchmarks as bm
     from helpers import evaluate, models
     from helpers.segments import aggregate_pattern, gather_pattern, score_with_patterns
 

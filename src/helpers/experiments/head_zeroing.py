@@ -7,8 +7,10 @@ each layer's whole attention zeroed, the layers that matter swept head by head, 
 screen for every head; it names the Gather and the Aggregate head among the heads whose zeroing
 hurts (the paper's where it names them for the model). Then, on other prompts disjoint from the
 screen's, as many as the claims need (`verdicts.plan`), it zeroes the screen's most harmful head,
-each role's heads, both, random heads of the same layers and Table 1's "keep only"
-configurations, and scores knowledge beside them.
+each role's heads and both; on a random part of those prompts, as many as the claims that depend
+on a head that hurts need (`verdicts.Power.n_dependent`), random heads of the same layers and Table 1's
+"keep only" configurations beside the heads they are compared with, and knowledge on the cloze
+twins of those prompts.
 
 The task is MMLU-format letter selection: on the CPU profile Qwen2.5-Coder-1.5B-Instruct (a real
 pretrained model that picks letters) on the book's letter set, its knowledge the cloze twins of
@@ -37,7 +39,7 @@ from ..heads import Head, ablation
 from ..reference import paper
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from ..protocol import base
+from ..protocol import base, head_screen
 # The screen (minimal model, prompts split, where the harm is, ranking, roles) is shared with masking:
 # this chapter's Config is the screen's; the check (the heads zeroed on fresh prompts) and its verdicts are here.
 from ..protocol.head_screen import MAX_SWEPT, NONE, LayerScan, agreement, measure_conditions, screen
@@ -58,7 +60,7 @@ class Result:
     screen_clean: Score  # no head zeroed, on the screen's prompts
     ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
     roles: Roles
-    scores: dict[str, Score]  # condition -> score on the check's prompts
+    scores: dict[str, Score]  # the headline's conditions -> score on the check's prompts
     controls: list[tuple[Head, ...]]
     chance: float
     provenance: dict
@@ -70,6 +72,7 @@ class Result:
     swept: tuple[int, ...] = ()  # the layers swept exactly on the screen
     power: v.Power | None = None  # how many check questions the claims need (None: set, or the rest of MMLU)
     top: Head | None = None  # the screen's most harmful head, zeroed on the check too
+    dependent: dict[str, Score] = field(default_factory=dict)  # condition -> score on the check's first `n_dependent` prompts
 
     def knowledge_under(self, condition: str) -> TaskMean:
         """Knowledge under one condition: the unweighted mean over the tasks, as the release scores it."""
@@ -80,8 +83,22 @@ class Result:
     def clean(self) -> Score:
         return self.scores[NONE]
 
+    @property
+    def n_dependent(self) -> int:
+        """How many of the check's prompts (a part drawn at random) the dependent claims were scored on."""
+        return self.dependent[NONE].n
+
     def control_scores(self) -> list[Score]:
-        return [self.scores[control(i)] for i in range(len(self.controls))]
+        return [self.dependent[control(i)] for i in range(len(self.controls))]
+
+    def score(self, condition: str) -> Score:
+        """A condition's score on the most check prompts it was scored on."""
+        return self.scores[condition] if condition in self.scores else self.dependent[condition]
+
+    @property
+    def conditions(self) -> list[str]:
+        """Every condition of the check: the headline's, then those scored on the random part only."""
+        return list(self.scores) + [k for k in self.dependent if k not in self.scores]
 
 
 BOTH, TOP = "G and A zeroed", "the screen's most harmful head zeroed"
@@ -158,24 +175,32 @@ def run(cfg: Config) -> Result:
     n_layers = loaded.adapter.n_layers
     found = screen(cfg, loaded)
     check, kept, layers, ranking, roles = found.check, found.layers_kept, found.layers, found.ranking, found.roles
-    knowledge = bm.knowledge_of(check, cfg.n_knowledge, cfg.seed)  # the check's cloze twins where it has them
     n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
     top = next(iter(hd.measured(ranking)), None)
     ablations, controls = conditions(roles, top, n_heads, cfg.n_controls, cfg.seed)
 
-    # Knowledge is scored where a claim reads it: with no head, the roles' and the top head zeroed.
-    known = {k: a for k, a in ablations.items() if k in (NONE, BOTH, TOP) or k in map(zeroed, ROLE_NAMES)}
-    sets = {b.name: (b, ablations if b is check else known) for b in [check, *knowledge]}
+    # The headline's conditions on every check prompt; the dependent claims' (random heads, keep-only) on a
+    # random part of them, as many as they need, beside the heads they are compared with there (their pairs);
+    # knowledge where a claim reads it (no head, the roles' and the top head zeroed), on that part's cloze twins.
+    headline = {k: a for k, a in ablations.items() if k in (NONE, BOTH, TOP, *map(zeroed, ROLE_NAMES))}
+    dependent = {k: a for k, a in ablations.items() if k != BOTH}
+    n_first = found.power.n_dependent if found.power else len(check)
+    first = head_screen.check_part(check, n_first, cfg.seed) if n_first < len(check) else check
+    knowledge = bm.knowledge_of(first, cfg.n_knowledge, cfg.seed)  # the cloze twins where the set has them
+    measured = [("check", check, headline if first is not check else ablations)]
+    measured += [("first", first, dependent)] if first is not check else []
+    measured += [(b.name, b, headline) for b in knowledge]
     store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
-    cells = [dict(model=cfg.model, benchmark=name, items=b.spec, layers=kept,
+    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, layers=kept,
                   ablations={k: {str(l): hs for l, hs in a.items()} for k, a in conditions_of.items()})
-             for name, (b, conditions_of) in sets.items()]
-    rows = {r["benchmark"]: r for r in sweep(store, cells, measure_conditions, desc="heads zeroed on fresh prompts")}
-    scored = {name: {c: Score.from_json(rows[name][c]) for c in conditions_of} for name, (_, conditions_of) in sets.items()}
-    return Result(cfg, kept, n_layers, found.screen_clean, ranking, roles, scored[check.name], controls, check.chance,
-                  base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
+             for _, b, conditions_of in measured]
+    rows = sweep(store, cells, measure_conditions, desc="heads zeroed on fresh prompts")
+    scored = {key: {c: Score.from_json(row[c]) for c in conditions_of} for (key, _, conditions_of), row in zip(measured, rows)}
+    on_first = scored["first" if first is not check else "check"]
+    return Result(cfg, kept, n_layers, found.screen_clean, ranking, roles, {k: scored["check"][k] for k in headline},
+                  controls, check.chance, base.record(cfg, [loaded], timer), {b.name: scored[b.name] for b in knowledge},
                   {b.name: b.chance for b in knowledge}, found.depths, check.name, found.scan, found.swept,
-                  found.power, top)
+                  found.power, top, {k: on_first[k] for k in dependent})
 
 
 # --- verdicts ----------------------------------------------------------------------------------
@@ -204,7 +229,8 @@ def one_head(result: Result) -> tuple[str, str]:
     condition = top_condition(result)
     if condition is None:
         return v.NOT_TESTABLE, "no head was measured exactly on the screen"
-    outcome, evidence = v.beats_controls(result.clean, result.scores[condition], result.control_scores(), result.chance)
+    outcome, evidence = v.beats_controls(result.clean, result.scores[condition], result.control_scores(), result.chance,
+                                         ablated_on_controls=result.dependent[condition])
     return outcome, f"{result.top}: {evidence}"
 
 
@@ -227,11 +253,13 @@ def roles_found(result: Result) -> tuple[str, str]:
 
 def bottleneck(result: Result, role: str) -> tuple[str, str]:
     """Does zeroing the role's heads take the task most of the way to chance, and lower than every
-    random control (`verdicts.beats_controls`, paired on the check's prompts)? Not testable where
-    no harmful head plays the role (the roles' claim says so, once)."""
+    random control (`verdicts.beats_controls`, paired on the check's prompts, against the
+    controls on the prompts they were scored on)? Not testable where no harmful head plays the
+    role (the roles' claim says so, once)."""
     if not result.roles.heads[role]:
         return v.NOT_TESTABLE, f"no {ROLE_NAMES[role]} head to zero ({result.roles.missing(role)})"
-    return v.beats_controls(result.clean, result.scores[zeroed(role)], result.control_scores(), result.chance)
+    return v.beats_controls(result.clean, result.scores[zeroed(role)], result.control_scores(), result.chance,
+                            ablated_on_controls=result.dependent[zeroed(role)])
 
 
 def controls_do_little(result: Result) -> tuple[str, str]:
@@ -243,7 +271,7 @@ def controls_do_little(result: Result) -> tuple[str, str]:
         return v.NOT_TESTABLE, "no random controls were drawn" if condition else "no head was measured exactly"
 
     def decide():
-        parts = [v.kept(result.clean, c, result.chance) for c in result.control_scores()]
+        parts = [v.kept(result.dependent[NONE], c, result.chance) for c in result.control_scores()]
         lowest = min(range(len(parts)), key=lambda i: result.control_scores()[i].acc)
         drawn = sorted({h.layer for c in result.controls for h in c})
         return v.every(o for o, _ in parts), (f"{len(result.controls)} draws of {CONTROL_SIZE} heads of layer"
@@ -257,11 +285,11 @@ def only_roles_kept(result: Result) -> tuple[str, str]:
     """Table 1: only G and A left in their layers keep accuracy, judged where zeroing G and A
     together lowers it (else the two carry nothing the claim could keep)."""
     name = kept_only("G", "A")
-    if name not in result.scores:
+    if name not in result.dependent:
         missing = [ROLE_NAMES[r] for r in ROLE_NAMES if not result.roles.heads[r]]
         return v.NOT_TESTABLE, f"no {' or '.join(missing)} head to keep (the roles' claim says why)"
     return v.gated(hurts(result, BOTH), "zeroing G and A together does not lower the task",
-                   lambda: v.kept(result.clean, result.scores[name], result.chance))
+                   lambda: v.kept(result.dependent[NONE], result.dependent[name], result.chance))
 
 
 def behave(result: Result) -> tuple[str, str]:
@@ -337,14 +365,15 @@ def control_names(result: Result) -> list[str]:
 
 def conditions_table(result: Result, short: bool = False, knowledge: bool = False) -> pd.DataFrame:
     """One row per condition of the check, indexed by the condition: what was zeroed, acc, lo,
-    hi, n (of the task, or with `knowledge` of the knowledge tasks' unweighted mean)."""
-    scored = set(next(iter(result.knowledge.values()), {})) if knowledge else set(result.scores)
-    score = (lambda k: result.knowledge_under(k)) if knowledge else (lambda k: result.scores[k])
+    hi, n (of the task on the most prompts it was scored on, or with `knowledge` of the knowledge
+    tasks' unweighted mean)."""
+    scored = set(next(iter(result.knowledge.values()), {})) if knowledge else set(result.conditions)
+    score = result.knowledge_under if knowledge else result.score
     nan = float("nan")  # knowledge is scored under the conditions a claim reads, not under the controls
     return pd.DataFrame([dict(zeroed=_describe(result, k, short), **(dict(acc=score(k).acc, lo=score(k).lo, hi=score(k).hi,
                                                                             n=score(k).n) if k in scored else
                                                                        dict(acc=nan, lo=nan, hi=nan, n=nan)))
-                         for k in result.scores], index=pd.Index(list(result.scores), name="condition"))
+                         for k in result.conditions], index=pd.Index(result.conditions, name="condition"))
 
 
 def roles_table(result: Result) -> pd.DataFrame:
@@ -359,6 +388,7 @@ def roles_table(result: Result) -> pd.DataFrame:
     rows = [{"head": str(h), "role by behaviour": next((ROLE_NAMES[r] for r in found if found[r] == h), "-"),
              "screen: accuracy zeroed": screen(h),
              "segment ends: own-segment share": m.loc[[h], hd.GATHER_MEASURE].iloc[0],
+             "final position: on the segments": m.loc[[h], hd.SEGMENTS_MEASURE].iloc[0],
              "final position: on segment ends": m.loc[[h], hd.ENDS_MEASURE].iloc[0],
              "final position: on option letters": m.loc[[h], hd.LETTERS_MEASURE].iloc[0],
              "final position: on summary tokens (both)": m.loc[[h], hd.AGGREGATE_MEASURE].iloc[0],
@@ -382,8 +412,7 @@ def scan_table(result: Result) -> pd.DataFrame:
 
 
 def comparison(result: Result) -> pd.DataFrame:
-    s = result.scores
-    fmt = lambda name: f"{s[name]}" if name in s else "-"
+    fmt = lambda name: f"{result.score(name)}" if name in result.conditions else "-"
     llama = registry.cast("paper", "llama")
     g, a = paper("head_zeroing", "gather_head", llama), paper("head_zeroing", "aggregate_head", llama)
     controls = result.control_scores()
@@ -404,11 +433,11 @@ def comparison(result: Result) -> pd.DataFrame:
         ("one head zeroed (G or A)", str(paper("head_zeroing", "mmlu_one_head_zeroed")), "-",
          f"G: {fmt(zeroed('G'))}; A: {fmt(zeroed('A'))} (chance {result.chance:.0%})"),
         (f"{CONTROL_SIZE} random heads zeroed", "little change (§3.4)", "-",
-         f"{min(c.acc for c in controls):.1%} to {max(c.acc for c in controls):.1%} over {len(controls)} draws"
-         if controls else "-"),
+         f"{min(c.acc for c in controls):.1%} to {max(c.acc for c in controls):.1%} over {len(controls)} draws "
+         f"(no head zeroed on those {result.n_dependent}: {result.dependent[NONE].acc:.1%})" if controls else "-"),
         ("knowledge, no head / G / A zeroed", "hardly moves (abstract)", "-", knowledge_row(result)),
-        ("only G and A kept in their layers", "accuracy kept (Table 1)", "cells 23-24", fmt(kept_only("G", "A"))),
-        ("only G kept / only A kept", "Table 1 (not read)", "cells 27 / 25 (labels swapped)",
+        ("only G and A kept in their layers", "accuracy kept (Table 1)", "cell 29", fmt(kept_only("G", "A"))),
+        ("only G kept / only A kept", "Table 1 (not read)", "cells 25 / 27 (labels swapped)",
          f"{fmt(kept_only('G'))} / {fmt(kept_only('A'))}"),
     ]
     return base.comparison_table(rows)
@@ -479,7 +508,7 @@ def protocol_note(result: Result) -> str:
     if result.power is not None:
         parts.append(result.power.note("check questions"))
     if result.controls:
-        flips = [float((result.clean.correct != c.correct).mean()) for c in result.control_scores()]
+        flips = [float((result.dependent[NONE].correct != c.correct).mean()) for c in result.control_scores()]
         parts.append(f"The random controls flipped {100 * min(flips):.1f}% to {100 * max(flips):.1f}% of the check's "
                      "questions either way.")
     if result.scan is not None:
@@ -576,7 +605,8 @@ def conditions_figure(result: Result):
     from .. import plots
 
     plots.style()
-    panels = [(conditions_table(result, short=True), f"{_task(result)} ({result.clean.n} fresh prompts)", result.chance)]
+    first = f"; random and keep-only on {result.n_dependent} of them" if result.n_dependent < result.clean.n else ""
+    panels = [(conditions_table(result, short=True), f"{_task(result)} ({result.clean.n} fresh prompts{first})", result.chance)]
     if result.knowledge:
         clean = result.knowledge_under(NONE)
         panels.append((conditions_table(result, short=True, knowledge=True), f"knowledge ({clean.n} items)", clean.chance))

@@ -96,7 +96,7 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            # The letter model on the head-zeroing check's prompts (its first `n`).
+            # The letter model on `n` of the head-zeroing check's prompts (`head_screen.check_part`).
             return dict(models=[registry.cast(profile, "letters")], gather=None, aggregate=None, task="mmlu", n=N_CPU, kv_pairs=8,
                         kv_query="repeat", seed=0)
         return dict(models=registry.cast_of(profile, ("llamba", "llama")), gather=None, aggregate=None, task="mmlu", n=500, kv_pairs=8,
@@ -268,7 +268,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
         zcfg = head_screen.ScreenConfig.for_profile(cfg.profile, cfg.smoke, model=model, task="mmlu", seed=cfg.seed)
         found = head_screen.screen(zcfg, loaded)
         roles, kept = with_closest(found.roles), found.layers_kept
-        b = bm.part(found.check, 0, cfg.n)
+        b = head_screen.check_part(found.check, cfg.n, cfg.seed)
         where = "the layer-pruning chapter's, as in the head-zeroing chapter"
     else:
         roles = with_closest(find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed,

@@ -128,6 +128,13 @@ def prompts(cfg: ScreenConfig, loaded, clean: float | None = None) -> tuple[bm.B
     return bm.part(every, 0, n_screen, shuffle), bm.part(every, n_screen, n_screen + n_check, shuffle), power
 
 
+def check_part(check: bm.Benchmark, n: int, seed: int) -> bm.Benchmark:
+    """`n` of the check's prompts drawn with `seed`, for the claims scored on fewer (head zeroing's
+    dependent claims, the masking page): drawn, since the letter set keeps its sources' order and
+    its first prompts are not a sample of it. A smaller `n` draws a subset of a larger one's."""
+    return bm.part(check, 0, n, f"check-part-{seed}")
+
+
 def rank(cfg: ScreenConfig, loaded, screen: bm.Benchmark, layers: list[int], sweep_layers: list[int] | None,
          add_top: bool = True) -> tuple[Score, pd.DataFrame]:
     """The screen's ranking on its prompts: the shared KV ranking where this is the same

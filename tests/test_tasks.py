@@ -7,6 +7,7 @@ import pytest
 
 from helpers import tasks
 from helpers import paths
+from helpers.errors import ConfigError
 
 from lmeval import requests, task
 
@@ -32,8 +33,17 @@ def test_mmlu_prompt_is_lm_evals(tmp_path, k):
 
 def test_mmlu_needs_enough_dev_rows():
     rows = fixture_rows("mmlu.jsonl")
-    with pytest.raises(ValueError, match="5-shot needs 5"):
+    with pytest.raises(ConfigError, match=r"k_shot=5, but subject '.+' has \d solved examples \(dev rows\): set k_shot to at most \d"):
         tasks.mmlu_items(rows[:1], rows[:2], k=5)
+
+
+def test_the_letter_sets_size_and_most_shots_are_read_from_data_without_a_model():
+    assert tasks.letter_set_size() == len(tasks.load_letters()[0])
+    most = tasks.most_shots("cpu")
+    tasks.load_letters(k=most)  # every subject gives that many
+    with pytest.raises(ConfigError, match=f"set k_shot to at most {most}"):
+        tasks.load_letters(k=most + 1)
+    assert tasks.most_shots("paper") is None  # the hub's MMLU: counted when read
 
 
 KNOWLEDGE_DOCS = {

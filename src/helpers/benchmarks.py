@@ -82,6 +82,18 @@ def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "p
                      lambda item: kv_segments(tokenizer, item.pairs[0][0]), spec)
 
 
+TOY_MCQ_SIZE = 500  # the zoo's letter MCQ when no n is asked for
+
+
+def letter_mcq_size(model: str, profile: str) -> int | None:
+    """How many questions `letter_mcq(model, ..., profile, n=None)` holds, known before any
+    load: the zoo's MCQ or the CPU letter set; None on the paper profiles (the hub's MMLU,
+    counted when it is read)."""
+    if _toy(model):
+        return TOY_MCQ_SIZE
+    return tasks.letter_set_size() if profile == "cpu" else None
+
+
 def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0, k_shot: int = 0,
                options: int = 4, permuted: bool = False) -> Benchmark:
     """Answer-letter selection: MMLU in lm-eval's prompt (`k_shot` solved examples; the CPU
@@ -93,7 +105,7 @@ def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0
         raise ConfigError("the toy letter MCQ has no permuted form: its letters are drawn at random already")
     if _toy(model):
         return Benchmark(f"letter MCQ ({options} options)", RETRIEVAL,
-                         synthetic.items(synthetic.mcq(n or 500, options, _rng(seed, 100 + options))), synthetic.segments,
+                         synthetic.items(synthetic.mcq(n or TOY_MCQ_SIZE, options, _rng(seed, 100 + options))), synthetic.segments,
                          spec)
     with quiet():  # datasets' cache messages
         items = tasks.load_mmlu(profile, k=k_shot, n=n, seed=seed, permuted=permuted)

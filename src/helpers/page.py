@@ -134,8 +134,9 @@ def verdict_box(verdicts: list[Verdict], subject: str) -> None:
 
 
 def note(text: str) -> None:
-    """A sentence computed by the run, shown as a paragraph of the page."""
-    display(Markdown(text))
+    """A sentence computed by the run, shown as a paragraph of the page (nothing when empty)."""
+    if text:
+        display(Markdown(text))
 
 
 def provenance(record: dict) -> None:

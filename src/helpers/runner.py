@@ -25,7 +25,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
+import tempfile
 from collections import deque
+from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
@@ -42,6 +46,33 @@ def check_workers(workers) -> int | None:
         raise ConfigError(f"workers must be a number of Ray workers, at least 1 (None: run in this process), "
                           f"got {workers!r}")
     return workers
+
+
+def check_workers_fit(workers) -> None:
+    """Before any model loads: refuse `workers` above what the Ray cluster this run would start
+    offers (one worker per GPU, else per CPU), where that is known without starting Ray: when no
+    cluster is running (`ray.init()` then starts one on this machine) or Ray is already
+    initialized. A running cluster is counted when the sweep connects (`_actors`)."""
+    workers = check_workers(workers)
+    if workers is None:
+        return
+    check_installed()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        unit = "GPU" if "num_gpus" in _actor_options(ray) else "CPU"
+        have, where = ray.cluster_resources().get(unit, 0), "the Ray cluster"
+    elif os.environ.get("RAY_ADDRESS") or Path(tempfile.gettempdir(), "ray", "ray_current_cluster").exists():
+        return  # a cluster of its own size: counted once connected
+    else:
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        # At least Ray's own count (which also reads cgroup quotas), so nothing it would run is refused.
+        unit, have = ("GPU", gpus) if gpus else ("CPU", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                       else os.cpu_count() or 1)
+        where = "this machine, where Ray would start its local cluster,"
+    if workers > have:
+        raise ConfigError(f"workers={workers}, but {where} has {have:g} {unit}s (one worker per {unit}): set "
+                          f"workers to at most {int(have)}, or start a larger cluster first (ray start)")
 
 
 def measurement_name(run) -> str:

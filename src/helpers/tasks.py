@@ -13,6 +13,7 @@ import dataclasses
 import json
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -92,7 +93,8 @@ def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]
     for row in test:
         shots = by_subject.get(row["subject"], [])[:k]
         if len(shots) < k:
-            raise ValueError(f"subject {row['subject']!r} has {len(shots)} dev rows, {k}-shot needs {k}")
+            raise ConfigError(f"k_shot={k}, but subject {row['subject']!r} has {len(shots)} solved examples (dev "
+                              f"rows): set k_shot to at most {len(shots)}")
         ctx = mmlu_context(row, shots)
         items.append(Item(tuple((ctx, TARGET_DELIMITER + l) for l in LETTERS), row["answer"], row["subject"]))
     return items
@@ -114,14 +116,35 @@ def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0, per
     return _subset(mmlu_items(test, dev, k), n, seed)
 
 
+def letter_set_size() -> int:
+    """How many test questions the CPU profile's letter set holds (what n=None gives)."""
+    return len(_letter_rows()[0])
+
+
+def most_shots(profile: str) -> int | None:
+    """The largest k_shot every question of `profile`'s MMLU can take (its subject's dev rows):
+    known from data/ on the CPU profile; None on the paper profiles, whose dataset is read from
+    the hub at load (`mmlu_items` refuses a k it cannot give there)."""
+    _check_profile(profile)
+    if profile != "cpu":
+        return None
+    test, dev = _letter_rows()
+    shots = Counter(r["subject"] for r in dev)
+    return min(shots[r["subject"]] for r in test)
+
+
+@cache
+def _letter_rows() -> tuple[list[dict], list[dict]]:
+    rows = _jsonl(paths.data() / "letters" / "letters.jsonl")
+    return [r for r in rows if r["split"] == "test"], [r for r in rows if r["split"] == "dev"]
+
+
 @cache
 def _letter_sets(k: int, permuted: bool = False) -> tuple[tuple[Item, ...], tuple[Item, ...]]:
-    rows = _jsonl(paths.data() / "letters" / "letters.jsonl")
-    test = [r for r in rows if r["split"] == "test"]
+    test, dev = _letter_rows()
     if permuted:
         test = [permute_options(r) for r in test]
-    letters = [dataclasses.replace(it, group=r["table"]) for it, r in
-               zip(mmlu_items(test, [r for r in rows if r["split"] == "dev"], k), test)]
+    letters = [dataclasses.replace(it, group=r["table"]) for it, r in zip(mmlu_items(test, dev, k), test)]
     cloze = [_choices(f"Question: {r['question']}\nAnswer:", r["choices"], r["answer"], r["table"]) for r in test]
     return tuple(letters), tuple(cloze)
 

@@ -241,6 +241,8 @@ def test_the_run_scores_the_dependent_claims_on_a_random_part_of_the_check(monke
     (dict(profile="paper", task="kv"), "task='kv' needs n_screen and n_check as numbers"),
     (dict(screen_alpha=2), r"screen_alpha must be a number in \[0, 1\]"),
     (dict(sweep_layers=[17, 16]), "sweep_layers must be distinct layer indices"),
+    (dict(n_check=10**4), r"n_screen \+ n_check must be at most the 726 letter questions of qwen2.5-coder-1.5b"),
+    (dict(model="toy-transformer", n_screen=400, n_check=101), "at most the 500 letter questions of toy-transformer"),
 ])
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):

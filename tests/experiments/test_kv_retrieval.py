@@ -1,6 +1,8 @@
 """KV retrieval: the run at smoke size, and every verdict both ways on hand-built results."""
 
 import dataclasses
+import os
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -165,3 +167,14 @@ def test_the_size_curves_never_reuse_the_rankings_dictionaries():
         curve = {it.pairs[0][0] for it in bm.kv("smollm2-135m-instruct", None, s["pairs"], 100, chapter.CURVES_SEED + seed,
                                                  s["query"]).items}
         assert len(ranked) == s["n"] and len(curve) == 100 and not ranked & curve
+
+
+def test_workers_beyond_this_machine_are_refused_in_the_config_before_ray_or_a_model_starts(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))  # no `ray start` cluster to connect to
+    cpus = len(os.sched_getaffinity(0))
+    with pytest.raises(ConfigError, match=rf"workers={cpus + 1}, but .* has {cpus} CPUs .* at most {cpus}"):
+        chapter.Config.for_profile("cpu", smoke=True, workers=cpus + 1)  # was refused after the model and Ray started
+    assert chapter.Config.for_profile("cpu", smoke=True, workers=cpus).workers == cpus
+    with pytest.raises(ConfigError, match=r"workers must be at least 1, got 0 \(None: in this process\)"):
+        chapter.Config.for_profile("cpu", smoke=True, workers=0)

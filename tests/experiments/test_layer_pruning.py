@@ -62,6 +62,8 @@ def test_a_model_at_chance_on_mmlu_hands_over_to_kv_and_says_so():
 def test_bad_parameters_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="n_kv must be at least 1"):
         chapter.Config.for_profile("cpu", n_kv=-5)
+    with pytest.raises(ValueError, match=r"k_shot must be at most 5 on the cpu profile: .* got 6"):
+        chapter.Config.for_profile("cpu", k_shot=6)  # was a raw ValueError once the model had loaded
 
 
 def test_knowledge_is_the_mean_over_tasks_not_the_pooled_items():

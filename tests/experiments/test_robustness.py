@@ -1,6 +1,8 @@
 """Robustness: the run at smoke size, the head sets and resample donors, and every verdict both
 ways on hand-built results."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -93,6 +95,20 @@ def test_seeds_must_keep_ranking_measuring_and_reference_prompts_apart():
         chapter.Config.for_profile("cpu", smoke=True, seed=0)
     with pytest.raises(ConfigError, match="must differ"):
         chapter.Config.for_profile("cpu", smoke=True, reference_seed=1)
+
+
+def test_ks_a_model_cannot_take_are_refused_before_any_load_and_said_where_left_out():
+    toys = dict(model="toy-transformer", ssm_model="toy-mamba2")  # 16 and 12 heads
+    with pytest.raises(ConfigError, match=r"ks: toy-mamba2 has 12 heads, and every k of \[12, 20\] would remove"):
+        chapter.Config.for_profile("cpu", smoke=True, ks=[12, 20], **toys)  # was a KeyError after the whole run
+    result = chapter.Result(chapter.Config.for_profile("cpu", smoke=True, ks=[1, 14], **toys),
+                            pd.DataFrame(), pd.DataFrame(), {}, {}, {}, {})
+    assert chapter.skipped_ks(result) == ("Left out, as at least every head of the model: "
+                                          "k = 14 for toy-mamba2 (12 heads).")
+    every = chapter.Config.for_profile("cpu", smoke=True, ks=[1, 12], **toys)
+    assert chapter.skipped_ks(dataclasses.replace(result, cfg=every)) == ("Left out, as at least every head of the "
+                                                                          "model: k = 12 for toy-mamba2 (12 heads).")
+    assert chapter.skipped_ks(dataclasses.replace(result, cfg=chapter.Config.for_profile("cpu", smoke=True, **toys))) == ""
 
 
 def at(acc, n=200):

@@ -46,7 +46,7 @@ class Config(base.Config):
     gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     seed: int = base.seed()
-    workers: int | None = base.count(optional=True, maximum=1024)  # Ray workers for the sweeps (None: this process)
+    workers: int | None = base.count(optional=True, maximum=1024, none_means="in this process")  # Ray workers for the sweeps (None: this process)
 
     chapter = "kv_retrieval"
     smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
@@ -67,8 +67,7 @@ class Config(base.Config):
         check_pair(self.gather, self.aggregate)
         base.check_kv_sizes(self.model, "sizes", self.sizes)
         check_roles_of(self.model, self.gather, self.aggregate)
-        if self.workers is not None:
-            runner.check_installed()  # not installed: the install command now, before any model loads
+        runner.check_workers_fit(self.workers)  # Ray installed and large enough: now, before any model loads
 
 
 FORMS = ("released", "spaced")  # the rankings compared: the released scoring, and the book's spaced form

@@ -96,10 +96,13 @@ class Config(base.Config):
         if self.task == "mmlu":
             for name in (self.model, self.ssm_model):
                 base.refuse_toy(self.chapter, "task='mmlu' with a model", name)
-        sizes = base.shape(self.model)
-        n_heads = sum(sizes.n_heads(l) for l in sizes.head_layers())
+        n_heads = head_count(self.model)
         if self.top >= n_heads:
             raise ConfigError(f"top must be below the {n_heads} heads of {self.model}, got {self.top}")
+        for name in (self.model, self.ssm_model):
+            if min(self.ks) >= (n := head_count(name)):
+                raise ConfigError(f"ks: {name} has {n} heads, and every k of {list(self.ks)} would remove them all: "
+                                  f"give at least one k below {n}")
 
     @classmethod
     def defaults(cls, profile):
@@ -281,6 +284,23 @@ def run(cfg: Config) -> Result:
     stability = run_stability(attention, cfg)
     return Result(cfg, kinds, pd.DataFrame(curves), clean, chance, tasks,
                   base.record(cfg, loaded, timer), patching, stability)
+
+
+def head_count(name: str) -> int:
+    """How many heads model `name` has (from its config: nothing loaded)."""
+    sizes = base.shape(name)
+    return sum(sizes.n_heads(l) for l in sizes.head_layers())
+
+
+def skipped_ks(result: Result) -> str:
+    """What the redundancy curves leave out: the ks at or above a model's head count (a "top k"
+    of every head has no random control to compare with), said per model; "" when none."""
+    cfg = result.cfg
+    said = []
+    for name in (cfg.model, cfg.ssm_model):
+        if left := [k for k in cfg.ks if k >= head_count(name)]:
+            said.append(f"k = {', '.join(map(str, left))} for {name} ({head_count(name)} heads)")
+    return f"Left out, as at least every head of the model: {'; '.join(said)}." if said else ""
 
 
 def with_controls(order: list[Head], ks: list[int], cfg: Config) -> tuple[dict[str, list[Head]], set[str]]:

@@ -35,7 +35,7 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import pandas as pd
 
-from .. import benchmarks as bm, paths, provenance, registry
+from .. import benchmarks as bm, paths, provenance, registry, tasks
 from ..errors import ConfigError, StaleResults, StoreError
 from ..heads import Head
 from ..sweep import Store, lock as store_lock, os_error
@@ -59,18 +59,20 @@ def _integer(name: str, value) -> int:
 MAX_COUNT = 100_000  # a count of prompts, layers or runs beyond this would not finish (a typo such as 10**12)
 
 
-def count(minimum: int = 1, optional: bool = False, maximum: int = MAX_COUNT) -> Any:
-    """An integer in minimum..maximum (None allowed when `optional`: "all of them")."""
+def count(minimum: int = 1, optional: bool = False, maximum: int = MAX_COUNT, none_means: str = "all of them") -> Any:
+    """An integer in minimum..maximum (None allowed when `optional`; what None means is said in
+    the refusal)."""
+    hint = f" (None: {none_means})" if optional else ""
+
     def check(name, value):
         if value is None and optional:
             return None
         value = _integer(name, value)
         if value < minimum:
-            raise ConfigError(f"{name} must be at least {minimum}, got {value}"
-                              + (" (None: all of them)" if optional else ""))
+            raise ConfigError(f"{name} must be at least {minimum}, got {value}{hint}")
         if value > maximum:
             raise ConfigError(f"{name} must be at most {maximum:,}, got {value:,}: a run that large would not finish; "
-                              f"set a smaller {name}" + (" (None: all of them)" if optional else ""))
+                              f"set a smaller {name}{hint}")
         return value
     return _spec(check)
 
@@ -244,6 +246,13 @@ class BenchmarkConfig(Config):
     kv_pairs: int = count()
     kv_query: str = one_of("paper", "repeat")
     seed: int = seed()
+
+    def __post_init__(self):
+        super().__post_init__()
+        most = tasks.most_shots(self.profile)
+        if most is not None and self.k_shot > most:
+            raise ConfigError(f"k_shot must be at most {most} on the {self.profile} profile: some subjects of its "
+                              f"MMLU have only {most} solved examples (dev rows); got {self.k_shot}")
 
 
 def check_injected_parameters(chapter: str) -> None:

@@ -103,6 +103,12 @@ class ScreenConfig(base.Config):
         check_roles_of(self.model, self.gather, self.aggregate, below=kept)
         if self.task == "kv":
             base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+        elif (held := bm.letter_mcq_size(self.model, self.profile)) is not None:
+            asked = (self.n_screen or held // 2) + (self.n_check or 0)
+            if asked > held:
+                raise ConfigError(f"n_screen + n_check must be at most the {held} letter questions of {self.model} on "
+                                  f"the {self.profile} profile, got {asked} (n_screen None: half of them; n_check None: "
+                                  f"as many as the claims need of the rest)")
 
 
 def prompts(cfg: ScreenConfig, loaded, clean: float | None = None) -> tuple[bm.Benchmark, bm.Benchmark, v.Power | None]:

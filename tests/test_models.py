@@ -366,3 +366,31 @@ def test_a_copy_the_disk_refuses_is_not_kept_and_the_load_goes_on(monkeypatch, t
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     assert models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(2, 2), None) is None
     assert not any(tmp_path.iterdir())  # no partial folder left behind
+
+
+def test_the_output_head_reads_a_strided_input_as_a_contiguous_copy_with_the_same_logits():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    hidden = torch.randn(3, 7, 32, dtype=torch.bfloat16)
+    before = model.lm_head(hidden[:, -1:, :])
+    seen = []
+    models.contiguous_head_input(model)
+    model.lm_head.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    after = model.lm_head(hidden[:, -1:, :])  # generate's last-position view: strided
+    assert not hidden[:, -1:, :].is_contiguous() and seen == [True]
+    assert torch.equal(before, after)
+    ids = torch.randint(0, 96, (2, 5))
+    out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 8) and all(seen)
+
+
+def test_a_loaded_model_has_its_head_read_contiguous_inputs(smol):
+    hooks = list(smol.model.get_output_embeddings()._forward_pre_hooks.values())
+    assert len(hooks) == 1
+    strided = torch.randn(2, 5, smol.model.config.hidden_size)[:, -1:, :]
+    (args,) = [hooks[0](smol.model.get_output_embeddings(), (strided,))]
+    assert args[0].is_contiguous() and torch.equal(args[0], strided)

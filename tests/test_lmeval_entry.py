@@ -6,6 +6,7 @@ in data/lm_eval_tasks."""
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -238,45 +239,71 @@ def test_the_book_tasks_are_what_their_generator_writes_and_their_answers_check(
     assert sorted(p.name for p in written) == sorted(p.name for p in folder.glob("*.jsonl"))
     for path in written:
         assert path.read_bytes() == (folder / path.name).read_bytes(), f"rerun data/lm_eval_tasks/generate.py: {path.name}"
-    solve = {"add": lambda a, b: a + b, "take away": lambda a, b: a - b, "groups of": lambda a, b: a * b}
+    solve = {"add": lambda a, b: a + b, "take away": lambda a, b: a - b}
+    letters = {r["id"]: r for r in map(json.loads, (paths.data() / "letters" / "letters.jsonl").read_text().splitlines())}
     for split in ("train", "test"):
         for doc in map(json.loads, (folder / f"arithmetic_words-{split}.jsonl").read_text().splitlines()):
-            assert doc["answer"] == str(solve[doc["operation"]](*doc["operands"]))
-            assert all(str(x) in doc["question"] for x in doc["operands"])
+            x, y = doc["operands"]
+            assert doc["answer"] == str(solve[doc["operation"]](x, y)) and int(doc["answer"]) > 0
+            thing = doc["solution"].split()[3].rstrip(".")
+            stated = re.findall(rf"(\w+) has (\d+) \w+ and (\d+) \w+\.", doc["question"])
+            assert len(stated) == 3  # six counts stated, two of them needed
+            owners = [n for n, *_ in stated]
+            first, second = doc["solution"].split(". ")[:2]
+            assert first == f"{first.split()[0]} has {x} {thing}" and second == f"{second.split()[0]} has {y} {thing}"
+            assert {first.split()[0], second.split()[0]} <= set(owners)
+            assert doc["solution"].endswith(f"The answer is {doc['answer']}.")
         for doc in map(json.loads, (folder / f"page_field-{split}.jsonl").read_text().splitlines()):
-            assert f'{doc["field"]}: {doc["answer"]}</div>' in doc["page"]
+            rows = re.findall(r"<tr>((?:<td>[^<]*</td>)+)</tr>", doc["page"])
+            table = [re.findall(r"<td>([^<]*)</td>", r) for r in rows]
+            column, director = doc["field"].split(" of the film by ")
+            header = re.findall(r"<th>([^<]*)</th>", doc["page"])
+            asked = [r for r in table if r[header.index("Director")] == director]
+            assert len(asked) == 1 and asked[0][header.index(column)] == doc["answer"]  # one row, the cell
+            for i in range(len(header)):
+                assert len({r[i] for r in table}) == len(table)  # no value twice in a column
         for doc in map(json.loads, (folder / f"dialogue_fact-{split}.jsonl").read_text().splitlines()):
             rejected = doc["dialogue"].split("How about the ")[1].split("?")[0]
             assert doc["answer"] in doc["dialogue"] and doc["answer"] != rejected  # said, and not the rejected place
-        categories = generator["CATEGORIES"]
         for doc in map(json.loads, (folder / f"choice_chat-{split}.jsonl").read_text().splitlines()):
-            category = doc["question"].removeprefix("Which of the following is ").removesuffix("?")
-            belongs = [t in categories[category] for t in doc["choices"]["text"]]
-            assert belongs.count(True) == 1 and "ABCD"[belongs.index(True)] == doc["answerKey"]
+            source = letters[doc["id"]]  # a question of the letter set's test split, its options as they stand
+            assert source["split"] == "test" and doc["question"] == source["question"]
+            assert doc["choices"]["text"] == source["choices"] and doc["answerKey"] == "ABCD"[source["answer"]]
 
 
 def test_lm_eval_scores_the_book_tasks_offline_from_any_folder(tiny, task_manager, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # data_files are read from the YAML's folder, not from here
+    monkeypatch.chdir(tmp_path)  # data_files and utils.py are read from the YAML's folder, not from here
     results = lmeval.evaluate(tiny, "arithmetic_words,page_field", task_manager=task_manager, log_samples=True,
                               limit=3)
-    assert results["n-shot"] == {"arithmetic_words": 3, "page_field": 1}
-    for task, stops in (("arithmetic_words", ("\n", "Question:")), ("page_field", ("\n", "<"))):
+    assert results["n-shot"] == {"arithmetic_words": 1, "page_field": 0}
+    book = lambda task, split: [json.loads(x) for x in (paths.data() / "lm_eval_tasks" / f"{task}-{split}.jsonl")
+                                .read_text().splitlines()]
+    first = book("arithmetic_words", "train")[0]
+    for task, stops, metric in (("arithmetic_words", ("\n", "Question:"), "exact_match,strict-match"),
+                                ("page_field", ("\n", "<"), "contains,none")):
         samples = results["samples"][task]
         context, generation = samples[0]["arguments"][0]
         assert generation["until"] == list(stops) and generation["do_sample"] is False
-        first = json.loads((paths.data() / "lm_eval_tasks" / f"{task}-train.jsonl").read_text().splitlines()[0])
-        assert context.startswith(f"Question: {first['question']}\nAnswer: {first['answer']}\n\n"
-                                  if task == "arithmetic_words" else f"{first['page']}\n\n{first['field']}: "
-                                  f"{first['answer']}\n\n")  # the solved examples first
-        texts = [s["filtered_resps"][0] for s in samples]
-        assert not any(stop in t for t in texts for stop in stops)
-        hits = [t.strip() == s["target"].strip() for t, s in zip(texts, samples)]
-        assert results["results"][task]["exact_match,none"] == pytest.approx(np.mean(hits))
-    # lm-eval's exact_match with this YAML's settings, on a hit and a miss
+        doc = book(task, "test")[samples[0]["doc_id"]]
+        assert context == (f"Question: {first['question']}\nAnswer: {first['solution']}\n\n" if task == "arithmetic_words"
+                           else "") + (f"Question: {doc['question']}\nAnswer:" if task == "arithmetic_words"
+                                       else f"{doc['page']}\n\n{doc['field']}:")  # a worked example first; SWDE's none
+        assert not any(stop in s["resps"][0][0] for s in samples for stop in stops)
+        assert results["results"][task][metric] == pytest.approx(np.mean([s[metric.split(",")[0]] for s in samples]))
+    # The scoring as lm-eval's GSM8K and SWDE score: the answer after "The answer is", the answer anywhere
     from lm_eval.api.metrics import exact_match_hf_evaluate
+    from lm_eval.filters.extraction import RegexFilter
 
-    settings = lmeval.read_task_yaml(lmeval.book_tasks()["page_field"])["metric_list"][0]
-    ignore = settings["regexes_to_ignore"]
-    assert exact_match_hf_evaluate([" Canada"], [" Canada"], regexes_to_ignore=ignore)["exact_match"] == 1.0
-    assert exact_match_hf_evaluate([" Canada"], ["Canada "], regexes_to_ignore=ignore)["exact_match"] == 1.0
-    assert exact_match_hf_evaluate([" Canad"], [" Canada"], regexes_to_ignore=ignore)["exact_match"] == 0.0
+    config = lmeval.read_task_yaml(lmeval.book_tasks()["arithmetic_words"])
+    extract = RegexFilter(**{k: v for k, v in config["filter_list"][0]["filter"][0].items() if k != "function"})
+    settings = {k: v for k, v in config["metric_list"][0].items() if k not in ("metric", "aggregation", "higher_is_better")}
+    said = extract.apply([["Ana has 12 pears. Ben has 7 pears. 12 + 7 = 19. The answer is 19. The answer is 1"],
+                          ["12 + 7 = 19, so 20"]], [{}, {}])
+    assert [x[0] for x in said] == ["19.", "[invalid]"]  # the first answer said; none said is wrong
+    target = " Ana has 12 pears. Ben has 7 pears. 12 + 7 = 19. The answer is 19."
+    assert exact_match_hf_evaluate(["19."], [target], **settings)["exact_match"] == 1.0
+    assert exact_match_hf_evaluate(["18."], [target], **settings)["exact_match"] == 0.0
+    contains = lmeval.read_task_yaml(lmeval.book_tasks()["dialogue_fact"])["process_results"]
+    assert contains({"answer": "3"}, [" 3 o'clock"]) == {"contains": 1}
+    assert contains({"answer": "park"}, [" The Park."]) == {"contains": 1}
+    assert contains({"answer": "park"}, [" the market"]) == {"contains": 0}

@@ -355,10 +355,9 @@ def _book_task(name: str, split: str) -> list[dict]:
 
 
 def gsm8k_rows(docs: list[dict]) -> list[dict]:
-    """GSM8K's columns: the question, and an answer that ends in '#### <number>' (what lm-eval's
-    strict-match filter reads)."""
-    return [{"question": d["question"], "answer": f"{d['operands'][0]} {d['operation']} {d['operands'][1]}.\n"
-                                                  f"#### {d['answer']}"} for d in docs]
+    """GSM8K's columns: the question, and an answer that works the steps, then ends in
+    '#### <number>' (what lm-eval's strict-match filter reads)."""
+    return [{"question": d["question"], "answer": f"{d['solution']}\n#### {d['answer']}"} for d in docs]
 
 
 def bbh_subtasks() -> list[str]:

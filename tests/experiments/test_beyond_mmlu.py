@@ -20,6 +20,13 @@ def test_run_at_smoke_size_scores_every_task_under_every_condition_and_resumes(m
     # SmolLM2 (a CPU model lm-eval drives; the book's smoke build runs Qwen) on two tasks, one with a filter.
     cfg = chapter.Config.for_profile("cpu", smoke=True, model="smollm2-135m-instruct", n=2,
                                      tasks=["page_field", "choice_chat"])
+    calls, evaluate = [], lmeval.evaluate
+
+    def spy(model, tasks, **kw):
+        calls.append((tuple(tasks), kw["apply_chat_template"]))
+        return evaluate(model, tasks, **kw)
+
+    monkeypatch.setattr(lmeval, "evaluate", spy)
     result = chapter.run(cfg)
     assert len(result.top.heads) == 2 and len(result.controls) == 1
     assert not set(result.controls[0]) & set(hd.measured(result.top.table)[:4])  # no control holds a top head
@@ -29,10 +36,12 @@ def test_run_at_smoke_size_scores_every_task_under_every_condition_and_resumes(m
         for s in by_condition.values():
             assert s.score.n == 2 and s.lm_eval == pytest.approx(s.score.acc)  # lm-eval's aggregate = the items' mean
     assert result.scores["choice_chat"][chapter.CLEAN].metric == "exact_match,remove_whitespace"
-    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES) and len(chapter.verdicts(result)) == 4
+    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES) and len(chapter.verdicts(result)) == 1 + 2 * 2
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
     assert len(chapter.scores_table(result)) == 2 * len(result.conditions)
-    assert result.scores["page_field"][chapter.CLEAN].n_shot == 1 and result.scores["choice_chat"][chapter.CLEAN].n_shot == 0
+    assert result.scores["page_field"][chapter.CLEAN].metric == "contains,none"  # SWDE's
+    assert result.scores["page_field"][chapter.CLEAN].n_shot == 0 and result.scores["choice_chat"][chapter.CLEAN].n_shot == 0
+    assert sorted(set(calls)) == [(("choice_chat",), True), (("page_field",), False)]  # a *_chat task in the chat template
     # Every cell is in the store: run again, and lm-eval is not called.
     monkeypatch.setattr(lmeval, "evaluate", lambda *a, **k: pytest.fail("a stored cell was computed again"))
     again = chapter.run(cfg)
@@ -67,10 +76,11 @@ def test_each_items_score_comes_from_lm_evals_records_in_doc_order_under_the_fir
     assert s.metric == "contains,none" and s.score.correct.tolist() == [True]
 
 
-def ranking(heads, accs, clean=0.9):
+def ranking(heads, accs, clean=0.9, held=(0.9, 0.5)):
     table = pd.DataFrame([dict(layer=h.layer, head=h.head, estimate=-1.0 + i, acc=a, lo=a - 0.05, hi=a + 0.05, n=200)
                           for i, (h, a) in enumerate(zip(heads, accs))])
-    return chapter.TopHeads(tuple(heads[:2]), table, at(clean), 0.01, "made up")
+    return chapter.TopHeads(tuple(heads[:2]), table, at(clean), 0.01, "made up", at(held[0], 400),
+                            at(held[1], 400, offset=3))
 
 
 def test_random_controls_are_distinct_sets_of_the_same_size_away_from_the_top_heads():
@@ -89,11 +99,12 @@ def at(acc, n=100, offset=0):
     return Score.of(np.roll(np.arange(n) < round(acc * n), offset))
 
 
-def made_up(tasks, clean, top, controls, ranking_clean=0.9, most_harmful=0.5):
-    """A run whose tasks score `clean`, `top` and `controls` (one value per task or a list)."""
+def made_up(tasks, clean, top, controls, held=(0.9, 0.5)):
+    """A run whose tasks score `clean`, `top` and `controls` (one value per task or a list), and
+    whose top heads take held-out KV prompts from held[0] to held[1]."""
     cfg = chapter.Config.for_profile("paper", tasks=list(tasks))
     heads = [Head(16, 22), Head(17, 24), Head(16, 3), Head(17, 5)]
-    table = ranking(heads, [most_harmful, 0.6, 0.7, 0.8], ranking_clean)
+    table = ranking(heads, [0.5, 0.6, 0.7, 0.8], held=held)
     drawn = [(Head(16, 10 + i), Head(17, 10 + i)) for i in range(len(controls))]
     scores = {}
     for t in tasks:
@@ -105,29 +116,36 @@ def made_up(tasks, clean, top, controls, ranking_clean=0.9, most_harmful=0.5):
 
 def test_table_2_is_reproduced_where_the_top_heads_lower_every_task_below_every_control():
     result = made_up(["gsm8k", "swde"], clean=0.7, top=0.3, controls=[0.7, 0.68])
-    assert [x.outcome for x in chapter.verdicts(result)] == [v.REPRODUCED] * 4
-    assert "below every random control (2 draws)" in chapter.verdicts(result)[1].evidence
+    premise, *claims = chapter.verdicts(result)
+    assert premise.kind == v.CHECK and premise.outcome == v.REPRODUCED and "400 held-out prompts" in premise.evidence
+    assert [x.outcome for x in claims] == [v.REPRODUCED] * 4 and v.overall(chapter.verdicts(result)) == v.REPRODUCED
+    assert "below every random control (2 draws)" in claims[1].evidence
 
 
 def test_top_heads_no_more_harmful_than_random_heads_are_not_a_bottleneck():
     result = made_up(["gsm8k"], clean=0.7, top=0.3, controls=[0.7, 0.3])
-    lowers, beyond = chapter.verdicts(result)
+    _, lowers, beyond = chapter.verdicts(result)
     assert lowers.outcome == v.REPRODUCED and beyond.outcome == v.NOT_REPRODUCED
-    lowers, beyond = chapter.verdicts(made_up(["gsm8k"], clean=0.7, top=0.7, controls=[0.7]))
+    assert v.overall(chapter.verdicts(result)) == v.PARTLY  # the headline holds, a claim that rests on it fails
+    _, lowers, beyond = chapter.verdicts(made_up(["gsm8k"], clean=0.7, top=0.7, controls=[0.7]))
     assert lowers.outcome == beyond.outcome == v.NOT_REPRODUCED
+    assert v.overall(chapter.verdicts(made_up(["gsm8k"], clean=0.7, top=0.7, controls=[0.7]))) == v.NOT_REPRODUCED
 
 
-def test_a_task_below_its_floor_or_an_unreadable_ranking_cannot_test_the_claim():
+def test_a_task_below_its_floor_or_heads_that_do_not_carry_retrieval_cannot_test_the_claim():
     # exact match on open answers: 3 of 100 right clears chance (0) but not the 5% floor
-    assert {x.outcome for x in chapter.verdicts(made_up(["gsm8k"], clean=0.03, top=0.0, controls=[0.03]))} == \
+    assert {x.outcome for x in chapter.verdicts(made_up(["gsm8k"], clean=0.03, top=0.0, controls=[0.03]))[1:]} == \
            {v.NOT_TESTABLE}
     # letters: 30% does not clear ARC's 25% guessing rate with its interval; BBH's floor is 50%
-    assert {x.outcome for x in chapter.verdicts(made_up(["arc_challenge_chat"], 0.3, 0.0, [0.3]))} == {v.NOT_TESTABLE}
+    assert {x.outcome for x in chapter.verdicts(made_up(["arc_challenge_chat"], 0.3, 0.0, [0.3]))[1:]} == {v.NOT_TESTABLE}
     assert chapter.floor("bbh_cot_fewshot_navigate") == chapter.floor("bbh") == 0.5
-    # the ranking at ceiling: no head's zeroing below clean, so its order is only the screen's
-    result = made_up(["gsm8k"], clean=0.7, top=0.3, controls=[0.7], ranking_clean=0.9, most_harmful=0.9)
-    verdicts = chapter.verdicts(result)
-    assert {x.outcome for x in verdicts} == {v.NOT_TESTABLE} and "no single head moves it" in verdicts[0].evidence
+    # the top heads zeroed together leave held-out KV as it was: whatever the tasks do, not testable
+    result = made_up(["gsm8k"], clean=0.7, top=0.3, controls=[0.7], held=(0.9, 0.9))
+    premise, *claims = chapter.verdicts(result)
+    assert premise.outcome == v.NOT_REPRODUCED and {x.outcome for x in claims} == {v.NOT_TESTABLE}
+    assert all("not shown to be retrieval heads" in x.evidence for x in claims)
+    assert v.overall(chapter.verdicts(result)) == v.NOT_TESTABLE
+    assert "not shown to carry retrieval" in chapter.premise_note(result)
 
 
 def test_the_table_2_comparison_says_the_papers_numbers_were_not_read():
@@ -145,6 +163,9 @@ def test_the_table_2_comparison_says_the_papers_numbers_were_not_read():
     (dict(model="llamba-8b", profile="paper"), "the book's Llamba"),
     (dict(ranking="exact"), "ranking must be one of 'shared', 'screen'"),
     (dict(n_heads=0), "n_heads must be at least 1"),
+    (dict(profile="paper", kv_pairs=16), "kv_pairs sets the cheap ranking's prompts"),
+    (dict(kv_pairs=0), r"kv_pairs must be at least 1, got 0 \(None: the shared ranking's\)"),
+    (dict(kv_pairs=500), "a KV dictionary for qwen2.5-coder-1.5b-instruct holds at most"),
 ])
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -159,3 +180,15 @@ def test_unknown_tasks_fail_before_the_model_loads(monkeypatch, kwargs, message)
     monkeypatch.setattr(base, "load", lambda name: pytest.fail("the model loaded before the tasks were checked"))
     with pytest.raises(ConfigError, match=message):
         chapter.run(chapter.Config.for_profile("cpu", smoke=True, **kwargs))
+
+
+def test_a_chat_task_on_a_model_without_a_chat_template_is_refused_before_any_head_is_ranked(monkeypatch):
+    from types import SimpleNamespace
+
+    assert chapter.chat("arc_challenge_chat") and chapter.chat("choice_chat") and not chapter.chat("gsm8k")
+    plain = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None))
+    monkeypatch.setattr(base, "load", lambda name: plain)
+    monkeypatch.setattr(chapter, "top_heads", lambda *a: pytest.fail("ranked heads for a task it cannot run"))
+    cfg = chapter.Config.for_profile("cpu", smoke=True, tasks=["page_field", "choice_chat"])
+    with pytest.raises(ConfigError, match="choice_chat run in the model's chat template, but .* has none"):
+        chapter.run(cfg)

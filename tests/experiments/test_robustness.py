@@ -314,3 +314,20 @@ def test_stability_conditions_factorial_and_one_factor_at_a_time():
     assert set(one) <= set(full)
     paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
     assert len(paper) == 12 and paper[0] == (0, "paper", "released")  # the paper profile's query first
+
+
+def test_random_heads_above_clean_are_said_with_their_paired_interval_both_ways():
+    assert chapter.above_clean(made_up()) == ""  # the random set scores as clean does: nothing to explain
+    result = made_up()
+    r = result.redundancy.copy()
+    clean = result.clean[result.cfg.model]
+    wrong = np.flatnonzero(~clean.correct)
+    noise = clean.correct.copy()
+    noise[wrong[:4]], noise[np.flatnonzero(clean.correct)[:2]] = True, False  # +2 items: 4 gained, 2 lost
+    helps = clean.correct.copy()
+    helps[wrong[:30]] = True  # 30 items gained, none lost
+    for correct, read in ((noise, "every interval holds 0"), (helps, "helps beyond chance")):
+        r.loc[r.control, "score"] = [Score.of(correct)]
+        note = chapter.above_clean(dataclasses.replace(result, redundancy=r))
+        assert note.startswith("Random sets scoring above the clean model") and read in note
+        assert f"{result.cfg.model}, 1 random heads" in note

@@ -50,7 +50,7 @@ from ..heads import Head, ablation, measured
 from ..interventions import site_width
 from ..packing import encode_pair
 from ..reference import paper
-from ..stats import Score, difference, rank_correlation
+from ..stats import Score, difference, paired, rank_correlation
 from ..sweep import sweep
 from ..tasks import KV_HEADER, Item
 from ..protocol import base, shared
@@ -446,6 +446,26 @@ def redundancy_table(result: Result) -> pd.DataFrame:
                      "random k (worst of draws)": min(controls, key=lambda s: s.acc).brief if controls else "-",
                      "clean": clean.brief})
     return pd.DataFrame(rows)
+
+
+def above_clean(result: Result) -> str:
+    """The random sets of the redundancy curves that score above the clean model, each with its
+    paired difference from clean: a random head can add noise to the answer (zeroing it then
+    helps) and a few items can flip by chance, so the note says which of the two the intervals
+    allow. "" when no random set scores above clean."""
+    found = []
+    for row in result.redundancy[result.redundancy.control].itertuples():
+        clean = result.clean[row.model]
+        if row.score.acc > clean.acc:
+            found.append((row.model, row.k, row.score, clean, paired(clean, row.score)))
+    if not found:
+        return ""
+    listed = "; ".join(f"{m}, {k} random heads: {s.brief} against {c.brief} clean, {d}" for m, k, s, c, d in found)
+    helped = [f"{m} (k = {k})" for m, k, s, c, d in found if d.lo > 0]
+    verdict = (f"zeroing those heads helps beyond chance for {', '.join(helped)} (the interval above 0): heads that "
+               "add noise to the answer" if helped else
+               "every interval holds 0: the items flipped either way, and no set is shown to help")
+    return f"Random sets scoring above the clean model, paired on the same prompts: {listed}. Read: {verdict}."
 
 
 def comparison(result: Result) -> pd.DataFrame:

@@ -6,7 +6,7 @@
 #   make rehearse  the paper profile at smoke size on CPU against a mini-hub of random-weight paper models
 #   make sync      write the chapters' Colab cells and book/*.ipynb from book/*.md;
 #                  `make sync REPOSITORY=https://github.com/OWNER/NAME` sets the address everywhere first
-#   make zoo       retrain the toy zoo into data/zoo (deterministic, one thread per model; about two hours)
+#   make zoo       retrain the toy zoo into data/zoo (deterministic, one thread per model; about 3.5 hours)
 #   make gpu       in the GPU environment (environment.yml, activated): mamba-ssm and causal-conv1d
 PYTHON ?= python3
 VENV   ?= .venv

@@ -68,6 +68,16 @@ class ModelSpec:
         return f"{self.quantization}, dequantized to {self.dtype}" if self.gguf else self.quantization
 
 
+# The follow-up's toy hybrids (`helpers.zoo`), each trained from RAD_SEEDS: the first seed's
+# checkpoint has the recipe's own name, the others `<name>-seed<k>`.
+RAD_HYBRIDS = ("toy-rad-ga", "toy-rad-retrieval", "toy-rad-random0", "toy-rad-random1", "toy-rad-random2")
+RAD_SEEDS = (0, 1, 2)
+
+
+def seeded(name: str, seed: int) -> str:
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -106,8 +116,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("zamba2-2.7b-instruct", "paper", "Zyphra/Zamba2-2.7B-instruct", "hybrid"),
         *(ModelSpec(name, "cpu", f"data/zoo/{name}", mixer, toy=True) for name, mixer in
           [("toy-transformer", "attention"), ("toy-mamba2", "ssm"), ("toy-mamba1", "ssm"), ("toy-hybrid", "hybrid"),
-           ("toy-student", "ssm"), *((n, "hybrid") for n in ("toy-rad-ga", "toy-rad-retrieval", "toy-rad-random0",
-                                                            "toy-rad-random1", "toy-rad-random2"))]),
+           ("toy-student", "ssm"), *((seeded(n, s), "hybrid") for n in RAD_HYBRIDS for s in RAD_SEEDS)]),
     ]
 }
 

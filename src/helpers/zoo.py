@@ -11,7 +11,7 @@ tasks of `helpers.synthetic`, deterministically, on one CPU thread.
 | toy-mamba1 | Falcon-Mamba | transformers Mamba (parallel `mambapy` scan for training) |
 | toy-hybrid | Zamba2 | transformers Zamba2: Mamba-2 layers, the middle one with the shared attention block |
 | toy-student | Llamba | `helpers.llamba`, distilled from toy-transformer the MOHAWK way |
-| toy-rad-* | the follow-up's hybrids | toy-student's recipe, one teacher head kept as attention (`KEEP_BY`) |
+| toy-rad-* | the follow-up's hybrids | toy-student's recipe, one teacher head kept as attention (`KEEP_BY`), each from three seeds (`-seed1`, `-seed2`) |
 
 Each model is saved as `<name>.safetensors` beside `<name>.json`, which holds its config and its
 training record (seed, steps, wall time, the loss and accuracy curves, final accuracies).
@@ -41,7 +41,7 @@ from .progress import bar
 from .provenance import file_hash
 from .adapters import MambaAdapter, adapter_for
 from .convllama import ConvLlamaConfig, ConvLlamaForCausalLM
-from .registry import Loaded
+from .registry import RAD_SEEDS, Loaded, seeded
 from .ssm import discrete_hidden_attention
 
 
@@ -63,6 +63,7 @@ class Recipe:
     keep: int = 0
     keep_by: str = ""
     draw: int = 0
+    seed: int = 0  # what `build` trains it from: the follow-up's hybrids are trained from several
 
 
 WIDTH, LAYERS, HEADS = 64, 3, 4
@@ -91,9 +92,11 @@ RECIPES = {r.name: r for r in [
     Recipe("toy-student", "Llamba (distilled)", "llamba", STUDENT, steps=0, teacher="toy-transformer",
            distill_steps=(400, 3000)),
     # The follow-up's retrieval-aware distillation: the student with one of the teacher's 16
-    # heads (6%) kept as attention, chosen by each rule (three random draws).
-    *(Recipe(f"toy-rad-{tag}", f"hybrid keeping 1 head by {by}", "llamba", STUDENT, steps=0, teacher="toy-transformer",
-             distill_steps=(400, 1600), keep=1, keep_by=by, draw=draw)
+    # heads (6%) kept as attention, chosen by each rule (three random draws), each trained from
+    # three seeds (a seed also draws the heads each rule is measured on, and the random heads).
+    *(Recipe(seeded(f"toy-rad-{tag}", seed), f"hybrid keeping 1 head by {by}", "llamba", STUDENT, steps=0,
+             teacher="toy-transformer", distill_steps=(400, 1600), keep=1, keep_by=by, draw=draw, seed=seed)
+      for seed in RAD_SEEDS
       for tag, by, draw in [("ga", "G&A ranking", 0), ("retrieval", "retrieval score", 0), ("random0", "random", 0),
                             ("random1", "random", 1), ("random2", "random", 2)]),
 ]}
@@ -402,10 +405,12 @@ def copy_kept_heads(student: nn.Module, teacher: nn.Module, kept: dict[int, list
 
 # --- build -----------------------------------------------------------------------------------------
 
-def build(name: str, folder: Path | None = None, seed: int = 0, steps: int | None = None, n_final: int = 500,
+def build(name: str, folder: Path | None = None, seed: int | None = None, steps: int | None = None, n_final: int = 500,
           progress: bool = True) -> dict:
-    """Train one zoo model from its recipe and seed; write its checkpoint and record."""
+    """Train one zoo model from its recipe and seed (None: the recipe's); write its checkpoint
+    and record."""
     r = recipe(name)
+    seed = r.seed if seed is None else seed
     folder = folder or checkpoints()
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -447,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("build", help="train models and write their checkpoints and records")
     b.add_argument("names", nargs="*", help=f"default: all ({', '.join(RECIPES)})")
     b.add_argument("--out", type=Path, default=None, help="default: data/zoo")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=None, help="default: the recipe's")
     b.add_argument("--steps", type=int, default=None, help="override the recipes' step counts (smoke runs)")
     args = p.parse_args(argv)
     for name in args.names or list(RECIPES):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from helpers import verdicts as v
-from helpers import zoo
+from helpers import registry, zoo
 from helpers.experiments import retrieval_aware as chapter
 from helpers.stats import Score
 
@@ -35,20 +35,33 @@ def at(acc, n=300):
     return Score.of(np.arange(n) < round(acc * n))
 
 
-def made_up(kv, mcq=None, knowledge=1.0, kept=None):
+def made_up(kv, mcq=None, knowledge=1.0, kept=None, seeds=(0,)):
     """A Result from accuracies: `kv` and `mcq` map T, S, "ga", "retrieval", "r0", "r1", "r2" to an
-    accuracy; `kept` the head each hybrid keeps (default: all different)."""
+    accuracy (a hybrid's: one for every seed, or a tuple, one per seed of `seeds`); `kept` the
+    head each hybrid keeps (default: all different)."""
     names = {"ga": "toy-rad-ga", "retrieval": "toy-rad-retrieval", "r0": "toy-rad-random0", "r1": "toy-rad-random1",
              "r2": "toy-rad-random2"}
     rules = {"ga": "G&A ranking", "retrieval": "retrieval score", "r0": "random", "r1": "random", "r2": "random"}
     kept = {"ga": "L1H2", "retrieval": "L3H0", "r0": "L0H1", "r1": "L2H3", "r2": "L3H3", **(kept or {})}
     mcq = mcq or {k: 0.99 for k in kv}
-    by = lambda accs: {names.get(k, k): at(a) for k, a in accs.items()}
+    hybrid = {(k, seed): registry.seeded(n, seed) for k, n in names.items() for seed in seeds}
+
+    def by(accs):
+        out = {}
+        for k, a in accs.items():
+            if k in names:
+                for i, seed in enumerate(seeds):
+                    out[hybrid[k, seed]] = at(a[i] if isinstance(a, tuple) else a)
+            else:
+                out[k] = at(a)
+        return out
+
     scores = {MCQ: by(mcq), KV: by(kv), KNOW: by({T: 1.0, S: 1.0, "ga": knowledge, "retrieval": 1.0, "r0": 1.0, "r1": 1.0,
                                                    "r2": 1.0})}
-    return chapter.Result(chapter.Config.for_profile("cpu"), 16, {names[k]: h for k, h in kept.items()},
-                          {names[k]: r for k, r in rules.items()}, scores,
-                          {MCQ: "retrieval", KV: "retrieval", KNOW: "knowledge"}, {MCQ: 0.25, KV: 0.125, KNOW: 1 / 32}, {})
+    return chapter.Result(chapter.Config.for_profile("cpu"), 16, {h: kept[k] for (k, _), h in hybrid.items()},
+                          {h: rules[k] for (k, _), h in hybrid.items()}, scores,
+                          {MCQ: "retrieval", KV: "retrieval", KNOW: "knowledge"}, {MCQ: 0.25, KV: 0.125, KNOW: 1 / 32}, {},
+                          {h: seed for (_, seed), h in hybrid.items()})
 
 
 def test_the_ga_head_recovering_the_teacher_where_random_heads_do_not_is_reproduced():
@@ -102,3 +115,27 @@ def test_recovery_is_averaged_over_the_tasks_that_can_test_it_only():
                    mcq={T: 1.0, S: 0.25, "ga": 1.0, "retrieval": 0.5, "r0": 0.25, "r1": 0.25, "r2": 0.25})
     row = chapter.scores_table(both).set_index("model").loc["toy-rad-ga"]
     assert row["retrieval recovered"] == pytest.approx((3 / 7 + 1) / 2, abs=1e-9)
+
+
+def test_a_claim_over_three_training_seeds_holds_where_every_seed_shows_it_and_partly_where_they_disagree():
+    every = made_up(kv={T: 1.0, S: 0.3, "ga": (0.99, 0.985, 0.99), "retrieval": 0.5, "r0": 0.3, "r1": 0.35, "r2": 0.3},
+                    seeds=(0, 1, 2))
+    beats_kv, small_kv = chapter.verdicts(every)[1], chapter.verdicts(every)[3]
+    assert beats_kv.outcome == small_kv.outcome == v.REPRODUCED and "each of 3 training seeds" in beats_kv.claim
+    assert "seed 2: reproduced: toy-rad-ga-seed2" in beats_kv.evidence
+    # one seed's G&A hybrid does no better than the random draws: the recipe is not reliably better
+    lucky = made_up(kv={T: 1.0, S: 0.3, "ga": (0.98, 0.97, 0.3), "retrieval": 0.5, "r0": 0.3, "r1": 0.35, "r2": 0.3},
+                    seeds=(0, 1, 2))
+    assert chapter.verdicts(lucky)[1].outcome == chapter.verdicts(lucky)[3].outcome == v.PARTLY
+    none = made_up(kv={T: 1.0, S: 0.3, "ga": (0.3, 0.32, 0.3), "retrieval": 0.5, "r0": 0.3, "r1": 0.35, "r2": 0.3},
+                   seeds=(0, 1, 2))
+    assert chapter.verdicts(none)[1].outcome == v.NOT_REPRODUCED
+    spread = chapter.spread_table(lucky).set_index("kept by")
+    assert list(spread.index) == ["G&A ranking", "retrieval score", "random draw 0", "random draw 1", "random draw 2"]
+    assert spread.loc["G&A ranking", "seeds"] == 3 and spread.loc["G&A ranking", KV] == "75.0% (30.0% to 98.0%)"
+    # (0.98 - 1/8) / (7/8) = 97.7%, (0.97 - 1/8) / (7/8) = 96.6%, (0.3 - 1/8) / (7/8) = 20%: mean 71.4%
+    assert spread.loc["G&A ranking", "retrieval recovered"] == "71% (20% to 98%)"
+    assert len(chapter.scores_table(lucky)) == 2 + 15 and chapter.order(lucky)[2:5] == [
+        "toy-rad-ga", "toy-rad-ga-seed1", "toy-rad-ga-seed2"]
+    recovered = chapter.comparison(lucky).set_index("").loc["retrieval recovered, keeping L1H2 (G&A)", "this run"]
+    assert recovered == f"{MCQ}: not testable; {KV}: 71% (20% to 98% over 3 seeds)"

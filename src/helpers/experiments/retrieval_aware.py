@@ -77,9 +77,15 @@ class Result(base.ByRole):
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
+    seeds: dict[str, int]  # hybrid -> the seed it was trained from (`zoo.Recipe.seed`)
 
-    def of(self, rule: str) -> list[str]:
-        return [h for h, r in self.rules.items() if r == rule]
+    def of(self, rule: str, seed: int | None = None) -> list[str]:
+        """The hybrids whose head `rule` chose (trained from `seed`; None: from any)."""
+        return [h for h, r in self.rules.items() if r == rule and seed in (None, self.seeds[h])]
+
+    @property
+    def trained_from(self) -> list[int]:
+        return sorted(set(self.seeds.values()))
 
 
 def run(cfg: Config) -> Result:
@@ -101,7 +107,7 @@ def run(cfg: Config) -> Result:
     a = loaded[names[TEACHER]].adapter
     heads = sum(a.n_heads(l) for l in a.head_layers())
     return Result(cfg, heads, kept, rules, scores, {b.name: b.role for b in benchmarks}, {b.name: b.chance for b in benchmarks},
-                  base.record(cfg, list(loaded.values()), timer))
+                  base.record(cfg, list(loaded.values()), timer), {h: zoo.recipe(h).seed for h in kept})
 
 
 def measure(cell: dict) -> dict:
@@ -148,50 +154,86 @@ def share(result: Result, hybrid: str) -> str:
     return f"{n} head{'s' if n > 1 else ''} of {result.heads} ({n / result.heads:.0%})"
 
 
+def over_seeds(result: Result, judge) -> tuple[str, str]:
+    """A claim judged on the hybrids of each training seed (`judge(seed)` -> outcome, evidence),
+    then combined (`verdicts.combine`: partly reproduced where the seeds disagree): a result of
+    one distillation run is not a result of the recipe."""
+    judged = [(seed, *judge(seed)) for seed in result.trained_from]
+    evidence = " | ".join(f"seed {seed}: {outcome}: {e}" if len(judged) > 1 else e for seed, outcome, e in judged)
+    return v.combine(o for _, o, _ in judged), evidence
+
+
 def verdicts(result: Result) -> list[v.Verdict]:
-    ga, other, randoms = result.of("G&A ranking")[0], result.of("retrieval score")[0], result.of("random")
+    ga = lambda seed: result.of("G&A ranking", seed)[0]
+    other = lambda seed: result.of("retrieval score", seed)[0]
+    source = "follow-up, arXiv 2602.11374"
+    seeds = f" (each of {len(result.trained_from)} training seeds)" if len(result.trained_from) > 1 else ""
     out = []
     for b in result.retrieval:
+        claim = f"{b}: keeping the G&A head recovers more than keeping a random head{seeds}"
         why = gap(result, b)
-        claim = f"{b}: keeping the G&A head recovers more than keeping a random head"
-        if why:
-            out.append(v.Verdict(claim, "follow-up, arXiv 2602.11374", v.NOT_TESTABLE, why))
-        else:
-            out.append(v.Verdict(claim, "follow-up, arXiv 2602.11374", *beats(result, b, ga, randoms)))
+        out.append(v.Verdict(claim, source, v.NOT_TESTABLE, why) if why else
+                   v.Verdict(claim, source, *over_seeds(result, lambda s: beats(result, b, ga(s), result.of("random", s)))))
+    share_of = share(result, ga(result.trained_from[0]))
     for b in result.retrieval:
+        claim = f"{b}: keeping {share_of} as attention recovers over {RECOVERED:.0%} of the teacher{seeds}"
         why = gap(result, b)
-        claim = f"{b}: keeping {share(result, ga)} as attention recovers over {RECOVERED:.0%} of the teacher"
         if why:
-            out.append(v.Verdict(claim, "follow-up, arXiv 2602.11374", v.NOT_TESTABLE, why))
+            out.append(v.Verdict(claim, source, v.NOT_TESTABLE, why))
             continue
         t = result.scores[b][TEACHER]
-        outcome, evidence = v.kept(t, result.scores[b][ga], result.chance[b], margin=(1 - RECOVERED) * t.acc)
-        out.append(v.Verdict(claim, "follow-up, arXiv 2602.11374", outcome, f"{ga} ({result.kept[ga]}): {evidence}"))
-    parts, evidence = [], []
-    for b in result.retrieval:
-        why = gap(result, b) or (f"both rules keep {result.kept[ga]}" if result.kept[ga] == result.kept[other] else "")
-        if why:
-            parts.append(v.NOT_TESTABLE)
-            evidence.append(f"{b}: not testable: {why}")
-            continue
-        outcome, e = beats(result, b, ga, [other])
-        parts.append(outcome)
-        evidence.append(f"{b}: {outcome}: {e}")
-    out.append(v.Verdict("The G&A ranking chooses a better head to keep than the retrieval score does", "control (this book)",
-                         v.combine(parts), " | ".join(evidence)))
+
+        def recovers(seed):
+            outcome, evidence = v.kept(t, result.scores[b][ga(seed)], result.chance[b], margin=(1 - RECOVERED) * t.acc)
+            return outcome, f"{ga(seed)} ({result.kept[ga(seed)]}): {evidence}"
+
+        out.append(v.Verdict(claim, source, *over_seeds(result, recovers)))
+
+    def better_rule(seed):
+        parts, evidence = [], []
+        for b in result.retrieval:
+            why = gap(result, b) or (f"both rules keep {result.kept[ga(seed)]}"
+                                     if result.kept[ga(seed)] == result.kept[other(seed)] else "")
+            if why:
+                parts.append(v.NOT_TESTABLE)
+                evidence.append(f"{b}: not testable: {why}")
+                continue
+            outcome, e = beats(result, b, ga(seed), [other(seed)])
+            parts.append(outcome)
+            evidence.append(f"{b}: {outcome}: {e}")
+        return v.combine(parts), "; ".join(evidence)
+
+    out.append(v.Verdict(f"The G&A ranking chooses a better head to keep than the retrieval score does{seeds}",
+                         "control (this book)", *over_seeds(result, better_rule)))
     k = base.knowledge_name(result)
     t = result.scores[k][TEACHER]
-    outcome, evidence = v.kept(t, result.scores[k][ga], result.chance[k], margin=(1 - RECOVERED) * t.acc)
-    out.append(v.Verdict("Knowledge (the control) is kept by the G&A hybrid", "control (this book)", outcome,
-                         f"{k}: {evidence}"))
+
+    def knowledge_kept(seed):
+        outcome, evidence = v.kept(t, result.scores[k][ga(seed)], result.chance[k], margin=(1 - RECOVERED) * t.acc)
+        return outcome, f"{k}: {evidence}"
+
+    out.append(v.Verdict(f"Knowledge (the control) is kept by the G&A hybrid{seeds}", "control (this book)",
+                         *over_seeds(result, knowledge_kept)))
     return out
 
 
 # --- tables and figures --------------------------------------------------------------------------
 
 def order(result: Result) -> list[str]:
-    """Teacher, student, then the hybrids by rule (G&A, retrieval score, random draws)."""
-    return [TEACHER, STUDENT, *(h for rule in zoo.KEEP_BY for h in result.of(rule))]
+    """Teacher, student, then the hybrids by rule (G&A, retrieval score, random draws), each
+    recipe's seeds together."""
+    return [TEACHER, STUDENT, *(h for recipe in recipes(result) for h in hybrids_of(result, recipe))]
+
+
+def recipes(result: Result) -> list[str]:
+    """The hybrids' recipes by rule and draw (`rule_of`: "G&A ranking", ..., "random draw 2")."""
+    ranked = sorted(result.rules, key=lambda h: (zoo.KEEP_BY.index(result.rules[h]), zoo.recipe(h).draw))
+    return list(dict.fromkeys(rule_of(h) for h in ranked))
+
+
+def hybrids_of(result: Result, recipe: str) -> list[str]:
+    """A recipe's hybrids, one per training seed, in seed order."""
+    return sorted((h for h in result.rules if rule_of(h) == recipe), key=result.seeds.get)
 
 
 def recovery(result: Result, b: str, who: str) -> float:
@@ -212,9 +254,28 @@ def scores_table(result: Result) -> pd.DataFrame:
     rows = []
     for who in order(result):
         rows.append({"model": who, "head kept": result.kept.get(who, f"all {result.heads}" if who == TEACHER else "none"),
-                     "chosen by": result.rules.get(who, "-"),
+                     "chosen by": result.rules.get(who, "-"), "seed": result.seeds.get(who, "-"),
                      **{b: result.scores[b][who].brief for b in result.scores},
                      "retrieval recovered": float(np.mean([recovery(result, b, who) for b in tasks])) if tasks else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def spread_table(result: Result) -> pd.DataFrame:
+    """Each recipe over its training seeds: per task the mean accuracy and the lowest and highest
+    seed's, and the retrieval recovered likewise: how much of a difference between rules one
+    distillation run's luck could make."""
+    tasks = testable(result)
+    rows = []
+    for recipe in recipes(result):
+        hybrids = hybrids_of(result, recipe)
+        row = {"kept by": recipe, "seeds": len(hybrids), "heads kept": ", ".join(result.kept[h] for h in hybrids)}
+        for b in result.scores:
+            accs = [result.scores[b][h].acc for h in hybrids]
+            row[b] = f"{np.mean(accs):.1%} ({min(accs):.1%} to {max(accs):.1%})"
+        if tasks:
+            rec = [float(np.mean([recovery(result, b, h) for b in tasks])) for h in hybrids]
+            row["retrieval recovered"] = f"{np.mean(rec):.0%} ({min(rec):.0%} to {max(rec):.0%})"
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -223,20 +284,32 @@ def percent(x: float) -> str:
 
 
 def comparison(result: Result) -> pd.DataFrame:
-    ga, tasks = result.of("G&A ranking")[0], testable(result)
+    tasks = testable(result)
+    ga = hybrids_of(result, "G&A ranking")
 
-    def recovered(who: str) -> str:
-        return "; ".join(f"{b}: {percent(recovery(result, b, who)) if b in tasks else 'not testable'}"
-                         for b in result.retrieval)
+    def recovered(recipe: str) -> str:
+        """Per retrieval task, the recipe's recovery: the mean over its seeds, and their range."""
+        hybrids = hybrids_of(result, recipe)
+        if len(hybrids) == 1:
+            return "; ".join(f"{b}: {percent(recovery(result, b, hybrids[0])) if b in tasks else 'not testable'}"
+                             for b in result.retrieval)
+        said = []
+        for b in result.retrieval:
+            rec = [recovery(result, b, h) for h in hybrids]
+            said.append(f"{b}: {percent(float(np.mean(rec)))} ({percent(min(rec))} to {percent(max(rec))} over "
+                        f"{len(rec)} seeds)" if b in tasks else f"{b}: not testable")
+        return "; ".join(said)
 
+    heads = lambda recipe: ", ".join(dict.fromkeys(result.kept[h] for h in hybrids_of(result, recipe)))
     return base.comparison_table([
         ("models", "Llama-3 / Qwen teachers distilled into hybrids (follow-up)", "not released here",
-         f"{teacher()} distilled into {student()}'s mixers, one head kept ({result.cfg.profile} profile: the zoo)"),
+         f"{teacher()} distilled into {student()}'s mixers, one head kept ({result.cfg.profile} profile: the zoo), "
+         f"each hybrid from {len(result.trained_from)} training seed(s)"),
         ("attention kept", str(paper("retrieval_aware", "kept_attention_fraction")), "-",
-         f"{share(result, ga)}: {ga} keeps {result.kept[ga]}"),
-        (f"retrieval recovered, keeping {result.kept[ga]} (G&A)", str(paper("retrieval_aware", "retrieval_recovery")), "-",
-         recovered(ga)),
-        *((f"... keeping {result.kept[h]} ({rule_of(h)}) instead", "-", "-", recovered(h)) for h in order(result)[3:]),
+         f"{share(result, ga[0])}: the G&A ranking keeps {heads('G&A ranking')}"),
+        (f"retrieval recovered, keeping {heads('G&A ranking')} (G&A)", str(paper("retrieval_aware", "retrieval_recovery")),
+         "-", recovered("G&A ranking")),
+        *((f"... keeping {heads(r)} ({r}) instead", "-", "-", recovered(r)) for r in recipes(result)[1:]),
         ("earlier hybrids' attention", str(paper("retrieval_aware", "earlier_hybrids_attention_fraction")), "-",
          "not run"),
     ])
@@ -254,27 +327,35 @@ def subject(result: Result) -> str:
 
 
 def figure(result: Result):
-    """Accuracy of each model on each task (bars, 95% intervals), chance dotted."""
+    """Accuracy of each model on each task: the teacher and the student as bars with 95%
+    intervals; each hybrid recipe as a bar at its seeds' mean with one dot per seed; chance
+    dotted."""
     import matplotlib.pyplot as plt
 
     from .. import plots
 
     plots.style()
-    who = order(result)
+    groups = [[TEACHER], [STUDENT], *(hybrids_of(result, r) for r in recipes(result))]
     tasks = list(result.scores)
-    colours = {TEACHER: "0.3", STUDENT: "0.65", **{h: {"G&A ranking": "tab:red", "retrieval score": "tab:purple",
-                                                        "random": "tab:blue"}[r] for h, r in result.rules.items()}}
+    rule_colour = {"G&A ranking": "tab:red", "retrieval score": "tab:purple", "random": "tab:blue"}
+    colour = lambda who: {TEACHER: "0.3", STUDENT: "0.65"}.get(who) or rule_colour[result.rules[who]]
     fig, axes = plt.subplots(len(tasks), 1, figsize=(plots.WIDTH, 2.3 * len(tasks) + 0.9), squeeze=False, sharex=True)
     for ax, b in zip(axes[:, 0], tasks):
-        s = [result.scores[b][w] for w in who]
-        acc = np.array([x.acc for x in s])
-        err = [100 * (acc - [x.lo for x in s]), 100 * (np.array([x.hi for x in s]) - acc)]
-        ax.bar(range(len(who)), 100 * acc, yerr=err, capsize=2, color=[colours[w] for w in who])
+        for x, group in enumerate(groups):
+            s = [result.scores[b][w] for w in group]
+            acc = 100 * np.array([score.acc for score in s])
+            if len(group) == 1 and group[0] in (TEACHER, STUDENT):
+                ax.bar(x, acc[0], yerr=[[acc[0] - 100 * s[0].lo], [100 * s[0].hi - acc[0]]], capsize=2,
+                       color=colour(group[0]))
+            else:
+                ax.bar(x, acc.mean(), color=colour(group[0]), alpha=0.55)
+                ax.scatter(x + np.linspace(-0.2, 0.2, len(acc)), acc, s=14, color=colour(group[0]), zorder=3)
         ax.axhline(100 * result.chance[b], ls=":", lw=1.2, color="0.35", label="chance")
         ax.set(title=b, ylabel="accuracy (%)", ylim=(0, 105))
-    labels = ["teacher", "student", *(f"{w.removeprefix('toy-rad-')}\n{result.kept[w]}" for w in who[2:])]
-    axes[-1, 0].set_xticks(range(len(who)), labels, fontsize=8)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:red", "tab:purple", "tab:blue")]
+    labels = ["teacher", "student", *(r.replace("random draw ", "random ").replace("G&A ranking", "G&A")
+                                      .replace("retrieval score", "retrieval") for r in recipes(result))]
+    axes[-1, 0].set_xticks(range(len(groups)), labels, fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in rule_colour.values()]
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.legend(handles + axes[0, 0].get_legend_handles_labels()[0],
                ["G&A head kept", "retrieval-score head kept", "random head kept", "chance"], loc="lower center", ncols=2,

@@ -18,7 +18,7 @@ Qwen2.5-Coder-1.5B-Instruct would need hours for that ranking on 2 cores, so the
 cheaply (`ranking="screen"`): the screen's estimate in one pass (`screen.attribution`, alpha 1)
 on `n_rank` KV prompts of `kv_pairs` keys, then the `n_heads + CONFIRM_MORE` best estimates each
 zeroed exactly on the same prompts; the most harmful of those are the top heads. (At the shared
-ranking's 8 keys Qwen retrieved 92.5% of 40 prompts, and none of the screen's 8 best heads
+ranking's 8 keys Qwen retrieved 92.5% of 40 prompts, and none of the screen's 6 best heads
 zeroed moved that; at 16 keys 85.0%, its best two zeroed 82.5%.) Every claim of the page rests on
 a premise measured on prompts the ranking did not see: that the heads, zeroed together, lower KV
 retrieval there (`TopHeads.carry_retrieval`); where they do not, they are not shown to be
@@ -126,8 +126,8 @@ class Config(base.Config):
         if profile == "cpu":
             # Qwen-1.5B in bfloat16 reads about 350 prompt tokens a second on 2 cores (measured alone), and the
             # four tasks' prompts hold some 60,000 tokens at 100 items each: about 3.5 minutes per condition.
-            # So 100 items (the least that tells a loss of about 10 points from none at these clean scores,
-            # `power_table`), clean, the top heads and one random set; the ranking on 40 KV prompts.
+            # So 100 items (a loss of about 7 points is then detected at these clean scores, `power_table`),
+            # clean, the top heads and one random set; the ranking on 40 KV prompts.
             return dict(model=registry.cast(profile, "letters"), tasks=CPU_TASKS, n=100, ranking="screen", n_rank=40,
                         kv_pairs=16, n_controls=1, max_gen_toks=None, batch_size=32, **common)
         return dict(model=registry.cast(profile, "letters"), tasks=PAPER_TASKS, n=None, ranking="shared", n_rank=200,

@@ -77,6 +77,31 @@ def test_engine_on_a_recurrent_model():
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("view", ["attention", "mamba"])
+@torch.inference_mode()
+def test_engine_drives_zamba2_hybrid_layers(view, dtype):
+    # A hybrid layer reads the token embeddings beside the stream (it raised a raw TypeError).
+    from test_adapters import tiny_zamba2
+
+    model = tiny_zamba2()
+    adapter = helpers.adapter_for(model)
+    for layer in adapter.hybrid_layers:  # heads that move the scores more than bfloat16's rounding
+        adapter.head_site(layer).weight.normal_(0, 0.5)
+        adapter.block(layer).linear.weight.normal_(0, 0.5)
+    model.to(dtype)
+    adapter = adapter if view == "attention" else adapter.mamba_heads()
+    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
+             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    engine = SweepEngine(adapter, CharTokenizer(), items, batch_tokens=64)
+    rows = engine.loglikelihoods([{}, {3: [0, 2]}])
+    for ablation, row in zip(({}, {3: [0, 2]}), rows):
+        with helpers.zero_heads(adapter, ablation):
+            ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
+        np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
+    assert not np.allclose(rows[0], rows[1])  # the ablation reached the hybrid layer
+
+
 @torch.inference_mode()
 def test_both_scorers_read_a_float32_residual_through_a_bfloat16_head():
     # Falcon-Mamba's `residual_in_fp32`: in bfloat16 its backbone returns float32 hidden states.

@@ -59,11 +59,12 @@ class Adapter:
     packs_candidates = False
 
     def run_layer(self, block: nn.Module, hidden: torch.Tensor, positions: torch.Tensor | None = None,
-                  allowed: torch.Tensor | None = None) -> torch.Tensor:
+                  allowed: torch.Tensor | None = None, embeddings: torch.Tensor | None = None) -> torch.Tensor:
         """Run one of this family's blocks on a residual stream, outside its own model (a
         transplanted layer in `swap_layers`, the layers above an ablation in `engine`).
         Attention families also take token `positions` [rows, T] and which keys each query may
-        read, `allowed` [rows, T, T] (default: causal)."""
+        read, `allowed` [rows, T, T] (default: causal). Hybrid layers that read the token
+        embeddings again beside the stream (Zamba2) take them as `embeddings` [rows, T, width]."""
         if allowed is not None:
             raise InterventionError(f"{self.family} layers read their input in order; they cannot take a packed mask")
         return self.layer_output(block(hidden))
@@ -184,6 +185,19 @@ class Adapter:
         return indices
 
 
+def positions_and_mask(hidden: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None):
+    """Token positions [rows, T] (default 0..T-1) and the additive attention mask [rows, 1, T, T]
+    that `allowed` gives (default causal): eager, SDPA and our own attention function all read an
+    additive mask the same way."""
+    R, T = hidden.shape[:2]
+    if positions is None:
+        positions = torch.arange(T, device=hidden.device).expand(R, T)
+    if allowed is None:
+        allowed = torch.ones(T, T, dtype=torch.bool, device=hidden.device).tril().expand(R, T, T)
+    mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+    return positions, mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]
+
+
 class LlamaAdapter(Adapter):
     """Llama-family attention (SmolLM2, Llama-3.1): heads are the query heads (grouped-query
     attention shares K/V, but each query head writes its own slice of `o_proj`'s input)."""
@@ -204,16 +218,9 @@ class LlamaAdapter(Adapter):
 
     packs_candidates = True
 
-    def run_layer(self, block, hidden, positions=None, allowed=None):
-        # A Llama block needs its model's rotary embeddings and an explicit mask (additive,
-        # which eager, SDPA and our own attention function all read the same way).
-        R, T = hidden.shape[:2]
-        if positions is None:
-            positions = torch.arange(T, device=hidden.device).expand(R, T)
-        if allowed is None:
-            allowed = torch.ones(T, T, dtype=torch.bool, device=hidden.device).tril().expand(R, T, T)
-        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
-        mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]
+    def run_layer(self, block, hidden, positions=None, allowed=None, embeddings=None):
+        # A Llama block needs its model's rotary embeddings and an explicit mask.
+        positions, mask = positions_and_mask(hidden, positions, allowed)
         rotary = self.model.base_model.rotary_emb(hidden, position_ids=positions)
         return self.layer_output(block(hidden, attention_mask=mask, position_ids=positions,
                                        position_embeddings=rotary))
@@ -387,6 +394,22 @@ class Zamba2Adapter(Mamba2Adapter):
                 f"layer {layer} of this zamba2 model is a Mamba layer without attention; its attention "
                 f"layers are {self.hybrid_layers}; for its Mamba heads use adapter.mamba_heads()")
         return self.block(layer).shared_transformer.self_attn
+
+    def run_layer(self, block, hidden, positions=None, allowed=None, embeddings=None):
+        # Every Zamba2 layer takes the model's arguments in its order: the stream, the token
+        # embeddings (a hybrid layer's shared block reads them beside the stream), its own index
+        # (which picks the shared block's per-layer adapters), the Mamba and attention masks.
+        if allowed is not None:
+            raise InterventionError("zamba2 layers read their input in order; they cannot take a packed mask")
+        if embeddings is None:
+            raise InterventionError("a zamba2 layer reads the token embeddings beside the stream: pass `embeddings`")
+        index = next((i for i, b in enumerate(self.layers) if b is block), None)
+        if index is None:
+            raise InterventionError("this zamba2 layer is not in the model's block list; run it through its own model")
+        positions, mask = positions_and_mask(hidden, positions, None)
+        rotary = self.model.base_model.rotary_emb(hidden, position_ids=positions) if self.model.config.use_mem_rope else None
+        return self.layer_output(block(hidden, embeddings, index, None, mask, position_embeddings=rotary,
+                                       position_ids=positions))
 
     def mixer(self, layer: int) -> nn.Module:
         block = self.block(layer)  # a hybrid layer runs its Mamba block after the shared attention

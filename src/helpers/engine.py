@@ -72,13 +72,14 @@ class SweepEngine:
         if reps > 1 and allowed is not None:
             allowed = allowed.repeat(reps, 1, 1)
         positions = r.positions[batch.rows, :T].to(dev).repeat(reps, 1)
+        embeddings = self.embeddings(batch).repeat(reps, 1, 1)
         for layer in layers:
             block = self.adapter.layers[layer]
             if checkpoint and torch.is_grad_enabled():
                 hidden = torch.utils.checkpoint.checkpoint(self.adapter.run_layer, block, hidden, positions, allowed,
-                                                           use_reentrant=False)
+                                                           embeddings, use_reentrant=False)
             else:
-                hidden = self.adapter.run_layer(block, hidden, positions, allowed)
+                hidden = self.adapter.run_layer(block, hidden, positions, allowed, embeddings)
         return hidden
 
     @torch.inference_mode()
@@ -87,12 +88,16 @@ class SweepEngine:
         below; sweeps go upwards, so only the newest is kept (memory stays one stream)."""
         if layer not in self._residuals:
             below = max([l for l in self._residuals if l < layer], default=None)
-            embed = self.model.get_input_embeddings()
-            start = [self._residuals[below][i] if below is not None
-                     else embed(self.rows.ids[b.rows, :b.width].to(self.device))
+            start = [self._residuals[below][i] if below is not None else self.embeddings(b)
                      for i, b in enumerate(self.batches)]
             self._residuals = {layer: [self.run_layers(h, b, range(below or 0, layer)) for h, b in zip(start, self.batches)]}
         return self._residuals[layer]
+
+    def embeddings(self, batch) -> torch.Tensor:
+        """The token embeddings of a batch's rows: the residual stream entering layer 0 (and what
+        Zamba2's hybrid layers read again)."""
+        with torch.no_grad():
+            return self.model.get_input_embeddings()(self.rows.ids[batch.rows, :batch.width].to(self.device))
 
     def pair_loglikelihoods(self, hidden: torch.Tensor, i: int) -> torch.Tensor:
         """Per-pair log-likelihoods [replicas, n_pairs] from the final-layer outputs of batch i."""

@@ -57,6 +57,31 @@ def test_a_torn_last_line_is_moved_aside_and_the_next_record_starts_a_fresh_line
     assert (tmp_path / "s.jsonl.torn").read_text() == '{"cell": {"x": 2}, "res\n'
 
 
+def test_the_torn_file_keeps_the_last_few_fragments_and_says_their_sizes(tmp_path):
+    # Every fragment was kept: sixteen kills mid-record left a 229 MB .torn file.
+    path, torn = tmp_path / "s.jsonl", tmp_path / "s.jsonl.torn"
+    Store(path).put({"x": 0}, {"y": 0})
+    for k in range(1, 7):
+        with path.open("a") as f:
+            f.write(f'{{"cell": {{"x": {k}}}, "pad": "{"z" * 1000}')
+        with pytest.warns(RuntimeWarning, match=r"1 incomplete .*\(1,0\d\d bytes\).*keeps the last 3, [\d,]+ bytes now"):
+            Store(path)
+    assert [line[:16] for line in torn.read_text().splitlines()] == [f'{{"cell": {{"x": {k}' for k in (4, 5, 6)]
+    assert [row["cell"] for row in lines(path)] == [{"x": 0}]
+
+
+def test_a_torn_path_that_is_a_folder_is_named(tmp_path):
+    path = tmp_path / "s.jsonl"
+    Store(path).put({"x": 0}, {"y": 0})
+    (tmp_path / "s.jsonl.torn").mkdir()
+    with path.open("a") as f:
+        f.write('{"cell": {"x": 1}, "res')
+    with pytest.raises(StoreError, match=r"s\.jsonl\.torn: cannot set the store's torn lines aside in it: it is a "
+                                         r"folder, not a file: move it away"):
+        Store(path)
+    assert path.read_text().endswith('"res')  # nothing repaired, nothing lost
+
+
 CHILD = textwrap.dedent("""
     import os, sys, time
     from helpers.sweep import Store, sweep
@@ -316,8 +341,14 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     assert rows == fresh and (disk / "s.jsonl").read_bytes() == (tmp_path / "fresh.jsonl").read_bytes()
 
     remount("ro")
-    with pytest.raises(StoreError, match=r"cannot .*Read-only file system.*GA_RESULTS"):
+    with pytest.raises(StoreError, match=r"other\.jsonl: cannot append a record: the results folder is read-only.*GA_RESULTS"):
         Store(disk / "other.jsonl").put({"x": 1}, {"y": 1})
+    # Complete results on a read-only disk are read as they are (the lock file was opened to write)
+    calls = []
+    assert sweep(Store(disk / "s.jsonl"), cells, run) == rows and calls == []
+    assert base.open_store("made_up", "cpu", "part", [m1]) is not None
+    with pytest.raises(StoreError, match=r"s\.jsonl: cannot append a record: the results folder is read-only here"):
+        sweep(Store(disk / "s.jsonl"), cells + [{"x": 30}], run)
 
 
 def test_a_stale_view_never_writes_a_cell_twice(tmp_path):

@@ -15,13 +15,16 @@ cells the first one finished instead of computing them again. Torn lines are rep
 the lock, so no process cuts a line that another is still writing. Within a process the lock is
 re-entrant (opening a store inside a sweep of the same store does not wait for itself); a sweep
 spread over Ray workers (`sweep(..., workers=N)`, `runner`) writes from the driver alone. What
-the operating system refuses (a read-only folder, a full disk, a results path that is a file) comes back as a StoreError naming the file
-and GA_RESULTS, and a write cut short by it is cut back off, so the next run resumes.
+the operating system refuses (a full disk, a results path that is a file) comes back as a
+StoreError naming the file and GA_RESULTS, and a write cut short by it is cut back off, so the
+next run resumes. A store in a folder this process cannot write (a read-only disk, another user's
+results) is read as it is, under a shared lock or none, and only a cell it lacks stops the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -48,13 +51,15 @@ def os_error(path: Path | str, doing: str, error: OSError) -> StoreError:
     if isinstance(error, (FileExistsError, NotADirectoryError)):
         file = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
         why = f"{file} is a file, not a folder" if file else why
+    if isinstance(error, IsADirectoryError):
+        return StoreError(f"{path}: cannot {doing} it: it is a folder, not a file: move it away")
     return StoreError(f"{path}: cannot {doing} ({why}): free disk space or make the folder "
                       f"writable, or set GA_RESULTS to a writable folder ({where})")
 
 
 # --- one writer at a time ------------------------------------------------------------------------
 
-_held: dict[str, list] = {}  # absolute store path -> [lock file descriptor, depth] while this process holds it
+_held: dict[str, list] = {}  # absolute store path -> [lock file descriptor, depth, writable] while held here
 _thread_locks: dict[str, threading.RLock] = {}
 _guard = threading.Lock()
 
@@ -81,12 +86,28 @@ def _holder(fd: int) -> str | None:
         return None
 
 
-def _open_lock(path: Path) -> int:
+def _open_lock(path: Path) -> tuple[int | None, bool]:
+    """The lock file's descriptor and whether this process may write the store. Where the folder
+    is read-only to it (a read-only disk, another user's results), the store can still be read:
+    under a shared lock on the lock file if there is one (a writer elsewhere finishes its line
+    first), else with none (nothing can write here)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644), True
     except OSError as e:
-        raise os_error(_lock_path(path), "create the store's lock file", e) from None
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not path.parent.is_dir():
+            raise os_error(_lock_path(path), "create the store's lock file", e) from None
+        try:
+            return os.open(_lock_path(path), os.O_RDONLY), False
+        except FileNotFoundError:
+            return None, False
+        except OSError as e:
+            raise os_error(_lock_path(path), "open the store's lock file", e) from None
+
+
+def writable(path: Path | str) -> bool:
+    """Whether this process, holding the store's lock, may write the store at `path`."""
+    return _held[os.path.abspath(path)][2]
 
 
 def _check_lock_file(path: Path, fd: int) -> None:
@@ -119,7 +140,20 @@ def lock(path: Path | str):
             finally:
                 _held[key][1] -= 1
             return
-        fd = _open_lock(path)
+        fd, may_write = _open_lock(path)
+        if not may_write:  # read only: no writer's line is cut short under a shared lock
+            try:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                _held[key] = [fd, 1, False]
+                try:
+                    yield
+                finally:
+                    del _held[key]
+            finally:
+                if fd is not None:
+                    os.close(fd)
+            return
         try:
             if not _try_lock(fd):
                 holder = _holder(fd)
@@ -144,7 +178,7 @@ def lock(path: Path | str):
                 os.ftruncate(fd, len(me))
             except OSError:
                 pass
-            _held[key] = [fd, 1]
+            _held[key] = [fd, 1, True]
             try:
                 yield
             finally:
@@ -211,6 +245,24 @@ def _fsync_append(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+TORN_KEPT = 3  # set-aside lines a store's .torn file keeps, the newest
+
+
+def _write_lines(path: Path, lines: list[bytes]) -> None:
+    """`path` holding only these lines, swapped in whole (a crash leaves the old or the new)."""
+    fresh = path.with_name(path.name + ".rewrite")
+    with fresh.open("wb") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(fresh, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself on disk
+    finally:
+        os.close(folder)
+
+
 class Store:
     """A dict from a sweep cell (a JSON-able dict of its settings) to its result (a JSON-able
     dict), backed by an append-only JSON-lines file. A result reads back as it was written to
@@ -251,26 +303,39 @@ class Store:
         cut = data.rfind(b"\n") + 1
         lines, tail = data[:cut].split(b"\n")[:-1], data[cut:]  # tail: after the last newline
         if tail and _record(tail) is not None:  # a whole record that lost only its newline
-            _fsync_append(self.path, b"\n")
+            if writable(self.path):
+                _fsync_append(self.path, b"\n")
             lines, tail = lines + [tail], b""
         rows = [_record(line) for line in lines]
         for row in rows:
             if row is not None:
                 self._done[_key(row["cell"])] = row["result"]
         bad = [line for line, row in zip(lines, rows) if row is None]
-        if bad:
+        if (bad or tail) and not writable(self.path):
+            warnings.warn(f"{self.path}: {len(bad) + bool(tail)} incomplete or unreadable line(s) skipped (the store "
+                          f"is read-only here, so they stay); their cells are missing", RuntimeWarning, stacklevel=4)
+        elif bad:
             kept = [line for line, row in zip(lines, rows) if row is not None]
             self._set_aside(bad + [tail] if tail else bad, lambda: self._rewrite(kept))
         elif tail:
             self._set_aside([tail], lambda: self._truncate(cut))
 
     def _set_aside(self, lines: list[bytes], repair: Callable[[], None]) -> None:
-        """Copy lines that are not records to the `.torn` file, then `repair` the store. In this
-        order a crash in between loses nothing (the next open copies them a second time)."""
-        _fsync_append(self.torn, b"".join(line + b"\n" for line in lines))
+        """Copy lines that are not records to the `.torn` file, which keeps the last `TORN_KEPT`
+        (a record can be megabytes: kept all, sixteen kills left 229 MB), then `repair` the store.
+        In this order a crash in between loses nothing (the next open copies them a second time)."""
+        try:
+            if self.torn.is_dir():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            old = self.torn.read_bytes().split(b"\n")[:-1] if self.torn.exists() else []
+            _write_lines(self.torn, (old + lines)[-TORN_KEPT:])
+        except OSError as e:
+            raise os_error(self.torn, "set the store's torn lines aside in", e) from None
         repair()
-        warnings.warn(f"{self.path}: {len(lines)} incomplete or unreadable line(s), left by an interrupted write, "
-                      f"moved to {self.torn}; their cells will be computed again", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"{self.path}: {len(lines)} incomplete or unreadable line(s) ({sum(map(len, lines)):,} bytes), "
+                      f"left by an interrupted write, moved to {self.torn} (it keeps the last {TORN_KEPT}, "
+                      f"{self.torn.stat().st_size:,} bytes now); their cells will be computed again",
+                      RuntimeWarning, stacklevel=4)
 
     def _truncate(self, size: int) -> None:
         with self.path.open("r+b") as f:
@@ -278,18 +343,7 @@ class Store:
             os.fsync(f.fileno())
 
     def _rewrite(self, lines: list[bytes]) -> None:
-        """The file with only these lines, swapped in whole (a crash leaves the old or the new)."""
-        fresh = self.path.with_name(self.path.name + ".rewrite")
-        with fresh.open("wb") as f:
-            f.write(b"".join(line + b"\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(fresh, self.path)
-        folder = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself on disk
-        finally:
-            os.close(folder)
+        _write_lines(self.path, lines)
 
     def __contains__(self, cell: dict) -> bool:
         return _key(cell) in self._done
@@ -308,6 +362,10 @@ class Store:
         """Record a cell's result: on disk (flushed and fsynced) before it counts as done."""
         line = _line(cell, result)
         with self.lock():
+            if not writable(self.path):
+                raise StoreError(f"{self.path}: cannot append a record: the results folder is read-only here; make it "
+                                 f"writable, or set GA_RESULTS to a writable folder (its finished cells are read as "
+                                 f"they are)")
             _check_lock_file(self.path, _held[os.path.abspath(self.path)][0])
             self.refresh()
             if _key(cell) in self._done:  # another process wrote it since this one last looked: keep theirs

@@ -1,5 +1,8 @@
 """What every chapter's Config and results store do, on a chapter made up for the test."""
 
+import json
+import sys
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +103,19 @@ def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_
         base.open_store("made_up", "cpu", "part", [model])
 
 
+def test_a_sidecar_write_killed_before_its_rename_leaves_no_file_for_good(tmp_path, monkeypatch):
+    monkeypatch.setenv("GA_RESULTS", str(tmp_path))
+    model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
+    base.open_store("made_up", "cpu", "part", [model])
+    sidecar = next(tmp_path.glob("made_up/*.models.json"))
+    stale = sidecar.with_name(sidecar.name + ".4242.tmp")
+    stale.write_text('{"smollm2-135m-instruct": "gguf a')  # what a kill mid-write leaves
+    other = sidecar.with_name("other.models.json.4242.tmp")  # another store's: not this open's business
+    other.write_text("{")
+    base.open_store("made_up", "cpu", "part", [model])
+    assert not stale.exists() and other.exists() and json.loads(sidecar.read_text()) == {"smollm2-135m-instruct": "gguf aaa"}
+
+
 @pytest.mark.parametrize("sidecar", ["{}", '{"toy-transformer": "zoo 123"}'])
 def test_a_sidecar_that_does_not_name_the_stores_model_is_not_trusted_nor_rewritten(tmp_path, monkeypatch, sidecar):
     # It was accepted, and rewritten with this run's revisions: results of unknown weights certified.
@@ -116,7 +132,24 @@ def test_a_sidecar_that_does_not_name_the_stores_model_is_not_trusted_nor_rewrit
     base.open_store("made_up", "cpu", "part", [other])  # a model whose results it does not hold: no claim made
 
 
-def test_a_list_given_as_text_says_how_to_pass_a_list_through_papermill():
-    with pytest.raises(ConfigError, match=r"sizes must be a list, got 'L1H0' \(with papermill, pass a list as YAML: "
-                                          r"-y 'sizes: \[L1H0\]'\)"):
-        Config.for_profile("cpu", sizes="L1H0")
+@pytest.mark.parametrize("text, listed", [("L1H0", r"\[L1H0\]"), ("[2, 4]", r"\[2, 4\]"), (" [2] ", r"\[2\]")])
+def test_a_list_given_as_text_says_how_to_pass_a_list_through_papermill(text, listed):
+    # papermill's -p passes "[2, 4]" as text: the hint keeps its brackets, not [[2, 4]]
+    with pytest.raises(ConfigError, match=r"sizes must be a list, got .* \(with papermill, pass a list as YAML: "
+                                          rf"-y 'sizes: {listed}'\)$"):
+        Config.for_profile("cpu", sizes=text)
+
+
+@pytest.mark.parametrize("injected, unknown", [
+    ("PAPERMILL_INPUT_PATH = 'in.ipynb'\nPAPERMILL_OUTPUT_PATH = 'out.ipynb'\nn = 3\n", None),  # --inject-paths
+    ("PAPERMILL_INPUT_PATH = 'in.ipynb'\nheads = 3\n", "heads"),
+])
+def test_papermills_own_injected_names_are_not_unknown_parameters(monkeypatch, injected, unknown):
+    shell = types.SimpleNamespace(user_ns={"In": ["", "import helpers", "model = 'x'\nn = 2\n",
+                                                  "# Parameters\n" + injected]})
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    if unknown is None:
+        base.check_injected_parameters("made_up")
+    else:
+        with pytest.raises(ConfigError, match=f"made_up has no parameter {unknown} \\(passed to papermill\\)"):
+            base.check_injected_parameters("made_up")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import glob
 import json
 import operator
 import os
@@ -38,7 +39,7 @@ import pandas as pd
 from .. import benchmarks as bm, paths, provenance, registry, tasks
 from ..errors import ConfigError, StaleResults, StoreError
 from ..heads import Head
-from ..sweep import Store, lock as store_lock, os_error
+from ..sweep import Store, lock as store_lock, os_error, writable
 
 # --- field checkers --------------------------------------------------------------------------
 
@@ -170,7 +171,9 @@ def flag() -> Any:
 
 def _sequence(name: str, value) -> tuple:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        hint = f" (with papermill, pass a list as YAML: -y '{name}: [{value}]')" if isinstance(value, str) else ""
+        listed = value.strip() if isinstance(value, str) else ""
+        listed = listed if listed.startswith("[") and listed.endswith("]") else f"[{value}]"
+        hint = f" (with papermill, pass a list as YAML: -y '{name}: {listed}')" if isinstance(value, str) else ""
         raise ConfigError(f"{name} must be a list, got {value!r}{hint}")
     return tuple(value)
 
@@ -255,6 +258,10 @@ class BenchmarkConfig(Config):
                               f"MMLU have only {most} solved examples (dev rows); got {self.k_shot}")
 
 
+# What papermill injects itself (--inject-paths, --inject-input-path, --inject-output-path).
+PAPERMILL_NAMES = ("PAPERMILL_INPUT_PATH", "PAPERMILL_OUTPUT_PATH")
+
+
 def check_injected_parameters(chapter: str) -> None:
     """In a notebook executed by papermill: stop if it was passed a parameter that the notebook's
     parameters cell does not set (papermill itself only logs "Passed unknown parameter" and runs
@@ -267,7 +274,7 @@ def check_injected_parameters(chapter: str) -> None:
     for i in range(len(history) - 1, 1, -1):
         if history[i].lstrip().startswith("# Parameters"):
             injected, declared = _assigned(history[i]), _assigned(history[i - 1])
-            if unknown := [n for n in injected if n not in declared]:
+            if unknown := [n for n in injected if n not in declared and n not in PAPERMILL_NAMES]:
                 raise ConfigError(f"{chapter or 'this notebook'} has no parameter {', '.join(unknown)} (passed to "
                                   f"papermill); its parameters: {', '.join(declared)}")
             return
@@ -501,6 +508,9 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     with store_lock(path):
+        if writable(path):  # a sidecar write killed before its rename left its temporary file (nothing writes one now)
+            for stale in folder.glob(f"{glob.escape(meta.name)}.*.tmp"):
+                stale.unlink(missing_ok=True)
         recorded = _recorded_revisions(meta, path)
         if recorded is None and path.exists() and path.stat().st_size > 0:
             raise StaleResults(f"{path} holds results but its sidecar {meta} is missing, so nothing says which weights "

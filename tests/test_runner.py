@@ -287,3 +287,26 @@ def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(m
     whole = rank_heads(engine, s["top"], alpha=s["alpha"], also=s["paper_layers"], progress=False)
     pd.testing.assert_frame_equal(ranking.table, whole, check_exact=True)
     assert ranking.table.acc.notna().sum() >= 2 and ranking.table.estimate.nunique() > 1
+
+
+def test_rays_processes_left_by_a_killed_driver_are_found_and_a_running_clusters_are_not():
+    # kill -9 of a driver left ray::DashboardAgent and ray::RuntimeEnvAgent running for good
+    import subprocess
+    import time
+
+    orphan = subprocess.Popen(["ray::DashboardAgent", "30"], executable="/bin/sleep")  # its parent: no raylet
+    raylet = subprocess.Popen(["raylet", "-c", "(exec -a ray::IDLE sleep 30) & wait"], executable="/bin/bash")
+    try:
+        for _ in range(100):
+            names = {c for _, c in runner.leftovers()}
+            worker = [p for p in (int(d.name) for d in Path("/proc").glob("[0-9]*"))
+                      if runner._command(str(p)).startswith("ray::IDLE")]
+            if "ray::DashboardAgent" in names and worker:
+                break
+            time.sleep(0.02)
+        found = runner.leftovers()
+        assert (orphan.pid, "ray::DashboardAgent") in found
+        assert worker and not any(p in worker for p, _ in found)  # the raylet's own worker
+    finally:
+        orphan.kill(), raylet.kill()
+        subprocess.run(["pkill", "-f", "^ray::IDLE 30"], check=False)

@@ -18,7 +18,8 @@ process (a chapter's second sweep reuses them and the models they hold).
 Ray is imported only here and only when workers are asked for; it is the optional extra
 `ray` (`pip install -e '.[ray]'`). Where no Ray cluster is running, `ray.init()` starts a local
 one on this machine's CPUs and GPUs; to use a cluster, start it first (`ray start`, or
-`ray.init(address=...)` before the run).
+`ray.init(address=...)` before the run). A driver killed outright (kill -9) cannot stop the local
+cluster it started, and Ray's agents outlive it; the next run names them, and `ray stop` ends them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError
-from .progress import bar
+from .progress import bar, stream
 
 MAX_DEATHS = 3  # a cell whose actor died this many times stops the run (it is likely the cause: memory)
 
@@ -146,11 +147,40 @@ def _resources() -> dict:
     return {k: v for k, v in _pool_options.items() if k != "session"}
 
 
+def _command(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:  # gone, or not Linux
+        return ""
+
+
+def leftovers() -> list[tuple[int, str]]:
+    """Ray's processes left by a driver that was killed (kill -9 gives it no time to stop its
+    local cluster): a `ray::` process (an agent, a worker) whose parent is not a raylet. A
+    running cluster's own are the raylet's children. (pid, command) each; none where /proc is
+    not there to read."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        command = _command(status.parent.name)
+        if not command.startswith("ray::"):
+            continue
+        try:
+            parent = next(line.split()[1] for line in status.read_text().splitlines() if line.startswith("PPid:"))
+        except (OSError, StopIteration):
+            continue
+        if "raylet" not in _command(parent):
+            found.append((int(status.parent.name), command.split()[0]))
+    return sorted(found)
+
+
 def _actors(ray, n: int, asked: int) -> list:
     """`n` live actors, the pool's first, new ones started as needed; `asked`, the workers asked
     for, must fit the cluster (one device each)."""
     global _pool_options
     if not ray.is_initialized():
+        if left := leftovers():
+            print(f"Ray processes left by an earlier run that was killed ({', '.join(f'{p} {c}' for p, c in left)}) "
+                  f"are still running: `ray stop` ends them", file=stream() or sys.stderr, flush=True)
         ray.init(include_dashboard=False)
     options = {**_actor_options(ray), "session": ray.get_runtime_context().get_job_id()}
     unit = "GPU" if "num_gpus" in options else "CPU"

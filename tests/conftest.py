@@ -4,7 +4,11 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, os.cpu_count() or 1))
+# pytest-xdist's lanes share the cores, and so do the chapters' kernels each lane starts.
+_threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+torch.set_num_threads(_threads)
 
 
 def pytest_addoption(parser):

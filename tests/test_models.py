@@ -437,3 +437,16 @@ def test_a_loaded_model_has_its_head_read_contiguous_inputs(smol):
     strided = torch.randn(2, 5, smol.model.config.hidden_size)[:, -1:, :]
     (args,) = [hooks[0](smol.model.get_output_embeddings(), (strided,))]
     assert args[0].is_contiguous() and torch.equal(args[0], strided)
+
+
+def test_the_paper_dtype_is_the_gpus_unless_ga_dtype_says_otherwise(monkeypatch):
+    from helpers.errors import ConfigError
+
+    monkeypatch.delenv("GA_DTYPE", raising=False)
+    assert models.paper_dtype(torch.device("cpu")) == torch.float32
+    assert models.paper_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setenv("GA_DTYPE", "bfloat16")  # what the rehearsal sets
+    assert models.paper_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setenv("GA_DTYPE", "bf16")
+    with pytest.raises(ConfigError, match="GA_DTYPE='bf16' is not a dtype .*bfloat16, float16, float32"):
+        models.paper_dtype(torch.device("cpu"))

@@ -405,3 +405,14 @@ def test_a_second_process_is_stopped_when_the_first_ones_lock_file_vanishes(tmp_
         holder.kill()
     assert holder.returncode != 0 and "deleted or replaced" in err
     assert [r["result"]["by"] for r in lines(path)] == ["second"]
+
+
+def test_a_store_with_crlf_line_ends_is_read_as_it_is(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"cell": {"x": 1}, "result": {"y": 1}}\r\n{"cell": {"x": 2}, "result": {"y": 2}}\r\n')
+    before = path.read_bytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing set aside, nothing rewritten
+        store = Store(path)
+    assert len(store) == 2 and store[{"x": 2}] == {"y": 2} and path.read_bytes() == before
+    assert sweep(store, [{"x": 1}, {"x": 2}], lambda c: 1 / 0) == [{"x": 1, "y": 1}, {"x": 2, "y": 2}]

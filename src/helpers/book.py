@@ -39,7 +39,8 @@ from . import paths, provenance
 
 ROOT = paths.repository()
 BOOK = ROOT / "book"
-REHEARSAL_BANNER = "Rehearsal: the paper profile on random weights, executed on CPU. These pages test the code path; their numbers are not results."
+REHEARSAL_BANNER = ("Rehearsal: the paper profile on random weights, executed on CPU in {dtype}. These pages test "
+                    "the code path; their numbers are not results.")
 
 
 # --- the sources --------------------------------------------------------------------------------
@@ -281,7 +282,7 @@ def key(md: Path, parameters: dict) -> str:
     its numbers it finds in the results stores, whose names carry only what the measurements
     read, `provenance.measurement_version`), the parameters and the environment variables that
     choose models and data."""
-    env = {k: os.environ.get(k, "") for k in ("HF_HOME", "GA_DEVICE", "GA_DATA")}
+    env = {k: os.environ.get(k, "") for k in ("HF_HOME", "GA_DEVICE", "GA_DTYPE", "GA_DATA")}
     text = json.dumps([md.read_text(), provenance.code_version(), parameters, env], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -524,9 +525,9 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
     out = out or output_folder(profile, rehearsal)
     pages = pages or chapters()
     parameters = {"profile": profile, "smoke": smoke}
-    with rehearsal_hub(out) if rehearsal else _nothing():
+    with rehearsal_hub(out) if rehearsal else _nothing() as dtype:
         executed = execute_all(pages, out, parameters)
-    banner = REHEARSAL_BANNER if rehearsal else (paper_banner(records(executed)) if profile != "cpu" else "")
+    banner = REHEARSAL_BANNER.format(dtype=dtype) if rehearsal else (paper_banner(records(executed)) if profile != "cpu" else "")
     html = render(stage(executed, out / "stage", banner, profile), out)
     if not check:
         print(f"book: {html / 'index.html'} (the rendered-page check was skipped: --no-check)")
@@ -551,8 +552,10 @@ def _nothing():
 
 @contextmanager
 def rehearsal_hub(out: Path):
-    """Run the block against a mini-hub built in `out/minihub`, the paper models on CPU: the
-    paper profile's own loading calls, with random weights (`helpers.minihub`)."""
+    """Run the block against a mini-hub built in `out/minihub`, the paper models on CPU in the
+    dtype a GPU gives them (bfloat16, unless `GA_DTYPE` says otherwise), so that a dtype path that
+    fails on a GPU fails here: the paper profile's own loading calls, with random weights
+    (`helpers.minihub`)."""
     from . import minihub
 
     hub = out / "minihub"
@@ -560,8 +563,13 @@ def rehearsal_hub(out: Path):
         print(f"building the mini-hub in {hub} ...", flush=True)
         minihub.build(hub)
     # Tiny models on a busy machine: one thread each is faster than sharing (measured: 50x).
-    with environment(HF_HOME=str(hub), HF_HUB_OFFLINE="1", GA_DEVICE="cpu", OMP_NUM_THREADS="1"):
-        yield hub
+    import torch
+
+    from .models import paper_dtype
+
+    dtype = os.environ.get("GA_DTYPE") or str(paper_dtype(torch.device("cuda"))).removeprefix("torch.")
+    with environment(HF_HOME=str(hub), HF_HUB_OFFLINE="1", GA_DEVICE="cpu", GA_DTYPE=dtype, OMP_NUM_THREADS="1"):
+        yield dtype
 
 
 def parser() -> argparse.ArgumentParser:

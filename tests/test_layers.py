@@ -15,7 +15,7 @@ LAYERS = [
     Layer("experiments"),
     # what the chapters share (a package of its own, so that experiments/ holds chapters only)
     Layer("protocol"),
-    Layer("page", "plots", "bookcheck", "minihub"),
+    Layer("page", "plots", "bookcheck", "minihub", "cache"),
     Layer("benchmarks", "screen", "lmeval", independent=False),
     Layer("models", "engine"),
     Layer("zoo"),

@@ -5,7 +5,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # pytest-xdist's lanes share the cores, and so do the chapters' kernels each lane starts.
-_threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+_threads = max(1, _cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(_threads)
 torch.set_num_threads(_threads)

@@ -31,5 +31,7 @@ def test_every_chapter_ran_the_paper_profile_on_paper_models_in_the_rehearsal(re
         assert used <= paper_models if md.stem not in ("toy_zoo", "retrieval_aware") else used, (md.stem, used)
         if md.stem not in ("toy_zoo", "retrieval_aware"):  # the GPU's dtype, so that its paths fail here first
             assert record["provenance"]["dtype"] == "bfloat16", md.stem
+            # and the revisions the stores' sidecars keep say so: a float32 store is not read as bfloat16's
+            assert all(r.endswith(" bfloat16") for r in record["provenance"]["models"].values()), record["provenance"]
     page = (rehearsal / "html" / f"{PAGES[0]}.html").read_text()
     assert "Rehearsal: the paper profile on random weights, executed on CPU in bfloat16" in page

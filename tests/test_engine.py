@@ -100,6 +100,10 @@ def test_engine_drives_zamba2_hybrid_layers(view, dtype):
             ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
         np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
     assert not np.allclose(rows[0], rows[1])  # the ablation reached the hybrid layer
+    hidden = torch.randn(1, 5, 32, dtype=dtype)
+    assert adapter.run_layer(adapter.block(2), hidden).shape == hidden.shape  # a Mamba layer runs alone
+    with pytest.raises(helpers.InterventionError, match="hybrid layer reads the token embeddings"):
+        adapter.run_layer(adapter.block(3), hidden)
 
 
 @torch.inference_mode()

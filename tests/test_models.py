@@ -116,6 +116,26 @@ def test_split_gguf_is_assembled_in_order_once_outside_the_repository(monkeypatc
     assert models.gguf_file("fake-split").stat().st_mtime_ns == stamp  # not written again
 
 
+def test_two_lanes_assembling_one_gguf_at_once_each_write_a_part_of_their_own(monkeypatch, tmp_path):
+    # A fixed <name>.partial: the second truncated the first's file and renamed it into place under it.
+    import shutil
+
+    pieces = [b"GGUF" + bytes(range(7)), b"middle", b"end"]
+    _split_model(monkeypatch, tmp_path, pieces)
+    real, started, other = shutil.copyfileobj, [], []
+
+    def copy(source, target, length):
+        if not started:
+            started.append(True)
+            other.append(models.gguf_file("fake-split"))  # another lane, midway through this one's copy
+        real(source, target, length)
+
+    monkeypatch.setattr(models.shutil, "copyfileobj", copy)
+    path = models.gguf_file("fake-split")
+    assert path == other[0] and path.read_bytes() == b"".join(pieces)
+    assert not list((tmp_path / "cache").glob("*.partial"))
+
+
 def test_a_verified_gguf_is_not_hashed_again_until_it_changes(monkeypatch, tmp_path):
     import os
 

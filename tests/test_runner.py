@@ -308,5 +308,6 @@ def test_rays_processes_left_by_a_killed_driver_are_found_and_a_running_clusters
         assert (orphan.pid, "ray::DashboardAgent") in found
         assert worker and not any(p in worker for p, _ in found)  # the raylet's own worker
     finally:
+        for pid in worker:
+            os.kill(pid, 9)
         orphan.kill(), raylet.kill()
-        subprocess.run(["pkill", "-f", "^ray::IDLE 30"], check=False)

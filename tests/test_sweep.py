@@ -76,8 +76,8 @@ def test_a_torn_path_that_is_a_folder_is_named(tmp_path):
     (tmp_path / "s.jsonl.torn").mkdir()
     with path.open("a") as f:
         f.write('{"cell": {"x": 1}, "res')
-    with pytest.raises(StoreError, match=r"s\.jsonl\.torn: cannot set the store's torn lines aside in it: it is a "
-                                         r"folder, not a file: move it away"):
+    with pytest.raises(StoreError, match=r"s\.jsonl\.torn: cannot set the store's torn lines aside \(it is a "
+                                         r"folder, not a file\): move it away"):
         Store(path)
     assert path.read_text().endswith('"res')  # nothing repaired, nothing lost
 
@@ -341,14 +341,15 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     assert rows == fresh and (disk / "s.jsonl").read_bytes() == (tmp_path / "fresh.jsonl").read_bytes()
 
     remount("ro")
-    with pytest.raises(StoreError, match=r"other\.jsonl: cannot append a record: the results folder is read-only.*GA_RESULTS"):
+    with pytest.raises(StoreError, match=r"other\.jsonl: cannot add a record: this process cannot write its folder.*GA_RESULTS"):
         Store(disk / "other.jsonl").put({"x": 1}, {"y": 1})
     # Complete results on a read-only disk are read as they are (the lock file was opened to write)
     calls = []
     assert sweep(Store(disk / "s.jsonl"), cells, run) == rows and calls == []
     assert base.open_store("made_up", "cpu", "part", [m1]) is not None
-    with pytest.raises(StoreError, match=r"s\.jsonl: cannot append a record: the results folder is read-only here"):
+    with pytest.raises(StoreError, match=r"s\.jsonl: cannot add a record: this process cannot write its folder"):
         sweep(Store(disk / "s.jsonl"), cells + [{"x": 30}], run)
+    assert calls == []  # refused before the missing cell was computed
 
 
 def test_a_stale_view_never_writes_a_cell_twice(tmp_path):

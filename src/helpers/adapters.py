@@ -57,6 +57,9 @@ class Adapter:
     # Whether `run_layer` honours `positions` and `allowed`, so that several continuations of one
     # context can share a row (attention models); recurrent mixers read the row in order.
     packs_candidates = False
+    # Whether `run_layer` needs the rows' token embeddings beside the stream (Zamba2's hybrid
+    # layers); the engine makes them only then.
+    reads_embeddings = False
 
     def run_layer(self, block: nn.Module, hidden: torch.Tensor, positions: torch.Tensor | None = None,
                   allowed: torch.Tensor | None = None, embeddings: torch.Tensor | None = None) -> torch.Tensor:
@@ -373,6 +376,7 @@ class Zamba2Adapter(Mamba2Adapter):
     call only and no weight is ever edited. Its Mamba-2 heads are in `mamba_heads()`."""
 
     family = "zamba2"
+    reads_embeddings = True
 
     @property
     def final_norm(self) -> nn.Module:
@@ -401,11 +405,11 @@ class Zamba2Adapter(Mamba2Adapter):
         # (which picks the shared block's per-layer adapters), the Mamba and attention masks.
         if allowed is not None:
             raise InterventionError("zamba2 layers read their input in order; they cannot take a packed mask")
-        if embeddings is None:
-            raise InterventionError("a zamba2 layer reads the token embeddings beside the stream: pass `embeddings`")
-        index = next((i for i, b in enumerate(self.layers) if b is block), None)
-        if index is None:
-            raise InterventionError("this zamba2 layer is not in the model's block list; run it through its own model")
+        index = next((i for i, b in enumerate(self.layers) if b is block), None)  # a Mamba layer needs none
+        if hasattr(getattr(block, "layer", block), "shared_transformer") and (embeddings is None or index is None):
+            raise InterventionError("a zamba2 hybrid layer reads the token embeddings beside the stream and its "
+                                    "shared block's adapters by its index: it runs only within its own model "
+                                    "(its Mamba layers can be transplanted)")
         positions, mask = positions_and_mask(hidden, positions, None)
         rotary = self.model.base_model.rotary_emb(hidden, position_ids=positions) if self.model.config.use_mem_rope else None
         return self.layer_output(block(hidden, embeddings, index, None, mask, position_embeddings=rotary,

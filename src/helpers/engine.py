@@ -72,7 +72,7 @@ class SweepEngine:
         if reps > 1 and allowed is not None:
             allowed = allowed.repeat(reps, 1, 1)
         positions = r.positions[batch.rows, :T].to(dev).repeat(reps, 1)
-        embeddings = self.embeddings(batch).repeat(reps, 1, 1)
+        embeddings = self.embeddings(batch).repeat(reps, 1, 1) if self.adapter.reads_embeddings else None
         for layer in layers:
             block = self.adapter.layers[layer]
             if checkpoint and torch.is_grad_enabled():
@@ -95,7 +95,7 @@ class SweepEngine:
 
     def embeddings(self, batch) -> torch.Tensor:
         """The token embeddings of a batch's rows: the residual stream entering layer 0 (and what
-        Zamba2's hybrid layers read again)."""
+        Zamba2's hybrid layers read again, `adapter.reads_embeddings`)."""
         with torch.no_grad():
             return self.model.get_input_embeddings()(self.rows.ids[batch.rows, :batch.width].to(self.device))
 

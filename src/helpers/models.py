@@ -53,13 +53,20 @@ def gguf_file(name: str) -> Path:
         return _checked(slices[0], source, name)
     target = paths.cache_dir() / f"{name}.{source.sha256[:12]}.gguf"
     if not target.exists():
-        partial = target.with_suffix(".partial")
-        with open(partial, "wb") as out:
-            for piece in slices:
-                with open(piece, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 24)
-        _checked(partial, source, name, partial)
-        partial.replace(target)  # whole and verified, or not there at all
+        import tempfile
+
+        # A file of its own per process: two test lanes, or two chapters, may assemble it at once.
+        fd, partial = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
+        partial = Path(partial)
+        try:
+            with open(fd, "wb") as out:
+                for piece in slices:
+                    with open(piece, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 24)
+            _checked(partial, source, name, partial)
+            partial.replace(target)  # whole and verified, or not there at all
+        finally:
+            partial.unlink(missing_ok=True)
     return _checked(target, source, name)
 
 
@@ -353,7 +360,7 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
     if free < size + SPARE_BYTES:
         print(f"{name}: no dequantized copy kept in {target.parent} ({size / 2**30:.1f} GB, {free / 2**30:.1f} GB "
               f"free): the next load dequantizes the GGUF again; free disk space or set GA_CACHE elsewhere "
-              f"(`python -m helpers.models cache` lists what is there)", file=sys.stderr, flush=True)
+              f"(`python -m helpers.cache` lists what is there)", file=sys.stderr, flush=True)
         return None
     partial = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".partial", dir=target.parent))
     try:
@@ -407,7 +414,10 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
             f"must be reachable (run `{hf_download(s.hub_id)}`{_gated(s.hub_id)}). The cause: {e}") from e
     config = try_to_load_from_cache(s.hub_id, "config.json", revision=revision)
     snapshot = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot loaded
-    revision = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"
+    # The dtype too, as for the packaged models: a store computed in another one stops the run
+    # (`protocol.base.open_store`) instead of serving float32 numbers to a bfloat16 run.
+    snapshot = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"
+    revision = f"{snapshot} {str(dtype).removeprefix('torch.')}"
     return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)
 
 

@@ -155,20 +155,22 @@ def _command(pid: str) -> str:
 
 
 def leftovers() -> list[tuple[int, str]]:
-    """Ray's processes left by a driver that was killed (kill -9 gives it no time to stop its
-    local cluster): a `ray::` process (an agent, a worker) whose parent is not a raylet. A
-    running cluster's own are the raylet's children. (pid, command) each; none where /proc is
-    not there to read."""
+    """This user's Ray processes left by a driver that was killed (kill -9 gives it no time to
+    stop its local cluster): a `ray::` process (an agent, a worker) whose parent is neither a
+    raylet nor another `ray::` process (a running cluster's own are the raylet's children, and
+    what they start theirs). (pid, command) each; none where /proc is not there to read."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         command = _command(status.parent.name)
         if not command.startswith("ray::"):
             continue
         try:
-            parent = next(line.split()[1] for line in status.read_text().splitlines() if line.startswith("PPid:"))
-        except (OSError, StopIteration):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            parent, uid = fields["PPid"].split()[0], int(fields["Uid"].split()[0])
+        except (OSError, KeyError, ValueError, IndexError):
             continue
-        if "raylet" not in _command(parent):
+        parent_command = _command(parent)
+        if uid == os.getuid() and "raylet" not in parent_command and not parent_command.startswith("ray::"):
             found.append((int(status.parent.name), command.split()[0]))
     return sorted(found)
 

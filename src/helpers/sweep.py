@@ -52,7 +52,7 @@ def os_error(path: Path | str, doing: str, error: OSError) -> StoreError:
         file = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
         why = f"{file} is a file, not a folder" if file else why
     if isinstance(error, IsADirectoryError):
-        return StoreError(f"{path}: cannot {doing} it: it is a folder, not a file: move it away")
+        return StoreError(f"{path}: cannot {doing} (it is a folder, not a file): move it away")
     return StoreError(f"{path}: cannot {doing} ({why}): free disk space or make the folder "
                       f"writable, or set GA_RESULTS to a writable folder ({where})")
 
@@ -68,9 +68,9 @@ def _lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, kind: int = fcntl.LOCK_EX) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
@@ -93,6 +93,8 @@ def _open_lock(path: Path) -> tuple[int | None, bool]:
     first), else with none (nothing can write here)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):  # a repair or a record could not be written
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         return os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644), True
     except OSError as e:
         if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not path.parent.is_dir():
@@ -103,6 +105,12 @@ def _open_lock(path: Path) -> tuple[int | None, bool]:
             return None, False
         except OSError as e:
             raise os_error(_lock_path(path), "open the store's lock file", e) from None
+
+
+def read_only(path: Path) -> StoreError:
+    return StoreError(f"{path}: cannot add a record: this process cannot write its folder or its lock file "
+                      f"({_lock_path(path).name}); make them writable, or set GA_RESULTS to a writable folder (the "
+                      f"finished cells of a store it can only read are read as they are)")
 
 
 def writable(path: Path | str) -> bool:
@@ -143,7 +151,9 @@ def lock(path: Path | str):
         fd, may_write = _open_lock(path)
         if not may_write:  # read only: no writer's line is cut short under a shared lock
             try:
-                if fd is not None:
+                if fd is not None and not _try_lock(fd, fcntl.LOCK_SH):
+                    print(f"{path} is being written by {_holder(fd) or 'another process'}: waiting to read it",
+                          file=stream() or sys.stderr, flush=True)
                     fcntl.flock(fd, fcntl.LOCK_SH)
                 _held[key] = [fd, 1, False]
                 try:
@@ -330,7 +340,7 @@ class Store:
             old = self.torn.read_bytes().split(b"\n")[:-1] if self.torn.exists() else []
             _write_lines(self.torn, (old + lines)[-TORN_KEPT:])
         except OSError as e:
-            raise os_error(self.torn, "set the store's torn lines aside in", e) from None
+            raise os_error(self.torn, "set the store's torn lines aside", e) from None
         repair()
         warnings.warn(f"{self.path}: {len(lines)} incomplete or unreadable line(s) ({sum(map(len, lines)):,} bytes), "
                       f"left by an interrupted write, moved to {self.torn} (it keeps the last {TORN_KEPT}, "
@@ -363,9 +373,7 @@ class Store:
         line = _line(cell, result)
         with self.lock():
             if not writable(self.path):
-                raise StoreError(f"{self.path}: cannot append a record: the results folder is read-only here; make it "
-                                 f"writable, or set GA_RESULTS to a writable folder (its finished cells are read as "
-                                 f"they are)")
+                raise read_only(self.path)
             _check_lock_file(self.path, _held[os.path.abspath(self.path)][0])
             self.refresh()
             if _key(cell) in self._done:  # another process wrote it since this one last looked: keep theirs
@@ -399,6 +407,8 @@ def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict] | str
     with store.lock():  # the only writer: another process running this sweep waits, then reuses these cells
         store.refresh()
         todo = {key: c for key, c in zip(keys, cells) if key not in store._done}
+        if todo and not writable(store.path):  # before any cell is computed
+            raise read_only(store.path)
         if workers is not None and todo:
             runner.run_cells(list(todo.values()), name, workers, store.put, desc=f"{desc} ({len(cells) - len(todo)} cached)")
         else:

@@ -82,3 +82,19 @@ def test_the_shared_protocol_reads_top_to_bottom():
     assert inside == {t for layer in PROTOCOL for t in layer.module_tails}, "put each module of protocol/ in a layer"
     illegal = graph.find_illegal_dependencies_for_layers(PROTOCOL, containers={"helpers.protocol"})
     assert not illegal, [f"{d.importer} -> {d.imported}" for d in illegal]
+
+
+def test_no_f_string_leaves_an_expression_as_text():
+    """A plain string joined to an f-string prints its braces as they are: head zeroing's page once
+    read "swept head by head{' beside the layers of the paper' + chr(39) + ...}". Text parts of
+    f-strings that hold a brace around code (a call, an attribute, an index) are such slips."""
+    import re
+
+    code = re.compile(r"\{[^{}]*[A-Za-z_]\w*(\.\w|\(|\[['\"\w])[^{}]*\}")
+    slips = []
+    for path in sorted(Path(helpers.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr):
+                slips += [f"{path.name}:{node.lineno}: {part.value[:80]!r}" for part in node.values
+                          if isinstance(part, ast.Constant) and isinstance(part.value, str) and code.search(part.value)]
+    assert not slips, slips

@@ -512,10 +512,11 @@ def protocol_note(result: Result) -> str:
         parts.append(f"The random controls flipped {100 * min(flips):.1f}% to {100 * max(flips):.1f}% of the check's "
                      "questions either way.")
     if result.scan is not None:
+        beside = " beside the layers of the paper's heads" if result.roles.source == "paper" else ""
         parts.append(f"Where the harm is, on the screen's {result.screen_clean.n} questions: {harm_row(result)}. The "
                      f"{result.cfg.harm_layers} most letter-specific of the layers that matter (letters lost beyond "
-                     "knowledge) are swept head by head{' beside the layers of the paper' + chr(39) + 's heads' if result.roles.source == 'paper' else ''}, "
-                     f"and the attribution screen's top {result.cfg.top} heads are zeroed exactly too.")
+                     f"knowledge) are swept head by head{beside}, and the attribution screen's top {result.cfg.top} "
+                     "heads are zeroed exactly too.")
     agree = agreement(result.ranking)
     if agree["n"] >= 5:
         rho, lo, hi = agree["rho"]

@@ -53,11 +53,14 @@ sync: $(VENV)/.installed
 # The fused SSM kernels, in the Python of the active environment (conda's, from environment.yml).
 # Their setup.py imports torch, so they install after it and without build isolation; it then
 # downloads a prebuilt wheel for the installed torch/CUDA/Python, which `helpers.kernels` checks
-# first (with no such wheel pip would compile CUDA code for an hour, and needs nvcc).
+# first (with no such wheel pip would compile CUDA code for an hour, and needs nvcc). The
+# *_SKIP_CUDA_BUILD variables keep setup.py from looking for nvcc, which driver-only hosts lack.
 gpu:
 	$(PYTHON) -m helpers.kernels
 	$(PYTHON) -m pip install -q packaging wheel ninja setuptools
-	$(PYTHON) -m pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0
+	MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE \
+	  $(PYTHON) -m pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0
+	$(PYTHON) -m helpers.kernels --installed
 
 clean:
 	rm -rf _build results

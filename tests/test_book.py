@@ -126,11 +126,13 @@ def test_the_colab_notebook_installs_from_the_repository_and_runs_its_first_cell
 @pytest.mark.parametrize("parameters, message", [
     ({"profile": "gpu"}, "unknown profile 'gpu': use one of cpu, paper, paper-3b"),
     ({"n_kv": -5}, "n_kv must be at least 1, got -5"),
-    ({"n_mapz": 3, "sed": 5}, "layer_pruning has no parameter n_mapz, sed \\(passed to papermill\\); its parameters: "
+    ({"n_mapz": 3, "sed": 5}, "layer_pruning has no parameter n_mapz, sed \\(passed to papermill\\); did you mean "
+                              "sed -> seed\\?; its parameters: "
                               "profile, smoke, model, n_mmlu, k_shot, n_knowledge, n_kv, kv_pairs, kv_query, seed"),
 ])
 def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parameters, message):
-    """Before any model loads, and with no figure or table drawn."""
+    """Before any model loads, and with no figure or table drawn; the error is its message alone,
+    and a mistyped name is refused before torch is imported, in under a second."""
     import papermill
 
     with pytest.raises(papermill.PapermillExecutionError, match=message):
@@ -138,6 +140,10 @@ def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parame
     nb = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") != "error"]
     assert not outputs, outputs
+    failed = next(c for c in nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+    assert [o["traceback"] for o in failed.outputs] == [[f"ConfigError: {message}".replace("\\", "")]]
+    if "sed" in parameters:
+        assert failed.metadata.papermill.duration < 1.0
     assert not (tmp_path / "out.record.json").exists()
 
 

@@ -2,15 +2,21 @@
 there is no import cycle, and no module reaches for another module's private names."""
 
 import ast
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import grimp
+import pytest
 from grimp import Layer
 
 import helpers
 
 # Top to bottom. Modules of one layer may not import each other unless the layer says so.
 LAYERS = [
+    Layer("cli"),  # `ga-companion`: imports the command it is given
     Layer("book"),
     Layer("experiments"),
     # what the chapters share (a package of its own, so that experiments/ holds chapters only)
@@ -98,3 +104,38 @@ def test_no_f_string_leaves_an_expression_as_text():
                 slips += [f"{path.name}:{node.lineno}: {part.value[:80]!r}" for part in node.values
                           if isinstance(part, ast.Constant) and isinstance(part.value, str) and code.search(part.value)]
     assert not slips, slips
+
+
+# Each command a user types, refused for a bad argument (argparse's exit status 2).
+REFUSALS = [["helpers.book", "build", "--profile", "gpu"], ["helpers.lmeval", "--tasks"],
+            ["helpers.cache", "--nope"], ["helpers.kernels", "--now"], ["helpers.cli", "lmevl"],
+            ["helpers.cli", "book", "where", "--profile", "gpu"]]
+
+
+@pytest.mark.parametrize("command", REFUSALS, ids=lambda c: " ".join(c[:2]))
+def test_a_command_refuses_a_bad_argument_in_under_a_second_without_torch(command, tmp_path):
+    """`import helpers` and the commands' modules load no torch, transformers or pandas (seconds
+    each, tens of seconds on a cold disk), so a mistake is answered at once. The time is the best
+    of three fresh processes (a busy test lane may stall one)."""
+    loaded = subprocess.run([sys.executable, "-c", f"import helpers, {command[0]}, sys; "
+                             "print(*sorted({'torch', 'transformers', 'pandas'} & set(sys.modules)))"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
+    times, env = [], {**os.environ, "GA_CACHE": str(tmp_path), "GA_RESULTS": str(tmp_path)}  # should it not refuse
+    for _ in range(3):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, env=env)
+        times.append(time.perf_counter() - start)
+        assert done.returncode == 2 and "error:" in done.stderr, done.stderr
+    assert min(times) < 1.0, times
+
+
+def test_the_console_script_runs_a_modules_command_line():
+    """`ga-companion X ARGS` is `python -m helpers.X ARGS`, from the script pip installs."""
+    script = Path(sys.executable).parent / "ga-companion"
+    done = subprocess.run([str(script), "book", "where", "--profile", "paper"], capture_output=True, text=True)
+    alone = subprocess.run([sys.executable, "-m", "helpers.book", "where", "--profile", "paper"],
+                           capture_output=True, text=True)
+    assert done.returncode == alone.returncode == 0 and done.stdout == alone.stdout != ""
+    listed = subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout
+    assert all(f"  {name} " in listed for name in ("book", "lmeval", "cache", "kernels", "zoo", "minihub"))

@@ -4,6 +4,8 @@ provenance block (date, CUDA, kernels, quantization), and the paper-profile bann
 
 import csv
 import io
+import sys
+import types
 import json
 import zipfile
 from urllib.parse import unquote
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from helpers import book, kernels, page, provenance
+from helpers.errors import ConfigError
 
 
 def shown_html(monkeypatch, fn, *args, **kwargs) -> str:
@@ -160,7 +163,7 @@ def test_figures_come_as_svg_too_in_a_kernel_only(monkeypatch, name):
     asked = []
     monkeypatch.setattr(IPython, "get_ipython", lambda: type(name, (), {})())
     monkeypatch.setattr(inline, "set_matplotlib_formats", lambda *formats: asked.append(formats))
-    page._figures_as_png_and_svg()
+    page.start("made_up")
     assert asked == ([("png", "svg")] if name == "ZMQInteractiveShell" else [])
 
 
@@ -228,3 +231,19 @@ def test_the_build_measures_its_kernels_peak_memory():
     with book.kernel_peak() as idle:
         subprocess.run([sys.executable, "-c", "import time; time.sleep(1.2)"], check=True)
     assert 0 < idle["bytes"] < 100 * 2**20
+
+
+@pytest.mark.parametrize("injected, message", [
+    ("PAPERMILL_INPUT_PATH = 'in.ipynb'\nPAPERMILL_OUTPUT_PATH = 'out.ipynb'\nn = 3\n", None),  # --inject-paths
+    ("PAPERMILL_INPUT_PATH = 'in.ipynb'\nheads = 3\n", r"heads \(passed to papermill\); its parameters: model, n$"),
+    ("modle = 'y'\n", r"modle \(passed to papermill\); did you mean modle -> model\?; its parameters: model, n$"),
+])
+def test_papermills_own_injected_names_are_not_unknown_parameters(monkeypatch, injected, message):
+    shell = types.SimpleNamespace(user_ns={"In": ["", "import helpers", "model = 'x'\nn = 2\n",
+                                                  "# Parameters\n" + injected]})
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    if message is None:
+        page.start("made_up")
+    else:
+        with pytest.raises(ConfigError, match="made_up has no parameter " + message):
+            page.start("made_up")

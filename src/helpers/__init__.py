@@ -2,8 +2,11 @@
 
 The names below are the ones a chapter or a reader at a prompt reaches for; every module is
 also importable on its own (`helpers.engine`, `helpers.screen`, `helpers.experiments.<chapter>`).
+They are imported on first use, so that `import helpers` (and every `python -m helpers.<x> --help`
+or refused argument) answers without loading torch and transformers.
 """
 
+import importlib
 import warnings
 
 from tqdm.std import TqdmWarning
@@ -12,25 +15,31 @@ from tqdm.std import TqdmWarning
 # bars never use it (`helpers.progress`), so the warning would only be noise on every page.
 warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
 
-from .adapters import Adapter, adapter_for
-from .errors import ConfigError, InterventionError
-from .attention import attention_maps, mask_attention, mask_last_row
-from .evaluate import choice_loglikelihoods, mean_over_tasks, score
-from .heads import Head
-from .interventions import keep_layers, prune_top, remove_layers, swap_layers, zero_heads
-from .models import ModelUnavailable, load, paper_config
-from .registry import MODELS, Loaded
-from .stats import Score, wilson
-from .tasks import Item, kv_items, load_knowledge, load_mmlu
+# name -> the module that defines it
+_HOME = {
+    "Adapter": "adapters", "adapter_for": "adapters",
+    "ConfigError": "errors", "InterventionError": "errors",
+    "attention_maps": "attention", "mask_attention": "attention", "mask_last_row": "attention",
+    "choice_loglikelihoods": "evaluate", "mean_over_tasks": "evaluate", "score": "evaluate",
+    "Head": "heads",
+    "keep_layers": "interventions", "prune_top": "interventions", "remove_layers": "interventions",
+    "swap_layers": "interventions", "zero_heads": "interventions",
+    "ModelUnavailable": "models", "load": "models", "paper_config": "models",
+    "MODELS": "registry", "Loaded": "registry",
+    "Score": "stats", "wilson": "stats",
+    "Item": "tasks", "kv_items": "tasks", "load_knowledge": "tasks", "load_mmlu": "tasks",
+}
 
-__all__ = [
-    "Adapter", "adapter_for", "ConfigError", "InterventionError",
-    "attention_maps", "mask_attention", "mask_last_row",
-    "choice_loglikelihoods", "mean_over_tasks", "score",
-    "Head",
-    "keep_layers", "prune_top", "remove_layers", "swap_layers", "zero_heads",
-    "ModelUnavailable", "load", "paper_config",
-    "MODELS", "Loaded",
-    "Score", "wilson",
-    "Item", "kv_items", "load_knowledge", "load_mmlu",
-]
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+        globals()[name] = value  # once: later lookups do not come back here
+        return value
+    raise AttributeError(f"module 'helpers' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_HOME])

@@ -14,7 +14,6 @@ import argparse
 import shutil
 
 from . import paths
-from .models import cached
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,6 +22,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="delete one model's files (its name, as listed), the copies the current code would not "
                         "use (stale), or everything (all)")
     args = p.parse_args(argv)
+    from .models import cached  # torch: only once the arguments are good
+
     rows = cached()
     print(f"{paths.cache_dir()} (GA_CACHE){':' if rows else ' holds nothing'}")
     for r in rows:

@@ -6,16 +6,17 @@ one row per head (`layer`, `head`, the screen's `estimate`, and for heads measur
 Gather head keeps each segment's end reading inside its own segment, an Aggregate head reads the
 segments' summary tokens from the final position (`segments.head_measures` computes both), and
 among the heads whose zeroing hurts, the most harmful that behaves so takes the role.
-Imports nothing heavy (pandas, numpy).
+Imports nothing heavy (pandas only where a ranking is built).
 """
 
 from __future__ import annotations
 
 import operator
 import re
-from typing import Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Head(NamedTuple):
@@ -78,6 +79,8 @@ def ranking_table(estimate: dict[Head, float], exact: dict[Head, "Score"]) -> pd
     ties broken by the screen's estimate; `acc` is empty for heads not measured exactly, and
     `correct` holds which items each measured head's zeroing left right ('0110...'), so that its
     harm can be tested item by item against the clean run (`protocol.roles.harmful`)."""
+    import pandas as pd
+
     rows = [dict(layer=h.layer, head=h.head, estimate=e,
                  **({"acc": exact[h].acc, "lo": exact[h].lo, "hi": exact[h].hi, "n": exact[h].n,
                      "correct": exact[h].to_json()["correct"]} if h in exact else {}))

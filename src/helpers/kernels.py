@@ -9,7 +9,14 @@ naming rule (mamba-ssm 2.3.2.post1 and causal-conv1d 1.7.0 `setup.py: get_wheel_
 `RELEASE_MATRIX` what their release workflows (`.github/workflows/publish.yaml`) build, so a
 torch pin can be checked here, on a machine without a GPU.
 
-    python -m helpers.kernels          # the wheels setup.py would fetch for this torch; fails if none
+    python -m helpers.kernels              # the wheels setup.py would fetch for this torch; fails if none
+    python -m helpers.kernels --installed  # after pip: whether the fused kernels import
+
+`make gpu` runs pip with `SKIP_BUILD` set, so that setup.py never looks for nvcc: without it,
+on a host with no CUDA toolkit (a driver-only cloud image, Colab) both setup.py files stop with
+`NameError: name 'bare_metal_version' is not defined` before they fetch the wheel (mamba issues
+602 and 749). With it they still fetch the prebuilt wheel, but where the release has none they
+build a wheel without the kernels: hence the check before pip and `--installed` after it.
 """
 
 from __future__ import annotations
@@ -19,8 +26,13 @@ import platform
 import sys
 from importlib import metadata, util
 
+# What `make gpu` sets for pip: fetch the prebuilt wheel, never compile (nor look for nvcc).
+SKIP_BUILD = {"MAMBA_SKIP_CUDA_BUILD": "TRUE", "CAUSAL_CONV1D_SKIP_CUDA_BUILD": "TRUE"}
 # The packages and the versions pyproject's `gpu` extra pins (tests/test_environment.py checks).
 PACKAGES = {"mamba-ssm": "2.3.2.post1", "causal-conv1d": "1.7.0"}
+# A source build, where no wheel exists: nvcc from conda-forge, and about an hour.
+SOURCE_BUILD = ("conda install -c conda-forge cuda-nvcc, then MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE "
+                "pip install --no-build-isolation " + " ".join(f"{n}=={v}" for n, v in PACKAGES.items()))
 RELEASES = {"mamba-ssm": "https://github.com/state-spaces/mamba/releases/download",
             "causal-conv1d": "https://github.com/Dao-AILab/causal-conv1d/releases/download"}
 
@@ -94,8 +106,9 @@ def check(torch: str, cuda: str | None, python: str, cxx11abi: bool, plat: str) 
         raise NoPrebuiltWheel(
             f"mamba-ssm {PACKAGES['mamba-ssm']} and causal-conv1d {PACKAGES['causal-conv1d']} publish no wheel for "
             f"torch {_major_minor(torch)}, CUDA {cuda}, Python {python}, cxx11abi {cxx11abi}, {plat}, so pip would "
-            f"compile them (needs nvcc, about an hour). Install torch=={TORCH[-1]}.0 (environment.yml's pin; wheels "
-            f"exist for torch {', '.join(TORCH)} with Python {', '.join(PYTHON)}), then `make gpu`.")
+            f"compile them. Install torch=={TORCH[-1]}.0 (environment.yml's pin; wheels exist for torch "
+            f"{', '.join(TORCH)} with Python {', '.join(PYTHON)}), then `make gpu`; or build them from source: "
+            f"{SOURCE_BUILD}. Without them the SSM models run their PyTorch paths.")
     build = dict(torch=torch, cuda=cuda, python=python, cxx11abi=cxx11abi, plat=plat)
     return [wheel_url(name, version, **build) for name, version in PACKAGES.items()]
 
@@ -113,12 +126,7 @@ def importable() -> bool:
     another torch installs but fails at import with an undefined symbol)."""
     if any(util.find_spec(m) is None for m in ("mamba_ssm", "causal_conv1d")):
         return False
-    try:
-        import causal_conv1d  # noqa: F401
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # noqa: F401
-    except Exception:  # ImportError, or an OSError / RuntimeError from a mismatched CUDA build
-        return False
-    return True
+    return not import_error()
 
 
 def status(device_type: str) -> dict:
@@ -137,9 +145,29 @@ def status(device_type: str) -> dict:
     return out
 
 
+def import_error() -> str:
+    """Why the fused kernels do not import here ("" when they do)."""
+    try:
+        import causal_conv1d  # noqa: F401
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn  # noqa: F401
+    except Exception as e:  # ImportError, or an OSError / RuntimeError from a mismatched CUDA build
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m helpers.kernels", description=__doc__.split("\n\n")[0])
-    p.parse_args(argv)
+    p.add_argument("--installed", action="store_true", help="after pip: check that the fused kernels import")
+    args = p.parse_args(argv)
+    if args.installed:
+        if error := import_error():
+            raise SystemExit(
+                f"mamba-ssm / causal-conv1d do not import their kernels ({error}); the SSM models will run their "
+                f"PyTorch paths and each page says so. Where pip built them without their prebuilt wheel, `pip "
+                f"uninstall -y mamba-ssm causal-conv1d`, `pip cache remove mamba_ssm; pip cache remove causal_conv1d`, "
+                f"and build from source: {SOURCE_BUILD}.")
+        print("fused SSM kernels import: the SSM models run them on a GPU")
+        return
     try:
         for url in check(**this_machine()):
             print(url)

@@ -14,40 +14,85 @@ links the SVG (`helpers.book.staged_notebook`).
 
 from __future__ import annotations
 
+import ast
+import difflib
 import html
 import json
 import logging
 import os
 import re
-from typing import Iterable
+import sys
+from typing import TYPE_CHECKING, Iterable
 from urllib.parse import quote
 
-import pandas as pd
 from IPython.display import HTML, Markdown, display
 
+from .errors import ConfigError, InterventionError, StaleResults, StoreError
 from .stats import brief
 from .verdicts import CHECK, Verdict, overall, tested_note
 
+if TYPE_CHECKING:  # pandas loads in 0.4 s: not before a chapter's parameters are checked
+    import pandas as pd
+
 SCORE_COLUMNS = ("acc", "lo", "hi")
 
-
-def _figures_as_png_and_svg() -> None:
-    """In a notebook, have the inline backend put an SVG beside every figure's PNG."""
-    try:
-        from IPython import get_ipython
-        from matplotlib_inline.backend_inline import set_matplotlib_formats
-    except ImportError:
-        return
-    if type(get_ipython()).__name__ == "ZMQInteractiveShell":  # a kernel (papermill's, Jupyter's, Colab's)
-        set_matplotlib_formats("png", "svg")
-
-
-_figures_as_png_and_svg()
 
 # transformers says once per process, on stderr, that an SSM runs its reference kernels (no
 # mamba-ssm / causal-conv1d): on a page that is a red box in the middle of a section. Whether the
 # fused kernels ran is in each page's provenance (`helpers.kernels`).
 logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
+
+
+# What papermill injects itself (--inject-paths, --inject-input-path, --inject-output-path).
+PAPERMILL_NAMES = ("PAPERMILL_INPUT_PATH", "PAPERMILL_OUTPUT_PATH")
+
+# A user's mistakes, whose messages name the fix: in a notebook, shown as that one line.
+USER_ERRORS = (ConfigError, InterventionError, StoreError, StaleResults)
+
+
+def start(chapter: str) -> None:
+    """A chapter's first call, before anything heavy is imported. In a notebook kernel: show a
+    user's mistake (`USER_ERRORS`) as its one-line message rather than a traceback, and, when
+    papermill ran the notebook, stop if it was passed a parameter that the parameters cell does
+    not set (papermill itself only logs "Passed unknown parameter" and runs the chapter on its
+    defaults). papermill runs its injected cell, which starts with "# Parameters", right after the
+    parameters cell; the kernel's input history holds both, and the names each assigns are
+    compared. In a kernel, figures are drawn as PNG and SVG. Outside a kernel, nothing."""
+    ipython = sys.modules.get("IPython")  # not imported: not in a kernel
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if hasattr(shell, "set_custom_exc"):
+        shell.set_custom_exc(USER_ERRORS, _one_line)
+    history = getattr(shell, "user_ns", {}).get("In", [])
+    for i in range(len(history) - 1, 1, -1):
+        if history[i].lstrip().startswith("# Parameters"):
+            injected, declared = _assigned(history[i]), _assigned(history[i - 1])
+            if unknown := [n for n in injected if n not in declared and n not in PAPERMILL_NAMES]:
+                hints = [f"{n} -> {close[0]}" for n in unknown if (close := difflib.get_close_matches(n, declared, n=1))]
+                raise ConfigError(f"{chapter} has no parameter {', '.join(unknown)} (passed to papermill)"
+                                  f"{'; did you mean ' + ', '.join(hints) + '?' if hints else ''}"
+                                  f"; its parameters: {', '.join(declared)}")
+            break
+    if type(shell).__name__ == "ZMQInteractiveShell":  # a kernel (papermill's, Jupyter's, Colab's)
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+        set_matplotlib_formats("png", "svg")  # the book shows the PNG and links the SVG
+
+
+def _one_line(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler for USER_ERRORS: the structured traceback is the message alone."""
+    stb = [f"{etype.__name__}: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _assigned(source: str) -> list[str]:
+    """The names a cell assigns at its top level, in order."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
 
 
 def _badge(outcome: str) -> str:

@@ -19,10 +19,13 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import kernels, paths
 from .registry import MODELS
+
+if TYPE_CHECKING:  # torch loads in seconds: not for `python -m helpers.book --help`
+    import torch
 
 # The libraries that compute a page's numbers (lm-eval is not one: the tests compare our scores
 # with it, the chapters do not run it). The kernels and accelerate are in `kernels.status`.
@@ -199,6 +202,8 @@ def git_commit() -> dict:
 
 
 def device_name(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
@@ -220,6 +225,8 @@ def cuda_driver() -> str:
 
 def cuda(device: torch.device) -> dict[str, str]:
     """The CUDA torch was built for and the driver, on a GPU; "none" on CPU."""
+    import torch
+
     if device.type != "cuda":
         return {"cuda": "none (CPU)", "driver": "none (CPU)"}
     return {"cuda": torch.version.cuda or "unknown", "driver": cuda_driver() or "unknown"}
@@ -254,6 +261,8 @@ def versions() -> dict[str, str]:
 
 def record(loaded_models: list, parameters: dict) -> dict:
     """Everything a page's "how this page was made" block shows, for the models a run used."""
+    import torch
+
     first = next(iter(loaded_models), None)
     device = next(first.model.parameters()).device if first else torch.device("cpu")
     dtype = str(next(first.model.parameters()).dtype).removeprefix("torch.") if first else ""

@@ -1,8 +1,6 @@
 """What every chapter's Config and results store do, on a chapter made up for the test."""
 
 import json
-import sys
-import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,18 +136,3 @@ def test_a_list_given_as_text_says_how_to_pass_a_list_through_papermill(text, li
     with pytest.raises(ConfigError, match=r"sizes must be a list, got .* \(with papermill, pass a list as YAML: "
                                           rf"-y 'sizes: {listed}'\)$"):
         Config.for_profile("cpu", sizes=text)
-
-
-@pytest.mark.parametrize("injected, unknown", [
-    ("PAPERMILL_INPUT_PATH = 'in.ipynb'\nPAPERMILL_OUTPUT_PATH = 'out.ipynb'\nn = 3\n", None),  # --inject-paths
-    ("PAPERMILL_INPUT_PATH = 'in.ipynb'\nheads = 3\n", "heads"),
-])
-def test_papermills_own_injected_names_are_not_unknown_parameters(monkeypatch, injected, unknown):
-    shell = types.SimpleNamespace(user_ns={"In": ["", "import helpers", "model = 'x'\nn = 2\n",
-                                                  "# Parameters\n" + injected]})
-    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
-    if unknown is None:
-        base.check_injected_parameters("made_up")
-    else:
-        with pytest.raises(ConfigError, match=f"made_up has no parameter {unknown} \\(passed to papermill\\)"):
-            base.check_injected_parameters("made_up")

@@ -215,7 +215,6 @@ class Config:
         """The config of `profile`; smoke shrinks sizes that `overrides` does not set; an
         override of None means "the profile's default" (what papermill passes for an unset
         parameter)."""
-        check_injected_parameters(cls.chapter)
         if profile not in registry.PROFILES:
             raise ConfigError(f"unknown profile {profile!r}: use one of {', '.join(registry.PROFILES)}")
         names = [f.name for f in dataclasses.fields(cls) if f.name not in ("profile", "smoke")]
@@ -256,38 +255,6 @@ class BenchmarkConfig(Config):
         if most is not None and self.k_shot > most:
             raise ConfigError(f"k_shot must be at most {most} on the {self.profile} profile: some subjects of its "
                               f"MMLU have only {most} solved examples (dev rows); got {self.k_shot}")
-
-
-# What papermill injects itself (--inject-paths, --inject-input-path, --inject-output-path).
-PAPERMILL_NAMES = ("PAPERMILL_INPUT_PATH", "PAPERMILL_OUTPUT_PATH")
-
-
-def check_injected_parameters(chapter: str) -> None:
-    """In a notebook executed by papermill: stop if it was passed a parameter that the notebook's
-    parameters cell does not set (papermill itself only logs "Passed unknown parameter" and runs
-    the chapter on its defaults). papermill runs its injected cell, which starts with
-    "# Parameters", right after the parameters cell; the kernel's input history holds both, and
-    the names each assigns are compared. Outside a kernel, or without an injected cell, nothing."""
-    ipython = sys.modules.get("IPython")  # not imported: not in a kernel
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    history = getattr(shell, "user_ns", {}).get("In", [])
-    for i in range(len(history) - 1, 1, -1):
-        if history[i].lstrip().startswith("# Parameters"):
-            injected, declared = _assigned(history[i]), _assigned(history[i - 1])
-            if unknown := [n for n in injected if n not in declared and n not in PAPERMILL_NAMES]:
-                raise ConfigError(f"{chapter or 'this notebook'} has no parameter {', '.join(unknown)} (passed to "
-                                  f"papermill); its parameters: {', '.join(declared)}")
-            return
-
-
-def _assigned(source: str) -> list[str]:
-    """The names a cell assigns at its top level, in order."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    return [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
 
 
 def _json(value):

@@ -5,6 +5,7 @@ and the rendered pages pass the reader's check at laptop and phone width; a chap
 notebook sets itself up the way Colab runs it."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,11 @@ def test_cpu_book_offers_downloads_and_a_dark_screenshot_pair(cpu_book):
             assert (cpu_book / "screenshots" / f"{page.replace('/', '-')}-{width}-dark.png").exists()
     pages = {page: (html / f"{page}.html").read_text() for page in PAGES}
     assert all('download="' in text and "data:text/csv" in text for text in pages.values())
+    # every chapter's stores zipped and linked; no two tables of a page download to one file name
+    assert [p for p in PAGES if f"{Path(p).name}-results.zip" not in pages[p]] == []
+    for page, text in pages.items():
+        names = re.findall(r'download="([^"]+\.csv)"', text)
+        assert len(names) == len(set(names)), (page, names)
     assert any("-figure-1.svg" in text for text in pages.values())
     runs = (html / "book" / "runs.html").read_text()
     assert "runs.csv" in runs and "runs.json" in runs and 'href="../paper/index.html"' in runs

@@ -74,3 +74,35 @@ def test_browser_paths_prefer_the_environment(monkeypatch):
     monkeypatch.setattr(bookcheck.shutil, "which", lambda name: None)
     # nothing on PATH: Selenium Manager chooses (an installed Google Chrome, or one it fetches)
     assert bookcheck.browser_paths() == (None, None)
+
+
+@pytest.mark.parametrize("with_css", [False, True])
+def test_a_figure_on_a_phone_keeps_its_text_readable(tmp_path, with_css):
+    """A 7-inch figure (helpers.plots' width, saved at 150 dpi) in a phone's column: squeezed to
+    it, its 9 pt text is about 7 px and the check says so; the book's CSS gives it 600 px, which
+    scroll inside the figure's box, and the page does not scroll sideways."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(7, 3))
+    fig.savefig(tmp_path / "figure.png", dpi=150)
+    plt.close(fig)
+    css = (bookcheck.Path(__file__).resolve().parents[1] / "_static" / "ga.css").read_text() if with_css else ""
+    (tmp_path / "page.html").write_text(
+        f"""<!doctype html><html><head><meta name="viewport" content="width=device-width"><style>
+        img {{ max-width: 100%; }} {css}</style></head><body><main><article><div class="cell_output">
+        <figure><img src="figure.png"><figcaption>A caption.</figcaption></figure></div></article></main></body></html>""")
+    browser = bookcheck.driver("light")
+    try:
+        browser.set_window_size(bookcheck.WIDTHS["phone"], 900)
+        browser.get((tmp_path / "page.html").as_uri())
+        found = browser.execute_script(bookcheck.PROBE, bookcheck.FIGURE_TEXT_PX, bookcheck.MIN_FIGURE_TEXT_PX)
+    finally:
+        browser.quit()
+    problems = bookcheck.problems_of("p", found, False, "phone, light")
+    if with_css:
+        assert problems == [], problems
+    else:
+        assert len(problems) == 1 and "figure text below 8 px: figure.png" in problems[0], problems

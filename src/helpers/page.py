@@ -28,7 +28,7 @@ from urllib.parse import quote
 from IPython.display import HTML, Markdown, display
 
 from .errors import ConfigError, InterventionError, StaleResults, StoreError
-from .stats import brief
+from . import stats
 from .verdicts import CHECK, Verdict, overall, tested_note
 
 if TYPE_CHECKING:  # pandas loads in 0.4 s: not before a chapter's parameters are checked
@@ -138,10 +138,48 @@ def publish(chapter, result) -> None:
 
 
 def csv_link(frame: pd.DataFrame, name: str) -> str:
-    """A link that downloads the frame's rows as `<name>.csv`, the file inside the link."""
-    data = quote(frame.to_csv(index=False))
+    """A link that downloads the frame's rows as `<name>.csv`, the file inside the link; a cell
+    holding an estimate gives its numbers (`numeric`)."""
+    data = quote(numeric(frame).to_csv(index=False))
     return (f'<a class="ga-download" download="{html.escape(name)}.csv" '
             f'href="data:text/csv;charset=utf-8,{data}">CSV</a>')
+
+
+def numeric(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows as a tool reads them: each column holding estimates (Score, TaskMean, Difference,
+    Estimate) becomes its values, unrounded, beside `<column> lo`, `<column> hi` and, where the
+    estimates count items, `<column> n`; a cell without one keeps its text there."""
+    import pandas as pd
+
+    out = {}
+    for column in frame.columns:
+        parts = [stats.numbers(v) for v in frame[column]]
+        if not any(parts):
+            out[column] = frame[column]
+            continue
+        out[column] = [p[0] if p else v for p, v in zip(parts, frame[column])]
+        out[f"{column} lo"] = [p[1] if p else None for p in parts]
+        out[f"{column} hi"] = [p[2] if p else None for p in parts]
+        if any(p and p[3] is not None for p in parts):
+            out[f"{column} n"] = [p[3] if p else None for p in parts]
+    return pd.DataFrame(out)
+
+
+def _shown(cell) -> str:
+    """An estimate as its table cell: an accuracy "68.0% [58.3, 76.3]", a difference
+    "-9.4 points [-12.1, -6.7], McNemar p=...", an Estimate as it formats."""
+    return cell.brief if isinstance(cell, stats.Accuracy) else str(cell)
+
+
+_NAMED: set[str] = set()  # the CSV names this page (this kernel) has given
+
+
+def _unique(name: str) -> str:
+    """`name`, or `name-2`, `name-3`... when a table of this page already downloads as `name`."""
+    unique = next(f"{name}-{i}" if i > 1 else name for i in range(1, len(_NAMED) + 2)
+                  if (f"{name}-{i}" if i > 1 else name) not in _NAMED)
+    _NAMED.add(unique)
+    return unique
 
 
 def _file_name(frame: pd.DataFrame) -> str:
@@ -152,22 +190,28 @@ def _file_name(frame: pd.DataFrame) -> str:
 def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[str] = ("n",),
           index: bool = False, name: str | None = None) -> None:
     """A DataFrame as an HTML table that fits a phone (it scrolls inside its own box): columns
-    in `percent` as percentages, `integer` ones as whole numbers, text as it is; under it a link
-    to its rows as CSV (`name`.csv, by default named after its first columns), unrounded."""
+    in `percent` as percentages, `integer` ones as whole numbers, estimates (a Score, a
+    Difference, an Estimate) as their value and interval, text as it is; under it a link to its
+    rows as CSV (`name`.csv, by default named after its first columns), with the estimates'
+    numbers unrounded in columns of their own."""
     formats = {c: "{:.1%}" for c in percent if c in frame.columns}
     formats |= {c: "{:.0f}" for c in integer if c in frame.columns}
+    formats |= {c: lambda v: _shown(v) if stats.numbers(v) else v for c in frame.columns
+                if c not in formats and frame[c].map(stats.numbers).notna().any()}
     styler = frame.style.format(formats, na_rep="-")
     if not index:
         styler = styler.hide(axis="index")
     rows = frame.reset_index() if index else frame
-    link = csv_link(rows, name or _file_name(frame))
+    link = csv_link(rows, _unique(name or _file_name(frame)))
     display(HTML(f'<div class="ga-table">{styler.to_html()}</div><p class="ga-downloads">Download: {link}</p>'))
 
 
 def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
-    """Rows with acc, lo, hi, n as text: "68.0% [58.3, 76.3]" and n, beside their labels."""
+    """Rows of acc, lo, hi as one "accuracy [95% interval]" column of estimates ("68.0% [58.3,
+    76.3]" on the page, the numbers in the CSV), beside their labels and n."""
     out = frame[list(label_columns)].copy()
-    out["accuracy [95% interval]"] = [brief(a, lo, hi) for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)]
+    out["accuracy [95% interval]"] = [stats.Estimate(a, lo, hi, percent=True)
+                                      for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)]
     out["n"] = frame.n.astype(int)
     return out
 

@@ -138,6 +138,40 @@ class Difference:
         return format(self)
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """A value with its 95% interval, for a table cell that is neither an accuracy nor a
+    difference of two (a correlation, a recovery, an overlap, a mean over prompts): "0.85 [0.70,
+    0.93]" (", n=40" with n), or as an accuracy ("68.0% [58.3, 76.3]") with percent=True. `page.table` shows the text and gives the
+    table's CSV the numbers, as it does for a `Score` or a `Difference`."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int | None = None
+    percent: bool = False
+
+    def __format__(self, spec: str) -> str:
+        spec = spec or ".2f"
+        text = brief(self.value, self.lo, self.hi) if self.percent else f"{self.value:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+        return text if self.n is None else f"{text}, n={self.n}"
+
+    def __str__(self) -> str:
+        return format(self)
+
+
+def numbers(cell) -> tuple[float, float, float, int | None] | None:
+    """A table cell's value, interval and n when it holds an estimate (a Score, TaskMean,
+    Difference or Estimate), else None."""
+    if isinstance(cell, Accuracy):
+        return cell.acc, cell.lo, cell.hi, cell.n
+    if isinstance(cell, Difference):
+        return cell.delta, cell.lo, cell.hi, None
+    if isinstance(cell, Estimate):
+        return cell.value, cell.lo, cell.hi, cell.n
+    return None
+
+
 def difference(a: Score, b: Score, paired: bool = True) -> Difference:
     """b - a with Newcombe's interval (his method 10 for paired proportions, 1998)."""
     pa, pb = a.acc, b.acc

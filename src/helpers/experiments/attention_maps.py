@@ -32,7 +32,7 @@ from ..engine import SweepEngine
 from ..heads import Head
 from ..reference import paper, paper_heads
 from ..segments import Segments
-from ..stats import Score, mean_interval
+from ..stats import Estimate, Score, mean_interval
 from ..sweep import sweep
 from ..protocol import base, shared
 from ..protocol.roles import ANSWER_END, ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, head_maps, measures, with_closest
@@ -94,9 +94,9 @@ def interval(values) -> tuple[float, float, float, int]:
     return (*mean_interval(x), int((~np.isnan(x)).sum()))
 
 
-def fmt(values) -> str:
-    m, lo, hi, n = interval(values)
-    return f"{m:.2f} [{lo:.2f}, {hi:.2f}], n={n}"
+def fmt(values) -> Estimate:
+    """The mean over prompts with its interval and n: "0.62 [0.55, 0.70], n=40" as text."""
+    return Estimate(*interval(values))
 
 
 def side(values, line: float, above: bool = True) -> str:

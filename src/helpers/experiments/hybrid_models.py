@@ -387,7 +387,7 @@ def single_heads(result: Result) -> pd.DataFrame:
             continue
         for c in [AS_IS, *heads]:
             rows.append({"hybrid": h, "attention heads zeroed": "none" if c == AS_IS else c.removesuffix(" zeroed"),
-                         **{b: s.brief for b, s in by[c].items()}})
+                         **by[c]})
     return pd.DataFrame(rows)
 
 
@@ -396,7 +396,7 @@ def side_by_side(result: Result) -> pd.DataFrame:
     models = {h: by[AS_IS] for h, by in result.scores.items()}
     if result.ssm:
         models[f"{result.cfg.ssm} (pure SSM)"] = result.ssm
-    return pd.DataFrame([{"model": m, **{b: s.brief for b, s in by.items()}} for m, by in models.items()])
+    return pd.DataFrame([{"model": m, **by} for m, by in models.items()])
 
 
 def comparison(result: Result) -> pd.DataFrame:

@@ -204,9 +204,9 @@ def swap_table(result: Result) -> pd.DataFrame:
     (scored for the student, the teacher and the aggregating layer's swap)."""
     rows = []
     for c in [STUDENT, TEACHER, *map(swapped, result.layers)]:
-        row = {"": c, **{b: result.scores[b][c].brief for b in result.retrieval}}
+        row = {"": c, **{b: result.scores[b][c] for b in result.retrieval}}
         scored = all(c in result.scores[t] for t in result.knowledge_tasks)
-        rows.append({**row, base.knowledge_name(result): result.knowledge(c).brief if scored else "-"})
+        rows.append({**row, base.knowledge_name(result): result.knowledge(c) if scored else "-"})
     return pd.DataFrame(rows)
 
 
@@ -216,9 +216,9 @@ def teacher_layer_table(result: Result) -> pd.DataFrame:
     found = result.teacher_layer
     if not found.ablated:
         return pd.DataFrame([{"teacher layer": f"L{found.layer}", "found by": found.how}])
-    rows = [{"attention heads zeroed": "none", **{b: s.brief for b, s in found.clean.items()}}]
+    rows = [{"attention heads zeroed": "none", **found.clean}]
     rows += [{"attention heads zeroed": f"all of L{l}" + (" (chosen)" if l == found.layer else ""),
-              **{b: by[l].brief for b, by in found.ablated.items()}} for l in sorted(next(iter(found.ablated.values())))]
+              **{b: by[l] for b, by in found.ablated.items()}} for l in sorted(next(iter(found.ablated.values())))]
     return pd.DataFrame(rows)
 
 

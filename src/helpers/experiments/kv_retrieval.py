@@ -27,7 +27,7 @@ from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation, measured
 from ..reference import paper
-from ..stats import Score, brief, difference_in_differences
+from ..stats import Estimate, Score, difference_in_differences
 from ..tasks import KV_FORMS, kv_items
 from ..sweep import sweep
 from ..protocol import base, shared
@@ -262,7 +262,7 @@ def top_heads(result: Result, k: int = 5) -> pd.DataFrame:
         for rank, r in enumerate(exact.itertuples(), start=1):
             rows.append({"value follows": FORM_LABELS[form], "rank": rank,
                          "head": str(Head(int(r.layer), int(r.head))), "role": result.roles.role_of(Head(int(r.layer), int(r.head))),
-                         "zeroed": brief(r.acc, r.lo, r.hi),
+                         "zeroed": Estimate(r.acc, r.lo, r.hi, percent=True),
                          "none zeroed": f"{ranking.clean.acc:.1%}", "n": int(r.n)})
     return pd.DataFrame(rows)
 

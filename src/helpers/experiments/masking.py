@@ -384,8 +384,8 @@ def table(result: Result) -> pd.DataFrame:
     for r in result.runs:
         clean = r.scores["no mask"]
         for name, s in r.scores.items():
-            rows.append({"model": r.model, "condition": name, "accuracy [95% interval]": format(s, ".1%"),
-                         "change from no mask [95% interval]": "-" if name == "no mask" else str(difference(clean, s))})
+            rows.append({"model": r.model, "condition": name, "accuracy [95% interval]": s, "n": s.n,
+                         "change from no mask [95% interval]": "-" if name == "no mask" else difference(clean, s)})
     return pd.DataFrame(rows)
 
 

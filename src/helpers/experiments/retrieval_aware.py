@@ -255,7 +255,7 @@ def scores_table(result: Result) -> pd.DataFrame:
     for who in order(result):
         rows.append({"model": who, "head kept": result.kept.get(who, f"all {result.heads}" if who == TEACHER else "none"),
                      "chosen by": result.rules.get(who, "-"), "seed": result.seeds.get(who, "-"),
-                     **{b: result.scores[b][who].brief for b in result.scores},
+                     **{b: result.scores[b][who] for b in result.scores},
                      "retrieval recovered": float(np.mean([recovery(result, b, who) for b in tasks])) if tasks else float("nan")})
     return pd.DataFrame(rows)
 

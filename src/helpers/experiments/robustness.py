@@ -50,7 +50,7 @@ from ..heads import Head, ablation, measured
 from ..interventions import site_width
 from ..packing import encode_pair
 from ..reference import paper
-from ..stats import Score, difference, paired, rank_correlation
+from ..stats import Estimate, Score, difference, paired, rank_correlation
 from ..sweep import sweep
 from ..tasks import KV_HEADER, Item
 from ..protocol import base, shared
@@ -429,9 +429,9 @@ def kinds_table(result: Result) -> pd.DataFrame:
     rows = []
     for name, group in result.kinds.groupby("set", sort=False):
         by = dict(zip(group.kind, group.score))
-        rows.append({"set": name, "heads": group.heads.iloc[0], **{k: by[k].brief for k in KINDS},
-                     "mean - zero": str(difference(by["zero"], by["mean"])),
-                     "resample - zero": str(difference(by["zero"], by["resample"]))})
+        rows.append({"set": name, "heads": group.heads.iloc[0], **{k: by[k] for k in KINDS},
+                     "mean - zero": difference(by["zero"], by["mean"]),
+                     "resample - zero": difference(by["zero"], by["resample"])})
     return pd.DataFrame(rows)
 
 
@@ -441,10 +441,10 @@ def redundancy_table(result: Result) -> pd.DataFrame:
         top = group[~group.control].score.iloc[0]
         controls = list(group[group.control].score)
         clean = result.clean[model]
-        rows.append({"model": model, "task": result.tasks[model], "k": k, "top-k removed": top.brief,
+        rows.append({"model": model, "task": result.tasks[model], "k": k, "top-k removed": top,
                      "kept (of clean)": f"{top.acc / clean.acc:.0%}" if clean.acc else "-",
-                     "random k (worst of draws)": min(controls, key=lambda s: s.acc).brief if controls else "-",
-                     "clean": clean.brief})
+                     "random k (worst of draws)": min(controls, key=lambda s: s.acc) if controls else "-",
+                     "clean": clean})
     return pd.DataFrame(rows)
 
 
@@ -917,8 +917,7 @@ def stability_verdict(s: Stability) -> v.Verdict:
 def patching_table(result: Result, rows: int = 10) -> pd.DataFrame:
     """The heads with the highest recovery, with their place in both rankings."""
     t = result.patching.heads.sort_values("recovery", ascending=False, kind="stable").head(rows)
-    return pd.DataFrame({"head": t["head"], "recovery [95%]": [f"{r:.2f} [{a:.2f}, {b:.2f}]" for r, a, b in
-                                                              zip(t.recovery, t.lo, t.hi)],
+    return pd.DataFrame({"head": t["head"], "recovery [95%]": [Estimate(r, a, b) for r, a, b in zip(t.recovery, t.lo, t.hi)],
                          "rank (patching)": t["rank (patching)"], "rank (zeroing)": t["rank (ablation)"],
                          "KV acc. zeroed": [f"{x:.1%}" for x in t["acc (zeroed)"]]})
 
@@ -927,15 +926,15 @@ def stability_table(result: Result) -> pd.DataFrame:
     s = result.stability
     rows = []
     for i, c in enumerate(s.conditions.itertuples()):
-        row = {"seed": c.seed, "query": c.query, "form": c.form, "clean": c.clean.brief, f"top {s.k}": c.top}
+        row = {"seed": c.seed, "query": c.query, "form": c.form, "clean": c.clean, f"top {s.k}": c.top}
         if i == 0:
             row |= {"rho [95%]": "reference", "overlap [95%]": "reference"}
         else:
             r = s.pairs.iloc[i - 1]
-            rho = (f"{r.rho:.2f} [{r.lo:.2f}, {r.hi:.2f}]" if r.rho == r.rho else
+            rho = (Estimate(r.rho, r.lo, r.hi) if r.rho == r.rho else
                    "undefined (every head ties in a ranking)")  # Spearman's rho of a constant is 0/0
-            row |= {"rho [95%]": rho,
-                    "overlap [95%]": f"{r.overlap:g} [{r.overlap_lo:g}, {r.overlap_hi:g}] (random {r.chance:.2f})"}
+            row |= {"rho [95%]": rho, "overlap [95%]": Estimate(r.overlap, r.overlap_lo, r.overlap_hi),
+                    "overlap by chance": f"{r.chance:.2f}"}
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -38,7 +38,7 @@ from ..heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL, LOCAL_MEASURE, Hea
 from ..heads import measured as exactly_measured
 from ..reference import paper
 from ..segments import Segments, measure_heads
-from ..stats import Z95, Difference, Score, difference
+from ..stats import Z95, Difference, Estimate, Score, difference
 from ..sweep import sweep
 from ..protocol import base, shared
 from ..protocol.roles import MAX_CANDIDATES, check_roles_of, harmful as harmful_heads
@@ -268,8 +268,9 @@ def run(cfg: Config) -> Result:
     base.check_available(cfg.models)  # every model, before the first one computes
     for name in cfg.models:
         loaded = base.load(name)
-        record = record or base.record(cfg, [loaded], timer)  # device, dtype, versions: the first model's
         runs[name] = run_model(cfg, loaded, settings)
+        # device, dtype, versions: the first model's; taken after its run, which opened the stores
+        record = record or base.record(cfg, [loaded], timer)
         revisions[name] = loaded.revision
         del loaded  # a paper model is dropped before the next one loads
     return Result(cfg, settings["pairs"], runs, {**record, "models": revisions, "wall_s": timer.seconds})
@@ -470,11 +471,10 @@ def accuracy_by_size(result: Result) -> pd.DataFrame:
 
 
 def accuracy_table(result: Result) -> pd.DataFrame:
-    """KV accuracy in percent with its 95% interval, one row per dictionary size, one column
-    per model."""
+    """KV accuracy with its 95% interval, one row per dictionary size, one column per model."""
     t = accuracy_by_size(result)
-    t["text"] = [f"{100 * a:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]" for a, lo, hi in zip(t.acc, t.lo, t.hi)]
-    table = t.pivot(index="keys", columns="model", values="text")[list(result.runs)]
+    t["cell"] = [Estimate(a, lo, hi, percent=True) for a, lo, hi in zip(t.acc, t.lo, t.hi)]
+    table = t.pivot(index="keys", columns="model", values="cell")[list(result.runs)]
     return table.rename_axis(columns=None).reset_index()
 
 

@@ -220,6 +220,30 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def dtype_line(loaded, items, sample) -> str:
+    """One line: the engine's speed-up over the naive loop, and how far their log-likelihoods
+    differ (float32: equal to 2e-4, as the tests require; bfloat16: its rounding, stated)."""
+    tok = loaded.tokenizer
+    t = time.perf_counter()
+    naive = {}
+    for layer, head in sample:
+        with helpers.zero_heads(loaded, {layer: [head]}):
+            naive[layer, head] = naive_loglikelihoods(lambda ids: loaded.model(ids).logits, tok, items)
+    naive_s = (time.perf_counter() - t) / len(sample)
+    t = time.perf_counter()
+    engine = SweepEngine(loaded, tok, items)
+    lls = {lh: engine.loglikelihoods([{lh[0]: [lh[1]]}])[0] for lh in sample}
+    engine_s = (time.perf_counter() - t) / len(sample)
+    diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
+    same = sum(engine.score_loglikelihoods(lls[lh]).acc == engine.score_loglikelihoods(naive[lh]).acc for lh in sample)
+    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    verdict = (f"equal to 2e-4: {diff <= 2e-4}" if dtype == "float32" else
+               "bfloat16 rounding, which a batch's padded width changes: the two pad differently")
+    return (f"{dtype:9} naive {naive_s:6.2f} s, engine {engine_s:6.2f} s per ablation: {naive_s / engine_s:5.1f}x "
+            f"(target >= 20x); max |log-lik difference| {diff:.1e} ({verdict}); same accuracy on {same} of "
+            f"{len(sample)} heads")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=40)
@@ -250,6 +274,11 @@ def main() -> None:
     n_heads = sum(adapter.n_heads(l) for l in range(adapter.n_layers))
     print(f"SmolLM2-135M-Instruct, {len(items)} KV prompts of {args.keys} keys, {n_heads} heads; "
           f"naive loop timed on {len(sample)} heads: {sample}")
+
+    # 0. The engine against the naive loop in each dtype, on the same heads.
+    print("\nengine against the naive loop, per dtype (same heads, same prompts, one process):")
+    for dtype in (torch.float32, torch.bfloat16):
+        print("  " + dtype_line(helpers.load("smollm2-135m-instruct", dtype=dtype), items, sample))
 
     # 1. The naive loop on the sample heads.
     t = time.perf_counter()

@@ -164,7 +164,7 @@ def test_smollm2_by_name_on_a_generative_task(smol, task_files, task_manager, mo
     samples = results["samples"]["entry_gen"]
     hits = [s["filtered_resps"][0] == s["target"] for s in samples]
     assert results["results"]["entry_gen"]["exact_match,none"] == pytest.approx(np.mean(hits))
-    assert 0 < np.mean(hits)  # SmolLM2 retrieves from a 2-key dictionary (about 0.7, DESIGN.md)
+    assert 0 < np.mean(hits)  # SmolLM2 retrieves from a 2-key dictionary (about 0.7)
     assert results["provenance"]["models"] == {"smollm2-135m-instruct": smol.revision}
     assert results["provenance"]["parameters"]["limit"] == 6
 

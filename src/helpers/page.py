@@ -38,8 +38,9 @@ SCORE_COLUMNS = ("acc", "lo", "hi")
 
 
 # transformers says once per process, on stderr, that an SSM runs its reference kernels (no
-# mamba-ssm / causal-conv1d): on a page that is a red box in the middle of a section. Whether the
-# fused kernels ran is in each page's provenance (`helpers.kernels`).
+# mamba-ssm / causal-conv1d; always on a CPU): on a page that is a red box in the middle of a
+# section. Every chapter imports this module first (`page.start`), so this is the one place that
+# says so; whether the fused kernels ran is in each page's provenance (`helpers.kernels`).
 logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
 

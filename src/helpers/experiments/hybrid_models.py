@@ -21,7 +21,6 @@ swapped back in: the hybrid-swap chapter's pair for the profile, and the layer i
 
 from __future__ import annotations
 
-import logging
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
@@ -41,9 +40,6 @@ from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
 from ..protocol import base, distilled
 
-# Where mamba-ssm's CUDA kernels are missing (on every CPU) transformers warns, at a Mamba-2
-# mixer's first forward pass, that it runs its PyTorch reference path: expected, and not for the page.
-logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
 AS_IS, MASKED, ZEROED = "as is", "final row masked (released code)", "all attention heads zeroed"
 ABLATIONS = (MASKED, ZEROED)

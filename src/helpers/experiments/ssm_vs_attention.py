@@ -20,7 +20,6 @@ a time (a paper model is loaded once for all three and dropped before the next):
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 from dataclasses import dataclass, replace
 from functools import cache
@@ -43,9 +42,6 @@ from ..sweep import sweep
 from ..protocol import base, shared
 from ..protocol.roles import MAX_CANDIDATES, check_roles_of, harmful as harmful_heads
 
-# transformers warns once per process that Mamba layers run its reference PyTorch scan when
-# mamba-ssm's CUDA kernels are not installed (always, on a CPU): true and useless on a page.
-logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
 SWEEP_LIMIT = 256  # heads per layer the ranking sweeps exactly; Falcon-Mamba's layers have 8192 channels
 MARGIN = v.MARGIN  # a loss or difference smaller than this counts as none, as on every page
@@ -278,7 +274,7 @@ def run(cfg: Config) -> Result:
 
 # --- statistics ---------------------------------------------------------------------------------
 
-def mean_interval(values) -> tuple[float, float, float]:
+def normal_interval(values) -> tuple[float, float, float]:
     """Mean and normal 95% interval of per-prompt values (n_maps is 100 by default)."""
     x = np.asarray(values, dtype=float)
     if len(x) < 2:
@@ -345,7 +341,7 @@ def roles_found(r: ModelRun) -> tuple[str, str]:
             said.append(f"no {role}: every other candidate is a previous-token head")
             continue
         rows = r.testing[r.testing["head"] == str(head)][column].dropna()
-        m, lo, hi = mean_interval(rows)
+        m, lo, hi = normal_interval(rows)
         # judged on the testing prompts; a head the naming prompts turned down cannot be reproduced
         below_line = v.NOT_REPRODUCED if hi < 0.5 else v.INCONCLUSIVE
         parts.append(v.REPRODUCED if lo > 0.5 and r.roles[role] is not None else below_line if lo <= 0.5 else v.INCONCLUSIVE)
@@ -366,7 +362,7 @@ def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
     a, b = t.role_values("A"), s.role_values("A")
     if t.prompts["held out"] == s.prompts["held out"]:
         both = a.index.intersection(b.index)
-        m, lo, hi = mean_interval(b[both] - a[both])
+        m, lo, hi = normal_interval(b[both] - a[both])
         how = f"paired over {len(both)} prompts"
     else:
         (ma, la, ha), (mb, lb, hb) = mean_interval(a), mean_interval(b)

@@ -10,7 +10,6 @@ a wrong checkpoint misses by far more). The zoo is the same on every profile, so
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +21,6 @@ from ..stats import Score
 from ..sweep import sweep
 from ..protocol import base
 
-# transformers warns once per process that the toys' Mamba layers run its reference PyTorch
-# scan (mamba-ssm's CUDA kernels cannot be installed on a CPU): true and useless on a page.
-logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
 
 TOLERANCE = 2  # examples per cell, out of the record's n (tests/test_zoo.py)
 # Each toy model and the paper model whose part it plays (the released code loads these).

@@ -24,7 +24,7 @@ from ..sweep import sweep
 from . import base
 
 # The screen's setting: a layer's gradient taken with its heads at half strength finds heads
-# that the clean gradient misses (DESIGN.md section 4); on the paper profiles the chapters
+# that the clean gradient misses (README, "Fast, exact sweeps"); on the paper profiles the chapters
 # sweep their layers exactly anyway, and the midpoint costs one pass per layer on every prompt.
 # The form is the released scoring's (the value right after the query, `tasks.KV_FORMS`).
 RANKING = {

@@ -79,7 +79,9 @@ def test_kernel_pins_agree_everywhere():
 
 def make_gpu() -> list[str]:
     """The commands `make gpu` runs, a continued line as one."""
-    make = subprocess.run(["make", "-n", "gpu"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # --no-print-directory: under `make test` this make is nested and would name its directory first
+    make = subprocess.run(["make", "--no-print-directory", "-n", "gpu"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
     assert make.returncode == 0, make.stderr
     return make.stdout.replace("\\\n", " ").splitlines()
 

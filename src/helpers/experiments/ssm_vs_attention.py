@@ -365,7 +365,7 @@ def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
         m, lo, hi = normal_interval(b[both] - a[both])
         how = f"paired over {len(both)} prompts"
     else:
-        (ma, la, ha), (mb, lb, hb) = mean_interval(a), mean_interval(b)
+        (ma, la, ha), (mb, lb, hb) = normal_interval(a), normal_interval(b)
         m, lo, hi = mb - ma, mb - ma - math.hypot(ha - ma, mb - lb), mb - ma + math.hypot(ma - la, hb - mb)
         how = f"unpaired, {len(a)} and {len(b)} prompts"
     outcome = v.REPRODUCED if hi < 0 else v.NOT_REPRODUCED if lo > -MARGIN else v.INCONCLUSIVE
@@ -453,7 +453,7 @@ def comparison(result: Result) -> pd.DataFrame:
 
 
 def sharpness(r: ModelRun) -> str:
-    m, lo, hi = mean_interval(r.role_values("A"))
+    m, lo, hi = normal_interval(r.role_values("A"))
     return f"{r.roles['A']}, share on its heaviest line {m:.2f} [{lo:.2f}, {hi:.2f}], n={len(r.role_values('A'))} prompts"
 
 
@@ -578,7 +578,7 @@ def figure_sharpness(result: Result):
         values = r.role_values("A")
         colour = "0.6" if not r.clean.above(result.kv_chance) else "tab:blue" if r.mixer == "attention" else "tab:orange"
         ax.scatter(x + rng.uniform(-0.18, 0.18, len(values)), values, s=9, alpha=0.45, color=colour)
-        m, lo, hi = mean_interval(values)
+        m, lo, hi = normal_interval(values)
         ax.errorbar(x, m, yerr=[[m - lo], [hi - m]], fmt="D", color="black", ms=5, capsize=4, label=label)
         label = None
     ax.axhline(result.kv_chance, ls=":", lw=1.2, color="0.35", label=f"uniform over the {result.keys} lines")

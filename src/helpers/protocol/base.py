@@ -20,7 +20,6 @@ checked in the config against the model's shape, read from its config without it
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import glob
 import json

@@ -55,6 +55,15 @@ def test_estimates_show_as_text_and_download_as_numbers(monkeypatch):
     assert back.rho.tolist() == ["0.8", "undefined"] and pd.isna(back["rho lo"].iloc[1])
 
 
+def test_a_view_of_other_rows_downloads_those_rows(monkeypatch):
+    rows = pd.DataFrame({"model": ["a", "a"], "cell": ["kv@2", "kv@4"], "remeasured": [0.9, 0.5], "recorded": [0.9, 0.6]})
+    view = pd.DataFrame({"cell": ["kv@2", "kv@4"], "a": ["90.0 (90.0)", "50.0 (60.0)"]})
+    html = shown_html(monkeypatch, page.table, view, rows=rows, name="accuracy")
+    assert "50.0 (60.0)" in html
+    back = pd.read_csv(io.StringIO(unquote(html.split('href="data:text/csv;charset=utf-8,')[1].split('"')[0])))
+    pd.testing.assert_frame_equal(back, rows)
+
+
 def test_two_tables_of_a_page_never_download_to_one_file_name(monkeypatch):
     shown = []
     monkeypatch.setattr(page, "display", lambda obj: shown.append(obj.data))

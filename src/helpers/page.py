@@ -189,12 +189,13 @@ def _file_name(frame: pd.DataFrame) -> str:
 
 
 def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[str] = ("n",),
-          index: bool = False, name: str | None = None) -> None:
+          index: bool = False, name: str | None = None, rows: pd.DataFrame | None = None) -> None:
     """A DataFrame as an HTML table that fits a phone (it scrolls inside its own box): columns
     in `percent` as percentages, `integer` ones as whole numbers, estimates (a Score, a
     Difference, an Estimate) as their value and interval, text as it is; under it a link to its
     rows as CSV (`name`.csv, by default named after its first columns), with the estimates'
-    numbers unrounded in columns of their own."""
+    numbers unrounded in columns of their own. A table that shows a view of other rows (a pivot
+    with two numbers in a cell, a range) downloads those `rows` instead."""
     formats = {c: "{:.1%}" for c in percent if c in frame.columns}
     formats |= {c: "{:.0f}" for c in integer if c in frame.columns}
     formats |= {c: lambda v: _shown(v) if stats.numbers(v) else v for c in frame.columns
@@ -202,7 +203,8 @@ def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[st
     styler = frame.style.format(formats, na_rep="-")
     if not index:
         styler = styler.hide(axis="index")
-    rows = frame.reset_index() if index else frame
+    if rows is None:
+        rows = frame.reset_index() if index else frame
     link = csv_link(rows, _unique(name or _file_name(frame)))
     display(HTML(f'<div class="ga-table">{styler.to_html()}</div><p class="ga-downloads">Download: {link}</p>'))
 

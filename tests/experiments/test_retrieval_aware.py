@@ -135,6 +135,10 @@ def test_a_claim_over_three_training_seeds_holds_where_every_seed_shows_it_and_p
     assert spread.loc["G&A ranking", "seeds"] == 3 and spread.loc["G&A ranking", KV] == "75.0% (30.0% to 98.0%)"
     # (0.98 - 1/8) / (7/8) = 97.7%, (0.97 - 1/8) / (7/8) = 96.6%, (0.3 - 1/8) / (7/8) = 20%: mean 71.4%
     assert spread.loc["G&A ranking", "retrieval recovered"] == "71% (20% to 98%)"
+    rows = chapter.spread_rows(lucky)  # what the spread table downloads: one row per hybrid, numbers
+    ga = rows[rows["kept by"] == "G&A ranking"]
+    assert list(ga.seed) == [0, 1, 2] and list(ga[KV]) == [0.98, 0.97, 0.3] and len(rows) == 15
+    assert ga["retrieval recovered"].mean() == pytest.approx(((0.98 + 0.97 + 0.3) / 3 - 1 / 8) / (7 / 8))
     assert len(chapter.scores_table(lucky)) == 2 + 15 and chapter.order(lucky)[2:5] == [
         "toy-rad-ga", "toy-rad-ga-seed1", "toy-rad-ga-seed2"]
     recovered = chapter.comparison(lucky).set_index("").loc["retrieval recovered, keeping L1H2 (G&A)", "this run"]

@@ -279,6 +279,17 @@ def spread_table(result: Result) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def spread_rows(result: Result) -> pd.DataFrame:
+    """What `spread_table` summarises, as numbers: each recipe's hybrids, one per training seed,
+    with each task's accuracy and the retrieval recovered (its download)."""
+    tasks = testable(result)
+    return pd.DataFrame([{"kept by": recipe, "hybrid": h, "seed": result.seeds[h], "head kept": result.kept[h],
+                          **{b: result.scores[b][h].acc for b in result.scores},
+                          **({"retrieval recovered": float(np.mean([recovery(result, b, h) for b in tasks]))}
+                             if tasks else {})}
+                         for recipe in recipes(result) for h in hybrids_of(result, recipe)])
+
+
 def percent(x: float) -> str:
     return "-" if np.isnan(x) else f"{x:.0%}"
 

@@ -177,8 +177,10 @@ _NAMED: set[str] = set()  # the CSV names this page (this kernel) has given
 
 def _unique(name: str) -> str:
     """`name`, or `name-2`, `name-3`... when a table of this page already downloads as `name`."""
-    unique = next(f"{name}-{i}" if i > 1 else name for i in range(1, len(_NAMED) + 2)
-                  if (f"{name}-{i}" if i > 1 else name) not in _NAMED)
+    unique, i = name, 1
+    while unique in _NAMED:
+        i += 1
+        unique = f"{name}-{i}"
     _NAMED.add(unique)
     return unique
 

@@ -220,20 +220,25 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def dtype_line(loaded, items, sample) -> str:
-    """One line: the engine's speed-up over the naive loop, and how far their log-likelihoods
-    differ (float32: equal to 2e-4, as the tests require; bfloat16: its rounding, stated)."""
-    tok = loaded.tokenizer
+def naive_and_engine(loaded, items, sample):
+    """The naive loop and the engine (its one-off residual pass included) on the same heads:
+    seconds per ablation and log-likelihoods of each, and the engine."""
     t = time.perf_counter()
     naive = {}
     for layer, head in sample:
         with helpers.zero_heads(loaded, {layer: [head]}):
-            naive[layer, head] = naive_loglikelihoods(lambda ids: loaded.model(ids).logits, tok, items)
+            naive[layer, head] = naive_loglikelihoods(lambda ids: loaded.model(ids).logits, loaded.tokenizer, items)
     naive_s = (time.perf_counter() - t) / len(sample)
     t = time.perf_counter()
-    engine = SweepEngine(loaded, tok, items)
+    engine = SweepEngine(loaded, loaded.tokenizer, items)
     lls = {lh: engine.loglikelihoods([{lh[0]: [lh[1]]}])[0] for lh in sample}
-    engine_s = (time.perf_counter() - t) / len(sample)
+    return naive_s, naive, (time.perf_counter() - t) / len(sample), lls, engine
+
+
+def dtype_line(loaded, items, sample) -> str:
+    """One line: the engine's speed-up over the naive loop, and how far their log-likelihoods
+    differ (float32: equal to 2e-4, as the tests require; bfloat16: its rounding, stated)."""
+    naive_s, naive, engine_s, lls, engine = naive_and_engine(loaded, items, sample)
     diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
     same = sum(engine.score_loglikelihoods(lls[lh]).acc == engine.score_loglikelihoods(naive[lh]).acc for lh in sample)
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
@@ -280,13 +285,10 @@ def main() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         print("  " + dtype_line(helpers.load("smollm2-135m-instruct", dtype=dtype), items, sample))
 
-    # 1. The naive loop on the sample heads.
-    t = time.perf_counter()
-    naive = {}
-    for layer, head in sample:
-        with helpers.zero_heads(loaded, {layer: [head]}):
-            naive[layer, head] = naive_loglikelihoods(lambda ids: model(ids).logits, tok, items)
-    naive_s = (time.perf_counter() - t) / len(sample)
+    # 1-2. The naive loop and the engine on the sample heads, then equality.
+    naive_s, naive, engine_s, lls, engine = naive_and_engine(loaded, items, sample)
+    diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
+    same_acc = all(engine.score_loglikelihoods(lls[lh]).acc == engine.score_loglikelihoods(naive[lh]).acc for lh in sample)
 
     # 1b. Our plain scorer (full sequences, vocabulary only where scored), for the breakdown.
     t = time.perf_counter()
@@ -294,14 +296,6 @@ def main() -> None:
         with helpers.zero_heads(loaded, {layer: [head]}):
             helpers.choice_loglikelihoods(model, tok, items)
     scorer_s = (time.perf_counter() - t) / len(sample)
-
-    # 2. The engine on the same heads (its one-off residual pass included), then equality.
-    t = time.perf_counter()
-    engine = SweepEngine(loaded, tok, items)
-    lls = {lh: engine.loglikelihoods([{lh[0]: [lh[1]]}])[0] for lh in sample}
-    engine_s = (time.perf_counter() - t) / len(sample)
-    diff = max(np.abs(lls[lh] - naive[lh]).max() for lh in sample)
-    same_acc = all(engine.score_loglikelihoods(lls[lh]).acc == engine.score_loglikelihoods(naive[lh]).acc for lh in sample)
 
     # 2b. The peers: the same naive loop through nnsight and through TransformerLens, same heads.
     peers, missing = {}, {}

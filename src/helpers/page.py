@@ -34,8 +34,6 @@ from .verdicts import CHECK, Verdict, overall, tested_note
 if TYPE_CHECKING:  # pandas loads in 0.4 s: not before a chapter's parameters are checked
     import pandas as pd
 
-SCORE_COLUMNS = ("acc", "lo", "hi")
-
 
 # transformers says once per process, on stderr, that an SSM runs its reference kernels (no
 # mamba-ssm / causal-conv1d; always on a CPU): on a page that is a red box in the middle of a

@@ -50,3 +50,14 @@ def test_transformerlens_zeroing_hook_z_equals_the_engine(smol):
     # the wrong head is told apart: same layer, another head
     other = sweep.transformerlens_naive(bridge, smol.tokenizer, items, 5, 3)
     assert np.abs(other - zeroed).max() > 1e-3
+
+
+def test_dtype_verdicts_runs_a_chapter_in_both_dtypes_into_stores_of_their_own(tmp_path):
+    done = subprocess.run([sys.executable, str(book.ROOT / "benchmarks" / "dtype_verdicts.py"), "--smoke",
+                           "--results", str(tmp_path), "kv_retrieval"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header = next(line for line in done.stdout.splitlines() if line.startswith("kv_retrieval (smoke)"))
+    claims = [line for line in done.stdout.splitlines() if "bfloat16: " in line and "float32: " in line]
+    assert len(claims) == int(header.split(": ")[1].split()[0]) > 0
+    stores = sorted(p.name for p in (tmp_path / "kv_retrieval").glob("*.jsonl"))
+    assert any("-cpu-bfloat16-" in s for s in stores) and any("-cpu-float32-" in s for s in stores), stores

@@ -52,7 +52,7 @@ def test_shared_rows_hold_all_choices_of_a_question(smol, kv):
 
 def test_head_sweep_matches_single_ablations(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv)
-    sweep = engine.head_sweep(layers=[16], side_by_side=4, progress=False)
+    sweep = engine.head_sweep(layers=[16], progress=False)
     assert len(sweep) == 9
     for h in (0, 5, 8):
         single = engine.score({16: [h]})
@@ -214,7 +214,6 @@ def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(s
     # L20 serves neither L20 nor L18, and each would rerun the model from the embedding.
     ablations = {"none": {}, "L20H1": {20: [1]}, "L18H6": {18: [6]}}
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=256)
-    assert engine.copies == 1  # one ablation a pass, so the order is the cache's
     runs = []
     real = engine.adapter.run_layer
     engine.adapter.run_layer = lambda block, *a, **k: runs.append(block) or real(block, *a, **k)
@@ -232,10 +231,9 @@ def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(s
         assert np.array_equal(each[name].correct, ref.correct), name
 
 
-def test_score_each_runs_ablations_side_by_side_as_the_model_scores_them_one_at_a_time(smol, kv):
+def test_score_each_scores_ablations_as_the_model_scores_them_one_at_a_time(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=2048)
     ablations = {"none": {}, "L16H0 and L18H6": {16: [0], 18: [6]}, **{f"L16H{h}": {16: [h]} for h in range(1, 9)}}
-    assert 1 < engine.copies < len(ablations)  # side by side, in more than one pass
     each = engine.score_each(ablations)
     for name, ablation in ablations.items():
         with helpers.zero_heads(smol, ablation):

@@ -359,6 +359,17 @@ def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypat
     assert models.dequantized_copy(s.name, torch.bfloat16) is not None and models.dequantized_copy(s.name, torch.float32) is not None
 
 
+def test_ga_dtype_sets_a_cpu_models_dtype_and_the_stores_name_it(monkeypatch):
+    from helpers.protocol.base import dtype_tag
+
+    name = "smollm2-135m-instruct"
+    monkeypatch.setenv("GA_DTYPE", "float32")  # a CPU chapter rerun without bfloat16's rounding
+    loaded = models.load(name)
+    assert loaded.model.dtype == torch.float32 and dtype_tag([loaded]) == "float32-"
+    monkeypatch.delenv("GA_DTYPE")
+    assert dtype_tag([models.load(name)]) == "bfloat16-" and dtype_tag([]) == ""
+
+
 def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_path):
     import json
 

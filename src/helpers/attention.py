@@ -255,12 +255,13 @@ def _all_of(model, contexts: list):
 
 
 @contextmanager
-def mask_final_rows(model, lengths, layers: list[int] | None = None):
+def mask_final_rows(model, lengths, layers: list[int] | None = None, width: int | None = None):
     """`mask_last_row` for a right-padded batch: row i holds `lengths[i]` tokens, and every
     attention head of these layers (default: all attention layers) reads nothing at row i's
     final position, lengths[i] - 1 (the released code's ablation, where each row of an lm-eval
-    batch ends at its own last non-pad token). For `evaluate.choice_loglikelihoods(...,
-    per_batch=...)`, which passes each batch's row lengths."""
+    batch ends at its own last non-pad token). The batch is `width` tokens wide (default: its
+    longest row). For `evaluate.choice_loglikelihoods(..., per_batch=...)`, which passes each
+    batch's row lengths and width."""
     model, adapter = unwrap(model)
     if layers is None:
         layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)]
@@ -273,7 +274,9 @@ def mask_final_rows(model, lengths, layers: list[int] | None = None):
         raise InterventionError(f"mask_final_rows takes each row's token count, a non-empty list of positive "
                                 f"integers, got {lengths!r}")
     lengths = torch.tensor(indices, dtype=torch.long)
-    T = int(lengths.max())
+    T = int(lengths.max()) if width is None else width
+    if T < int(lengths.max()):
+        raise InterventionError(f"mask_final_rows: a row of {int(lengths.max())} tokens in a batch {T} wide")
     allowed = torch.ones(len(lengths), T, T, dtype=torch.bool)  # [batch, T, T]
     allowed[torch.arange(len(lengths)), lengths - 1] = False
     with ExitStack() as stack:

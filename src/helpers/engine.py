@@ -8,15 +8,21 @@ What an ablation at layer L cannot change is computed once:
   choice's continuation tokens, with a mask that lets a continuation read the context and itself
   only, and positions that restart after the context for each continuation (exact: the same
   queries meet the same keys at the same positions as in separate sequences);
-- the vocabulary projection runs only where a continuation token is scored;
-- several ablations of one layer run side by side as copies of the rows, each copy with its own
-  heads silenced.
+- the vocabulary projection runs only where a continuation token is scored.
+
+Every pass has the shape `packing.batches` gives the clean run's batches, whatever the
+ablation, so an item's log-likelihoods in bfloat16 are the same alone, in any set and under an
+ablation beside any other (`tests/test_batch_invariance.py`, exactly), wherever its row holds it
+alone (0-shot questions, KV prompts; few-shot questions share a row behind their prefix).
 
 The results equal `evaluate.score` under `interventions.zero_heads` (tested in float32, to 2e-4);
 recurrent models take the same path without the shared rows. In bfloat16 (the paper's models,
-the CPU models) the two sum in other orders and agree to its rounding only: on Qwen-1.5B, 12
-letter items, log-likelihoods within 0.14 and one near-tie pick of 36 flipped; on SmolLM2, KV
-prompts, within 0.32.
+the CPU models) the two sum in other orders and agree to its rounding only, which is as far from
+float32 as lm-eval's own bfloat16 scores: measured on 100 items each, mean |bfloat16 - float32|
+over every choice, engine / plain scorer / lm-eval one request per pass: Qwen-1.5B letter
+questions 0.035 / 0.037 / 0.037 nats (largest 0.15 / 0.17 / 0.22, no pick changed), SmolLM2 KV
+prompts of 8 keys 0.151 / 0.153 / 0.156 (largest 1.14 / 1.27 / 1.16; 2 / 6 / 4 picks of 100
+changed: a near tie falls either way in bfloat16 whatever computes it).
 """
 
 from __future__ import annotations
@@ -54,25 +60,27 @@ class SweepEngine:
         shared = self.adapter.packs_candidates if shared_rows is None else shared_rows
         if shared and not self.adapter.packs_candidates:
             raise InterventionError(f"{self.adapter.family} models cannot share rows between choices")
-        self.rows = pack(items, tokenizer, shared, default_row_tokens(self.device))
         self.batch_tokens = batch_tokens or default_batch_tokens(self.device)
-        self.batches = batches(self.rows, self.batch_tokens)
+        self.rows, self.batches = batches(pack(items, tokenizer, shared, default_row_tokens(self.device)),
+                                          self.batch_tokens)
         self._residuals: dict[int, list[torch.Tensor]] = {}
         self._choices = np.cumsum([0] + [len(it.pairs) for it in items])
 
-    def run_layers(self, hidden: torch.Tensor, batch, layers, checkpoint: bool = False) -> torch.Tensor:
-        """Run `layers` on a batch's residual stream (copies of its rows side by side). With
+    def run_layers(self, hidden: torch.Tensor, batch, layers, checkpoint: bool = False,
+                   slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Run `layers` on a batch's residual stream, whose rows hold the batch's rows `slots`
+        (default: each its own; see `slots`). With
         `checkpoint`, a gradient pass keeps only each layer's input and recomputes the layer's
         activations when its backward runs (`torch.utils.checkpoint`: the same operations on the
         same inputs, so the same values), so that its graph holds one layer's activations, not
         every layer's: a 1,700-token row of Qwen-1.5B holds some 10 GB otherwise."""
         r, dev, T = self.rows, self.device, batch.width
-        allowed = None if r.allowed is None else r.allowed[batch.rows, :T, :T].to(dev)
-        reps = hidden.shape[0] // len(batch.rows)
-        if reps > 1 and allowed is not None:
-            allowed = allowed.repeat(reps, 1, 1)
-        positions = r.positions[batch.rows, :T].to(dev).repeat(reps, 1)
-        embeddings = self.embeddings(batch).repeat(reps, 1, 1) if self.adapter.reads_embeddings else None
+        rows = batch.rows if slots is None else batch.rows[slots]
+        allowed = None if r.allowed is None else r.allowed[rows, :T, :T].to(dev)
+        positions = r.positions[rows, :T].to(dev)
+        embeddings = None
+        if self.adapter.reads_embeddings:
+            embeddings = self.embeddings(batch) if slots is None else self.embeddings(batch)[slots.to(dev)]
         for layer in layers:
             block = self.adapter.layers[layer]
             if checkpoint and torch.is_grad_enabled():
@@ -99,16 +107,39 @@ class SweepEngine:
         with torch.no_grad():
             return self.model.get_input_embeddings()(self.rows.ids[batch.rows, :batch.width].to(self.device))
 
-    def pair_loglikelihoods(self, hidden: torch.Tensor, i: int) -> torch.Tensor:
-        """Per-pair log-likelihoods [replicas, n_pairs] from the final-layer outputs of batch i."""
+    def pair_loglikelihoods(self, hidden: torch.Tensor, i: int, copies: int = 1) -> torch.Tensor:
+        """Per-pair log-likelihoods [copies, n_pairs] from the final-layer outputs of batch i
+        whose rows hold `copies` copies of its real rows (`slots`)."""
         b = self.batches[i]
-        reps = hidden.shape[0] // len(b.rows)
-        hidden = self.adapter.final_norm(hidden).unflatten(0, (reps, -1))
+        hidden = self.adapter.final_norm(hidden)
         head = self.model.get_output_embeddings()
-        out = torch.zeros(reps, self.rows.n_pairs, dtype=torch.float64)
-        for k in range(reps):
-            out[k].index_add_(0, b.pair, b.logprobs(hidden[k], head).double().cpu())
+        out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
+        for k in range(copies):
+            out[k].index_add_(0, b.pair, b.logprobs(hidden, head, offset=k * self.real_rows(i) * b.width).double().cpu())
         return out
+
+    def real_rows(self, i: int) -> int:
+        """How many of batch i's rows hold items (they come first; the rest fill it to its height)."""
+        return int((self.rows.lengths[self.batches[i].rows] > 0).sum())
+
+    def fits(self, i: int) -> int:
+        """How many copies of batch i's real rows its height holds."""
+        return len(self.batches[i].rows) // self.real_rows(i)
+
+    def slots(self, i: int, copies: int) -> torch.Tensor:
+        """Which of batch i's rows each row of a pass holds: its real rows `copies` times side by
+        side, then its filler rows to its height. Each ablation of a pass is one copy, so several
+        run at once where a batch has room (a small set), in the clean run's shape: an item rounds
+        alike whatever runs beside it (`packing.batches`)."""
+        n, height = self.real_rows(i), len(self.batches[i].rows)
+        return torch.cat([torch.arange(n).repeat(copies), torch.arange(copies * n, height)])
+
+    def per_row(self, values: torch.Tensor, i: int, fill) -> torch.Tensor:
+        """Per-copy values [copies, ...] as per-row values [height, ...] of batch i's pass
+        (`slots`): each copy's rows take its value, filler rows `fill`."""
+        n, height = self.real_rows(i), len(self.batches[i].rows)
+        rest = torch.full((height - len(values) * n, *values.shape[1:]), fill, dtype=values.dtype)
+        return torch.cat([values.repeat_interleave(n, 0), rest])
 
     def first_recomputed(self, layers: list[int], touched: list[int]) -> int:
         """Index in `layers` from which a run must be recomputed: the first layer that differs
@@ -137,13 +168,19 @@ class SweepEngine:
 
     def scaled_loglikelihoods(self, scales: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
         """[copies, n_pairs] log-likelihoods with each layer's head-site input multiplied by
-        `scales[layer]` ([copies, heads * head_dim]; see `scaling`)."""
+        `scales[layer]` ([copies, heads * head_dim]; see `scaling`). Each copy runs in passes of
+        its own, of the clean run's shapes, so that in bfloat16 an item rounds alike under every
+        ablation and beside any other (`packing.batches`)."""
         copies = len(next(iter(scales.values()))) if scales else 1
         start = self.first_recomputed(layers, list(scales))
         out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
-        with self.scaling(scales):
-            for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
-                out += self.pair_loglikelihoods(self.run_layers(h.repeat(copies, 1, 1), b, layers[start:]), i)
+        for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
+            for k in range(0, copies, self.fits(i)):
+                chunk = slice(k, min(copies, k + self.fits(i)))
+                slots = self.slots(i, chunk.stop - k)
+                with self.scaling({layer: self.per_row(scale[chunk], i, 1.0) for layer, scale in scales.items()}):
+                    out[chunk] += self.pair_loglikelihoods(self.run_layers(h[slots], b, layers[start:], slots=slots), i,
+                                                           chunk.stop - k)
         return out
 
     def layer_list(self, layers: list[int] | None) -> list[int]:
@@ -206,55 +243,33 @@ class SweepEngine:
         return {l: self.score(layers=[k for k in layers if k != l])
                 for l in bar(sorted(remove), desc="layer removal", disable=not progress)}
 
-    @property
-    def copies(self) -> int:
-        """How many ablations run side by side: as many copies of the rows as the token budget
-        holds beside the largest batch."""
-        first = self.batches[0]
-        return max(1, self.batch_tokens // (first.width * len(first.rows)))
-
     def score_each(self, ablations: dict, model_layers: list[int] | None = None) -> dict:
-        """The score under each named ablation ({layer: [heads]}), `copies` of them side by side,
-        in the model that runs `model_layers` (default all). They run lowest recomputed layer first:
+        """The score under each named ablation ({layer: [heads]}) in the model that runs
+        `model_layers` (default all). They run lowest recomputed layer first:
         the residual cache keeps only its newest stream, so a run starting below it would recompute
         the model from the embedding (the clean model first, then a head of layer 22, then one of
         21, cost three full passes where one and their tails do)."""
         layers = self.layer_list(model_layers)
         start = lambda name: self.first_recomputed(layers, [l for l, hs in ablations[name].items() if len(hs)])
-        names, out = sorted(ablations, key=start), {}
-        for i in range(0, len(names), self.copies):
-            chunk = names[i:i + self.copies]
-            for name, ll in zip(chunk, self.loglikelihoods([ablations[n] for n in chunk], model_layers)):
-                out[name] = self.score_loglikelihoods(ll)
+        out = {name: self.score(ablations[name], model_layers) for name in sorted(ablations, key=start)}
         return {name: out[name] for name in ablations}
 
-    def head_sweep(self, layers: list[int] | None = None, side_by_side: int | None = None,
-                   progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, Score]:
+    def head_sweep(self, layers: list[int] | None = None, progress: bool = True,
+                   model_layers: list[int] | None = None) -> dict[Head, Score]:
         """Zero each head of these layers alone (default: every layer with heads) in the model
-        that runs `model_layers` (default all); `side_by_side` heads of a layer run together
-        (default: as many as fit the batch budget)."""
+        that runs `model_layers` (default all)."""
         return {head: self.score_loglikelihoods(ll)
-                for head, ll in self.head_loglikelihoods(layers, side_by_side, progress, model_layers).items()}
+                for head, ll in self.head_loglikelihoods(layers, progress, model_layers).items()}
 
-    def head_loglikelihoods(self, layers: list[int] | None = None, side_by_side: int | None = None,
-                            progress: bool = True, model_layers: list[int] | None = None) -> dict[Head, np.ndarray]:
+    def head_loglikelihoods(self, layers: list[int] | None = None, progress: bool = True,
+                            model_layers: list[int] | None = None) -> dict[Head, np.ndarray]:
         """`head_sweep` before its scoring: per head zeroed alone, its row of `loglikelihoods`,
         from which both the score (`score_loglikelihoods`) and the gold answer's margin (`margins`)
         are read."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
-        cells = [(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
-        k = side_by_side or self.copies
-        out = {}
-        with bar(total=len(cells), desc="head sweep", disable=not progress) as meter:
-            for layer in layers:
-                heads = list(range(self.adapter.n_heads(layer)))
-                for i in range(0, len(heads), k):
-                    chunk = heads[i:i + k]
-                    lls = self.loglikelihoods([{layer: [h]} for h in chunk], model_layers)
-                    for h, ll in zip(chunk, lls):
-                        out[Head(layer, h)] = ll
-                    meter.update(len(chunk))
-        return out
+        cells = [Head(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
+        return {head: self.loglikelihoods([{head.layer: [head.head]}], model_layers)[0]
+                for head in bar(cells, desc="head sweep", disable=not progress)}
 
     def margins(self, flat: torch.Tensor) -> torch.Tensor:
         """Per item: log-softmax of the gold choice over the choices' log-likelihoods, from one
@@ -310,7 +325,8 @@ class SweepEngine:
         zeroed (`interventions.replaced_site`): `values[layer]` is one vector [heads * head_dim]
         (zeros: zero ablation; `site_mean` of a reference set: mean ablation) or, per batch, a
         tensor [rows, T, heads * head_dim] (`site_inputs` of another engine whose rows have our
-        layout, `same_layout`: resample ablation). All ablations run side by side in the full model."""
+        layout, `same_layout`: resample ablation), in the full model, one after another (as in
+        `scaled_loglikelihoods`)."""
         layers = self.layer_list(None)
         plans = [{l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
                  for a in ablations]
@@ -330,37 +346,36 @@ class SweepEngine:
             widths = [t.shape[-1] for t in (v if per_batch else [v])]
             if any(w != site_width(self.adapter, layer) for w in widths):
                 raise InterventionError(f"values[{layer}] must end in the site's width {site_width(self.adapter, layer)}")
-        copies = len(plans)
         start = self.first_recomputed(layers, touched)
-        out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
-        current = [0]  # the batch the hooks are in
+        out = torch.zeros(len(plans), self.rows.n_pairs, dtype=torch.float64)
+        current = {}  # what the hooks apply in this pass: per layer, (keep [rows, 1, width], value)
 
         def hook_for(layer):
             def hook(module, args):
-                x, v = args[0], values[layer]
-                v = v[current[0]] if isinstance(v, (list, tuple)) else v
-                x = x.unflatten(0, (copies, -1))
-                x = replaced_site(x, keeps[layer][:, None, None, :], v.to(x.device, x.dtype))
-                return (x.flatten(0, 1),) + tuple(args[1:])
+                keep, value = current[layer]
+                return (replaced_site(args[0], keep, value.to(args[0].device, args[0].dtype)),) + tuple(args[1:])
             return hook
 
         with ExitStack() as stack:
             for layer in touched:
                 stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(hook_for(layer)).remove)
             for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
-                current[0] = i
-                out += self.pair_loglikelihoods(self.run_layers(h.repeat(copies, 1, 1), b, layers[start:]), i)
+                for k in range(0, len(plans), self.fits(i)):
+                    chunk = slice(k, min(len(plans), k + self.fits(i)))
+                    slots = self.slots(i, chunk.stop - k)
+                    for layer in touched:
+                        v = values[layer]
+                        current[layer] = (self.per_row(keeps[layer][chunk], i, True)[:, None, :],
+                                          v[i][slots.to(v[i].device)] if isinstance(v, (list, tuple)) else v)
+                    out[chunk] += self.pair_loglikelihoods(self.run_layers(h[slots], b, layers[start:], slots=slots), i,
+                                                           chunk.stop - k)
         return out.numpy()
 
     def score_replaced(self, ablations: dict, values: dict) -> dict:
         """The score under each named ablation ({layer: [heads]}), its heads replaced by `values`
-        (see `replaced`), `copies` of them side by side."""
-        names, out = list(ablations), {}
-        for i in range(0, len(names), self.copies):
-            chunk = names[i:i + self.copies]
-            for name, ll in zip(chunk, self.replaced([ablations[n] for n in chunk], values)):
-                out[name] = self.score_loglikelihoods(ll)
-        return out
+        (see `replaced`)."""
+        return {name: self.score_loglikelihoods(self.replaced([ablation], values)[0])
+                for name, ablation in ablations.items()}
 
     # --- activation patching: heads' outputs taken from another run of the same layout ----------
 
@@ -370,17 +385,14 @@ class SweepEngine:
         run (typically ours the corrupted prompts, `source` the clean ones), batch by batch and
         position by position (`replaced` with `source.site_inputs`; `same_layout` checked). The
         ablations run `copies` side by side, lowest layer first, so that both engines' cached
-        residual streams walk up the model once; only the layers a chunk patches are held."""
+        residual streams walk up the model once; only the layers the current ablation patches are held."""
         if not self.same_layout(source):
             raise InterventionError("patching needs the source run's rows to line up with ours token by token "
                                     "(`same_layout`): build the corrupted prompts with the clean prompts' layout")
         names = sorted(ablations, key=lambda n: min(ablations[n], default=0))
         held: dict[int, list[torch.Tensor]] = {}
         out = {}
-        for i in bar(range(0, len(names), self.copies), desc="patching", disable=not progress):
-            chunk = names[i:i + self.copies]
-            layers = sorted({l for n in chunk for l in ablations[n]})
-            held = {l: held[l] if l in held else source.site_inputs(l) for l in layers}
-            for name, ll in zip(chunk, self.replaced([ablations[n] for n in chunk], held)):
-                out[name] = ll
+        for name in bar(names, desc="patching", disable=not progress):
+            held = {l: held[l] if l in held else source.site_inputs(l) for l in sorted(ablations[name])}
+            out[name] = self.replaced([ablations[name]], held)[0]
         return out

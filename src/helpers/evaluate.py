@@ -23,18 +23,19 @@ from .tasks import Item
 @torch.inference_mode()
 def choice_loglikelihoods(model, tokenizer, items: list[Item], batch_tokens: int | None = None,
                           progress: bool = False,
-                          per_batch: Callable[[torch.Tensor], ContextManager] | None = None) -> list[np.ndarray]:
-    """Log-likelihood of every choice of every item (one array per item). `per_batch(lengths)`,
-    if given, is entered around each batch's forward pass with the batch's row lengths, for an
-    intervention that depends on where each row ends (`attention.mask_last_row`)."""
-    rows = pack(items, tokenizer, shared_rows=False)
+                          per_batch: Callable[[torch.Tensor, int], ContextManager] | None = None) -> list[np.ndarray]:
+    """Log-likelihood of every choice of every item (one array per item). `per_batch(lengths,
+    width)`, if given, is entered around each batch's forward pass with the batch's row lengths
+    and width, for an intervention that depends on where each row ends
+    (`attention.mask_final_rows`)."""
     device = next(model.parameters()).device
+    rows, laid_out = batches(pack(items, tokenizer, shared_rows=False), batch_tokens or default_batch_tokens(device))
     head = model.get_output_embeddings()
     flat = torch.zeros(rows.n_pairs, dtype=torch.float64)
-    for b in bar(batches(rows, batch_tokens or default_batch_tokens(device)), desc="scoring", disable=not progress,
-                  leave=False):
-        # Right padding: a causal model's outputs at real positions never see the pads.
-        with per_batch(rows.lengths[b.rows]) if per_batch else nullcontext():
+    for b in bar(laid_out, desc="scoring", disable=not progress, leave=False):
+        # Right padding: a causal model's outputs at real positions never see the pads. A filler
+        # row (length 0) is given one token, so that `per_batch` sees only positive lengths.
+        with per_batch(rows.lengths[b.rows].clamp(min=1), b.width) if per_batch else nullcontext():
             hidden = model.base_model(input_ids=rows.ids[b.rows, :b.width].to(device)).last_hidden_state
         flat.index_add_(0, b.pair, b.logprobs(hidden, head).double().cpu())
     bounds = np.cumsum([0] + [len(it.pairs) for it in items])

@@ -134,16 +134,22 @@ def _gated(repo: str) -> str:
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def paper_dtype(device: torch.device) -> torch.dtype:
-    """A paper model's working dtype on `device` (unless `load` is told otherwise): `GA_DTYPE` if
-    set (the rehearsal sets a GPU's bfloat16 on CPU), else bfloat16 on a GPU and float32 on CPU."""
+def dtype_override() -> torch.dtype | None:
+    """`GA_DTYPE`, the dtype every model of the run loads in (the rehearsal sets a GPU's bfloat16
+    on CPU; float32 reruns a CPU chapter without bfloat16's rounding), or None where unset."""
     name = os.environ.get("GA_DTYPE")
     if not name:
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        return None
     if name not in DTYPES:
-        raise ConfigError(f"GA_DTYPE={name!r} is not a dtype the paper models load in: set one of "
-                          f"{', '.join(DTYPES)}, or unset it (bfloat16 on a GPU, float32 on CPU)")
+        raise ConfigError(f"GA_DTYPE={name!r} is not a dtype the models load in: set one of {', '.join(DTYPES)}, "
+                          f"or unset it (paper models: bfloat16 on a GPU, float32 on CPU; CPU models: their registered one)")
     return DTYPES[name]
+
+
+def paper_dtype(device: torch.device) -> torch.dtype:
+    """A paper model's working dtype on `device` (unless `load` is told otherwise): `GA_DTYPE` if
+    set, else bfloat16 on a GPU and float32 on CPU."""
+    return dtype_override() or (torch.float32 if device.type == "cpu" else torch.bfloat16)
 
 
 def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
@@ -189,8 +195,9 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | None = None)
     """Load a model of the book by name, with its tokenizer and architecture adapter.
 
     A paper model runs on `device`, else `GA_DEVICE`, else the GPU; in bfloat16 on a GPU and in
-    float32 on CPU unless `dtype` says otherwise. A CPU-tier model stays on CPU unless `device`
-    is given, in its registered dtype (`ModelSpec.dtype`) unless `dtype` says otherwise.
+    float32 on CPU unless `dtype` or `GA_DTYPE` says otherwise. A CPU-tier model stays on CPU
+    unless `device` is given, in its registered dtype (`ModelSpec.dtype`) unless `dtype` or
+    `GA_DTYPE` says otherwise.
     Libraries' loading bars and warnings go to the build's log, not the page."""
     s = spec(name)
     if s.toy:
@@ -229,7 +236,7 @@ def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cache
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = gguf_file(s.name)
-    dtype = dtype or getattr(torch, s.dtype)
+    dtype = dtype or dtype_override() or getattr(torch, s.dtype)
     copy = dequantized_copy(s.name, dtype) if cached else None
     if copy is not None:
         tokenizer = AutoTokenizer.from_pretrained(copy)

@@ -88,7 +88,10 @@ def _attribute(engine: SweepEngine, group: list[int], model_layers: list[int], s
         for i, (b, h) in enumerate(zip(engine.batches, engine.residual(start))):
             seen.clear()  # a recomputed layer records its site again, after this batch's pop
             recompute = needs_checkpoint(engine, b) if checkpoint is None else checkpoint
-            lls = engine.pair_loglikelihoods(engine.run_layers(h.clone(), b, model_layers[start:], recompute), i)[0]
+            # The real rows only: a gradient through the filler rows that keep the batch's shape
+            # (`packing.batches`) would cost their backward too, for an estimate.
+            real = torch.arange(engine.real_rows(i))
+            lls = engine.pair_loglikelihoods(engine.run_layers(h[real], b, model_layers[start:], recompute, real), i)[0]
             sites = [seen.pop(l)[0] for l in group]
             grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
             for l, (x, _), g in zip(group, sites, grads):

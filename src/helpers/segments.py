@@ -150,12 +150,13 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> Score:
 
     `segmenter(context) -> Segments`; `patterns(seg) -> {(layer, head): allowed [T, T]}` over the
     context's T tokens. Continuation tokens, which come after the context, stay causal. Each
-    item runs in one batch of its choices."""
+    choice runs in a row of its own."""
     from contextlib import ExitStack
+    from dataclasses import replace
 
     from .attention import mask_attention
     from .evaluate import choice_loglikelihoods, from_loglikelihoods
-    from .packing import encode_pair
+    from .packing import bucket_width, encode_pair
 
     lls = []
     for item in items:
@@ -163,14 +164,17 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> Score:
         if any(c != context for c, _ in item.pairs):
             raise ValueError("pattern masks need one shared context per item")
         seg = segmenter(context)
-        lengths = [sum(map(len, encode_pair(loaded.tokenizer, c, x, item.verbatim))) - 1 for c, x in item.pairs]
-        T = max(lengths)
-        with ExitStack() as stack:
-            for (layer, head), pattern in patterns(seg).items():
-                allowed = causal(T)
-                allowed[: len(seg), : len(seg)] = pattern
-                stack.enter_context(mask_attention(loaded, layer, [head], allowed))
-            lls += choice_loglikelihoods(loaded.model, loaded.tokenizer, [item], batch_tokens=T * len(item.pairs))
+        ll = []
+        for pair in item.pairs:  # one row each, at the width the scorer runs it at
+            width = bucket_width(sum(map(len, encode_pair(loaded.tokenizer, *pair, item.verbatim))) - 1)
+            with ExitStack() as stack:
+                for (layer, head), pattern in patterns(seg).items():
+                    allowed = causal(width)
+                    allowed[: len(seg), : len(seg)] = pattern
+                    stack.enter_context(mask_attention(loaded, layer, [head], allowed))
+                ll += list(choice_loglikelihoods(loaded.model, loaded.tokenizer, [replace(item, pairs=(pair,), gold=0)],
+                                                 batch_tokens=width)[0])
+        lls.append(np.array(ll))
     return from_loglikelihoods(lls, items)
 
 

@@ -182,7 +182,7 @@ def applied(h: Hybrid, c: Condition):
 def evaluate(h: Hybrid, c: Condition, items) -> Score:
     """lm-eval's accuracy of the hybrid under `c`. The released mask needs each row's own last
     position, so it is entered around each batch with the batch's row lengths."""
-    per_batch = (lambda lengths: mask_final_rows(h.attention, lengths, h.attention_layers)) if c.final_row else None
+    per_batch = (lambda lengths, width: mask_final_rows(h.attention, lengths, h.attention_layers, width)) if c.final_row else None
     with applied(h, c):
         return score(h.host.model, h.host.tokenizer, items, per_batch=per_batch)
 

@@ -183,7 +183,7 @@ def masked_runs(loaded, b: bm.Benchmark, by_condition: dict, layers: list[int] |
     zeroed = zeroed or {}
     out = {name: [] for name in by_condition}
     for item in b.items:
-        engine = SweepEngine(loaded, loaded.tokenizer, [item])
+        engine = SweepEngine(loaded, loaded.tokenizer, [item], batch_tokens=1)  # one row per forward, no filler rows
         seg, width = b.segments(item), engine.rows.ids.shape[1]
         run = engine.layer_list(layers)
         for name, patterns in by_condition.items():

@@ -448,9 +448,18 @@ def models_for(*names: str) -> list:
     return found
 
 
+def dtype_tag(loaded: list) -> str:
+    """The models' dtypes for a store's file name ("bfloat16-"; "" without models), so that a
+    rerun in another dtype (`GA_DTYPE`) neither reads nor mixes in the other's results."""
+    modules = [getattr(m, "model", m) for m in loaded]
+    weights = [next(m.parameters(), None) for m in modules if hasattr(m, "parameters")]
+    return "".join(f"{d}-" for d in sorted({str(w.dtype).removeprefix("torch.") for w in weights if w is not None}))
+
+
 def open_store(chapter: str, profile: str, part: str, loaded: list, module: str | None = None) -> Store:
-    """The results store of one part of a chapter's run. Its file name carries the version of
-    the code and data its cells are computed by (`provenance.measurement_version` of `module`:
+    """The results store of one part of a chapter's run. Its file name carries the models' dtype
+    (`dtype_tag`) and the version of the code and data its cells are computed by
+    (`provenance.measurement_version` of `module`:
     by default the module that opens the store, with what it imports; from outside the package,
     a test or a notebook that may call anything, the whole package's `provenance.code_version`),
     so results of other code are never mixed in, and editing `plots`, `page`, the verdict rules
@@ -470,7 +479,7 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
         folder = paths.results_dir(chapter)
     except OSError as e:
         raise os_error(Path(os.environ.get("GA_RESULTS", "results")) / chapter, "create the results folder", e) from None
-    path = folder / f"{part}-{profile}-{version}.jsonl"
+    path = folder / f"{part}-{profile}-{dtype_tag(loaded)}{version}.jsonl"
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     with store_lock(path):

@@ -168,9 +168,9 @@ class SweepEngine:
 
     def scaled_loglikelihoods(self, scales: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
         """[copies, n_pairs] log-likelihoods with each layer's head-site input multiplied by
-        `scales[layer]` ([copies, heads * head_dim]; see `scaling`). Each copy runs in passes of
-        its own, of the clean run's shapes, so that in bfloat16 an item rounds alike under every
-        ablation and beside any other (`packing.batches`)."""
+        `scales[layer]` ([copies, heads * head_dim]; see `scaling`). The copies share a batch's
+        passes as far as its height holds them (`slots`), in the clean run's shapes, so that in
+        bfloat16 an item rounds alike under every ablation and beside any other (`packing.batches`)."""
         copies = len(next(iter(scales.values()))) if scales else 1
         start = self.first_recomputed(layers, list(scales))
         out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)

@@ -27,7 +27,6 @@ changed: a near tie falls either way in bfloat16 whatever computes it).
 
 from __future__ import annotations
 
-import itertools
 from contextlib import ExitStack, contextmanager
 
 import numpy as np
@@ -252,11 +251,7 @@ class SweepEngine:
         21, cost three full passes where one and their tails do)."""
         layers = self.layer_list(model_layers)
         start = lambda name: self.first_recomputed(layers, [l for l, hs in ablations[name].items() if len(hs)])
-        out = {}
-        for _, group in itertools.groupby(sorted(ablations, key=start), key=start):  # one call: they share passes
-            names = list(group)
-            for name, ll in zip(names, self.loglikelihoods([ablations[n] for n in names], model_layers)):
-                out[name] = self.score_loglikelihoods(ll)
+        out = {name: self.score(ablations[name], model_layers) for name in sorted(ablations, key=start)}
         return {name: out[name] for name in ablations}
 
     def head_sweep(self, layers: list[int] | None = None, progress: bool = True,
@@ -272,14 +267,9 @@ class SweepEngine:
         from which both the score (`score_loglikelihoods`) and the gold answer's margin (`margins`)
         are read."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
-        out = {}
-        with bar(total=sum(self.adapter.n_heads(l) for l in layers), desc="head sweep", disable=not progress) as meter:
-            for layer in layers:  # a layer's heads in one call, side by side where a batch has room (`slots`)
-                heads = range(self.adapter.n_heads(layer))
-                for h, ll in zip(heads, self.loglikelihoods([{layer: [h]} for h in heads], model_layers)):
-                    out[Head(layer, h)] = ll
-                meter.update(len(heads))
-        return out
+        cells = [Head(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
+        return {head: self.loglikelihoods([{head.layer: [head.head]}], model_layers)[0]
+                for head in bar(cells, desc="head sweep", disable=not progress)}
 
     def margins(self, flat: torch.Tensor) -> torch.Tensor:
         """Per item: log-softmax of the gold choice over the choices' log-likelihoods, from one

@@ -284,3 +284,15 @@ def test_papermills_own_injected_names_are_not_unknown_parameters(monkeypatch, i
     else:
         with pytest.raises(ConfigError, match="made_up has no parameter " + message):
             page.start("made_up")
+
+
+def test_near_ties_are_counted_in_bfloat16_only_and_only_for_scores_with_margins(monkeypatch):
+    scores = {"clean": Score.of([1, 1, 0, 1], [0.1, 2.0, -0.2, 0.3]), "zeroed": Score.of([1, 0]),
+              "G zeroed": Score.of([0, 0], [-3.0, -0.01])}
+    text = shown_html(monkeypatch, page.near_ties, scores, {"dtype": "bfloat16"})
+    assert "clean: 2 of 4 (50%); G zeroed: 1 of 2 (50%)" in text and "zeroed: 0" not in text
+    for record in ({"dtype": "float32"}, {}):  # float32 rounds far below any margin the pages show
+        shown = []
+        monkeypatch.setattr(page, "display", lambda obj: shown.append(obj))
+        page.near_ties(scores, record)
+        assert shown == []

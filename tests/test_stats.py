@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from helpers import verdicts as v
-from helpers.stats import Score, difference, mcnemar, wilson
+from helpers.evaluate import from_loglikelihoods
+from helpers.stats import Score, difference, mcnemar, near_ties, wilson
+from helpers.tasks import Item
 
 
 def score(right: int, n: int, first: bool = True) -> Score:
@@ -28,6 +30,22 @@ def test_score_formats_with_its_interval_and_survives_json():
     assert s.brief == "68.0% [58.3, 76.3]"  # a table cell
     again = Score.from_json(s.to_json())
     assert (again.acc, again.n) == (s.acc, s.n) and np.array_equal(again.correct, s.correct)
+    assert again.margin is None and near_ties(again, 0.25) is None  # a score that saw no log-likelihoods
+
+
+def test_margins_are_gold_minus_the_best_other_choice_and_count_near_ties():
+    items = [Item(pairs=[("q", " a"), ("q", " b"), ("q", " c")], gold=g) for g in (0, 2, 1)] + [Item(pairs=[("q", " a")], gold=0)]
+    lls = [np.array([-1.0, -1.1, -5.0]), np.array([-1.0, -2.0, -3.0]), np.array([-2.0, -0.5, -0.6]), np.array([-1.0])]
+    s = from_loglikelihoods(lls, items)
+    assert s.correct.tolist() == [True, False, True, True]
+    np.testing.assert_allclose(s.margin, [0.1, -2.0, 0.1, math.inf])  # one choice: nothing to tie with
+    assert near_ties(s, 0.25) == 2 and near_ties(s, 0.05) == 0 and near_ties(s, 2.5) == 3
+    again = Score.from_json(s.to_json())
+    np.testing.assert_allclose(again.margin, s.margin)
+    with pytest.raises(ValueError, match="one margin per item"):
+        Score.of([True, False], [0.1])
+    with pytest.raises(ValueError, match="results store"):
+        Score.from_json({"correct": "10", "margin": [0.1]})
 
 
 def test_mcnemar_counts_only_the_discordant_items():

@@ -46,7 +46,8 @@ def from_loglikelihoods(lls: list[np.ndarray], items: list[Item]) -> Score:
     """lm-eval's `acc`: an item is right when its gold choice has the highest log-likelihood.
     Over MMLU items this equals lm-eval's subject-size-weighted group accuracy (weighting
     subjects by size is the plain mean over questions)."""
-    return Score.of([int(np.argmax(ll)) == it.gold for ll, it in zip(lls, items)])
+    return Score.of([int(np.argmax(ll)) == it.gold for ll, it in zip(lls, items)],
+                    [ll[it.gold] - np.delete(ll, it.gold).max(initial=-np.inf) for ll, it in zip(lls, items)])
 
 
 def score(model, tokenizer, items: list[Item], **kw) -> Score:

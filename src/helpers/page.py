@@ -231,6 +231,22 @@ def note(text: str) -> None:
         display(Markdown(text))
 
 
+def near_ties(scores: dict[str, stats.Score], record: dict) -> None:
+    """Where the run computed in bfloat16 (the page's provenance `record` says): how many items of
+    each named score are right or wrong by less than bfloat16's rounding (`stats.near_ties`), so
+    that a float32 rerun could score them otherwise. Scores that kept no margins are left out."""
+    counted = {name: (stats.near_ties(s), s.n) for name, s in scores.items()}
+    counted = {name: (k, n) for name, (k, n) in counted.items() if k is not None}
+    if record.get("dtype") != "bfloat16" or not counted:
+        return
+    bound = stats.BFLOAT16_MARGIN
+    listed = "; ".join(f"{name}: {k} of {n} ({k / n:.0%})" for name, (k, n) in counted.items())
+    note(f"**Near ties.** This run computes in bfloat16, which moves the difference between two choices' "
+         f"log-likelihoods by less than {bound} nats on 95% of items (measured against float32). Items whose "
+         f"right answer is within {bound} nats of the best other choice, so that this rounding could make them "
+         f"right or wrong: {listed}. `GA_DTYPE=float32` reruns the chapter in float32.")
+
+
 def provenance(record: dict) -> None:
     """The collapsed "how this page was made" block."""
     commit = record.get("commit", "not a git checkout")

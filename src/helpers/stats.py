@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -53,35 +53,72 @@ class Accuracy:
 @dataclass(frozen=True, eq=False)
 class Score(Accuracy):
     """Accuracy over `n` items with a 95% Wilson interval; `correct` says which items were right
-    (in item order), for paired comparisons."""
+    (in item order), for paired comparisons. `margin`, where the choices' log-likelihoods were
+    seen, is each item's gold log-likelihood minus the best other choice's (nats): an item whose
+    margin is near zero is right or wrong by a hair (`near_ties`)."""
 
     acc: float
     lo: float
     hi: float
     n: int
     correct: np.ndarray = field(repr=False)
+    margin: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, correct: Sequence[bool]) -> "Score":
+    def of(cls, correct: Sequence[bool], margin: Sequence[float] | None = None) -> "Score":
         correct = np.asarray(correct, dtype=bool)
+        if margin is not None:
+            margin = np.asarray(margin, dtype=float)
+            if margin.shape != correct.shape:
+                raise ValueError(f"one margin per item: {margin.shape} margins for {correct.shape} items")
         lo, hi = wilson(int(correct.sum()), len(correct))
-        return cls(float(correct.mean()) if len(correct) else float("nan"), lo, hi, len(correct), correct)
+        return cls(float(correct.mean()) if len(correct) else float("nan"), lo, hi, len(correct), correct, margin)
+
+    @classmethod
+    def pooled(cls, scores: Iterable["Score"]) -> "Score":
+        """One score over the items of several (in order), with their margins where all kept them."""
+        scores = list(scores)
+        margins = [s.margin for s in scores]
+        return cls.of(np.concatenate([s.correct for s in scores]),
+                      None if any(m is None for m in margins) else np.concatenate(margins))
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".1%"
         return f"{self.acc:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}], n={self.n}"
 
     def to_json(self) -> dict:
-        return {"correct": "".join("1" if c else "0" for c in self.correct)}
+        row = {"correct": "".join("1" if c else "0" for c in self.correct)}
+        if self.margin is not None:  # to 0.001 nats: finer than any rounding it is compared with
+            # (an item with one choice has no other: its margin is infinite, stored as null)
+            row["margin"] = [round(float(m), 3) if math.isfinite(m) else None for m in self.margin]
+        return row
 
     @classmethod
     def from_json(cls, row: dict) -> "Score":
         correct = row.get("correct") if isinstance(row, dict) else None
-        if not isinstance(correct, str) or set(correct) - {"0", "1"}:
-            raise ValueError(f"a stored score is {{'correct': '0110...'}}, one 0 or 1 per item; got {str(row)[:120]}: "
+        margin = row.get("margin") if isinstance(row, dict) else None
+        if (not isinstance(correct, str) or set(correct) - {"0", "1"}
+                or not (margin is None or isinstance(margin, list) and len(margin) == len(correct))):
+            raise ValueError(f"a stored score is {{'correct': '0110...'}}, one 0 or 1 per item (and optionally "
+                             f"'margin', one number per item); got {str(row)[:120]}: "
                              f"the results store holding it was written by other code or edited; delete that store "
                              f"(results/<chapter>/*.jsonl) or set GA_RESULTS to a fresh folder")
-        return cls.of([c == "1" for c in correct])
+        return cls.of([c == "1" for c in correct], None if margin is None else
+                      [math.inf if m is None else m for m in margin])
+
+
+# What bfloat16's rounding does to a pick: on SmolLM2's KV prompts (100 of 8 keys, against
+# float32) it moved the difference between two choices' log-likelihoods by less than this, in
+# nats, on 95% of items (0.21-0.23 for the plain scorer, the sweep engine and lm-eval alike);
+# tests/test_batch_invariance.py holds it. Letter questions move less (0.035 mean per choice).
+BFLOAT16_MARGIN = 0.25
+
+
+def near_ties(score: Score, within: float = BFLOAT16_MARGIN) -> int | None:
+    """How many of the score's items have their gold choice within `within` nats of the best
+    other choice (either side), so that a rounding of that size could make them right or wrong;
+    None where the score kept no margins."""
+    return None if score.margin is None else int((np.abs(score.margin) < within).sum())
 
 
 def mcnemar(a: Score, b: Score) -> float:

@@ -358,6 +358,11 @@ def _describe(result: Result, name: str, short: bool = False) -> str:
     return name.replace(" kept in its layers", " kept").replace(" kept in their layers", " kept") if short else name
 
 
+def rounding_scores(result: Result) -> dict[str, Score]:
+    """What the page's near-tie count reads: the headline's conditions on the check's prompts."""
+    return {name: s for name, s in result.scores.items() if name not in control_names(result)}
+
+
 def control_names(result: Result) -> list[str]:
     """The conditions that are random controls, in the order of `result.controls`."""
     return [control(i) for i in range(len(result.controls))]

@@ -338,7 +338,7 @@ def summary(result: Result) -> pd.DataFrame:
         if controls:
             shown[f"{CONTROL} ({len(controls)} draws, pooled)"] = controls
         for c, draws in shown.items():
-            pooled = {b: Score.of(np.concatenate([by[d][b].correct for d in draws])) for b in by[AS_IS]}
+            pooled = {b: Score.pooled(by[d][b] for d in draws) for b in by[AS_IS]}
             for b in result.retrieval:
                 s = pooled[b]
                 rows.append(dict(hybrid=h, condition=c, benchmark=b, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))

@@ -332,6 +332,11 @@ def forms_note(result: Result) -> str:
     return f"released against spaced, top {TOP}: {same_top(result)}; the trailing-space form: {trailing}"
 
 
+def rounding_scores(result: Result) -> dict[str, Score]:
+    """What the page's near-tie count reads: each condition over every size's prompts."""
+    return {c: Score.pooled(by_size.values()) for c, by_size in result.scores.items()}
+
+
 def subject(result: Result) -> str:
     return f"on the {result.cfg.profile} profile, {result.cfg.model}"
 

@@ -266,6 +266,12 @@ def comparison(result: Result) -> pd.DataFrame:
     ])
 
 
+def rounding_scores(result: Result) -> dict[str, Score]:
+    """What the page's near-tie count reads: the probe on the whole and the minimal model."""
+    return {f"{result.probe}, whole model": result.full[result.probe],
+            f"{result.probe}, minimal model": result.minimal[result.probe]}
+
+
 def subject(result: Result) -> str:
     return f"on the {result.cfg.profile} profile, {result.cfg.model} cut to layers 0-{result.minimal_layers - 1}"
 

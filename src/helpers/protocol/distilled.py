@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from .. import benchmarks as bm
 from .. import registry
@@ -88,7 +87,7 @@ def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profil
     ablated = {b.name: {r["layer"]: Score.from_json(r) for r in rows if r["benchmark"] == b.name and r["layer"] is not None}
                for b in retrieval}
     # The layer whose loss hurts the retrieval tasks most, their items pooled.
-    pooled = {l: Score.of(np.concatenate([ablated[b.name][l].correct for b in retrieval])) for l in layers}
+    pooled = {l: Score.pooled(ablated[b.name][l] for b in retrieval) for l in layers}
     layer = min(layers, key=lambda l: pooled[l].acc)
     return TeacherLayer(layer, f"the layer whose attention heads, zeroed, leave the teacher's retrieval lowest: "
                         f"{pooled[layer]} (pooled over {', '.join(b.name for b in retrieval)})", clean, ablated)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import itertools
 import json
 import os
 import subprocess
@@ -27,6 +26,21 @@ def outcomes(chapter: str, smoke: bool) -> list[dict]:
     module = importlib.import_module(f"helpers.experiments.{chapter}")
     result = module.run(module.Config.for_profile("cpu", smoke=smoke))
     return [{"claim": v.claim, "outcome": v.outcome, "evidence": v.evidence} for v in module.verdicts(result)]
+
+
+def paired(a: list[dict], b: list[dict]) -> list[tuple[dict, dict]]:
+    """The two dtypes' claims side by side: a claim with the same text in both pairs with it; the
+    rest pair up in order (a claim that names a head may name another head in the other dtype)."""
+    none = {"claim": "(no such claim)", "outcome": "-", "evidence": ""}
+    left = list(b)
+    same = [next((y for y in left if y["claim"] == x["claim"]), None) for x in a]
+    for y in same:
+        if y is not None:
+            left.remove(y)
+    out, rest = [], iter(left)
+    for x, y in zip(a, same):
+        out.append((x, y if y is not None else next(rest, none)))
+    return out + [(none, y) for y in rest]
 
 
 def main() -> None:
@@ -52,9 +66,7 @@ def main() -> None:
                 sys.exit(f"{chapter} in {dtype} failed:\n{done.stderr[-3000:]}")
             got[dtype] = json.loads(done.stdout.strip().splitlines()[-1])
             seconds[dtype] = time.perf_counter() - start
-        # Claims pair up in order; a claim that names a head may name another in the other dtype.
-        none = {"claim": "(no such claim)", "outcome": "-", "evidence": ""}
-        pairs = list(itertools.zip_longest(*got.values(), fillvalue=none))
+        pairs = paired(got["bfloat16"], got["float32"])
         differ = sum(x["outcome"] != y["outcome"] for x, y in pairs)
         print(f"\n{chapter}{' (smoke)' if args.smoke else ''}: {len(pairs)} claims, {differ} outcome(s) differ "
               f"(bfloat16 {seconds['bfloat16']:.0f} s, float32 {seconds['float32']:.0f} s)")

@@ -115,29 +115,25 @@ class SweepEngine:
         head = self.model.get_output_embeddings()
         out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
         for k in range(copies):
-            out[k].index_add_(0, b.pair, b.logprobs(hidden, head, offset=k * self.real_rows(i) * b.width).double().cpu())
+            out[k].index_add_(0, b.pair, b.logprobs(hidden, head, offset=k * self.batches[i].n_real * b.width).double().cpu())
         return out
-
-    def real_rows(self, i: int) -> int:
-        """How many of batch i's rows hold items (they come first; the rest fill it to its height)."""
-        return int((self.rows.lengths[self.batches[i].rows] > 0).sum())
 
     def fits(self, i: int) -> int:
         """How many copies of batch i's real rows its height holds."""
-        return len(self.batches[i].rows) // self.real_rows(i)
+        return len(self.batches[i].rows) // self.batches[i].n_real
 
     def slots(self, i: int, copies: int) -> torch.Tensor:
         """Which of batch i's rows each row of a pass holds: its real rows `copies` times side by
         side, then its filler rows to its height. Each ablation of a pass is one copy, so several
         run at once where a batch has room (a small set), in the clean run's shape: an item rounds
         alike whatever runs beside it (`packing.batches`)."""
-        n, height = self.real_rows(i), len(self.batches[i].rows)
+        n, height = self.batches[i].n_real, len(self.batches[i].rows)
         return torch.cat([torch.arange(n).repeat(copies), torch.arange(copies * n, height)])
 
     def per_row(self, values: torch.Tensor, i: int, fill) -> torch.Tensor:
         """Per-copy values [copies, ...] as per-row values [height, ...] of batch i's pass
         (`slots`): each copy's rows take its value, filler rows `fill`."""
-        n, height = self.real_rows(i), len(self.batches[i].rows)
+        n, height = self.batches[i].n_real, len(self.batches[i].rows)
         rest = torch.full((height - len(values) * n, *values.shape[1:]), fill, dtype=values.dtype)
         return torch.cat([values.repeat_interleave(n, 0), rest])
 

@@ -189,6 +189,7 @@ class RowBatch:
     pair: torch.Tensor
     sites: torch.Tensor  # [n_sites] distinct flat positions in the batch's [rows * width]
     site_of: torch.Tensor  # [n_scored] which of `sites` each scored token is read at
+    n_real: int  # rows that hold items: the first ones (the rest fill the batch to its height)
 
     def logprobs(self, hidden: torch.Tensor, head, offset: int = 0) -> torch.Tensor:
         """Each scored token's log-probability [n_scored] (float32 log-softmax over the
@@ -211,6 +212,7 @@ class RowBatch:
 
 SITE_BLOCK = 64  # scored positions per pass of the vocabulary projection
 MAX_ROWS = 128  # rows per forward at most, whatever the budget (a GPU's budget is large)
+ONE_ROW = 1  # a batch budget below any row's width: every row a forward pass of its own, no filler rows
 
 
 def bucket_width(length: int) -> int:
@@ -238,7 +240,7 @@ def batches(rows: Rows, batch_tokens: int) -> tuple[Rows, list[RowBatch]]:
     16 keys, 20% on 500 short letter questions, where the partial batches weigh most)."""
     widths = [bucket_width(int(n)) for n in rows.lengths]
     order: list[int] = []  # for each laid-out row, the packed row it holds (-1: a filler row)
-    spans: list[tuple[int, int, int]] = []  # (first laid-out row, rows, width) of each batch
+    spans: list[tuple[int, int, int, int]] = []  # (first laid-out row, rows, width, real rows) of each batch
     start = 0
     while start < len(widths):
         width = widths[start]
@@ -246,17 +248,17 @@ def batches(rows: Rows, batch_tokens: int) -> tuple[Rows, list[RowBatch]]:
         stop = start
         while stop < len(widths) and stop - start < size and widths[stop] == width:
             stop += 1
-        spans.append((len(order), size, width))
+        spans.append((len(order), size, width, stop - start))
         order += list(range(start, stop)) + [-1] * (size - (stop - start))
         start = stop
     laid = _laid_out(rows, order, max(widths))
     out = []
-    for first, size, width in spans:
+    for first, size, width, n_real in spans:
         sel = (laid.row >= first) & (laid.row < first + size)
         row, pos = laid.row[sel] - first, laid.pos[sel]
         sites, site_of = torch.unique(row * width + pos, return_inverse=True)
         out.append(RowBatch(torch.arange(first, first + size), width, row, pos, laid.target[sel], laid.pair[sel],
-                            sites, site_of))
+                            sites, site_of, n_real))
     return laid, out
 
 

@@ -242,7 +242,8 @@ def near_ties(scores: dict[str, stats.Score], record: dict) -> None:
     bound = stats.BFLOAT16_MARGIN
     listed = "; ".join(f"{name}: {k} of {n} ({k / n:.0%})" for name, (k, n) in counted.items())
     note(f"**Near ties.** This run computes in bfloat16, which moves the difference between two choices' "
-         f"log-likelihoods by less than {bound} nats on 95% of items (measured against float32). Items whose "
+         f"log-likelihoods by less than {bound} nats on 95% of items (measured against float32 on SmolLM2's KV "
+         f"prompts; letter questions move less). Items whose "
          f"right answer is within {bound} nats of the best other choice, so that this rounding could make them "
          f"right or wrong: {listed}. `GA_DTYPE=float32` reruns the chapter in float32.")
 

@@ -90,7 +90,7 @@ def _attribute(engine: SweepEngine, group: list[int], model_layers: list[int], s
             recompute = needs_checkpoint(engine, b) if checkpoint is None else checkpoint
             # The real rows only: a gradient through the filler rows that keep the batch's shape
             # (`packing.batches`) would cost their backward too, for an estimate.
-            real = torch.arange(engine.real_rows(i))
+            real = torch.arange(engine.batches[i].n_real)
             lls = engine.pair_loglikelihoods(engine.run_layers(h[real], b, model_layers[start:], recompute, real), i)[0]
             sites = [seen.pop(l)[0] for l in group]
             grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])

@@ -38,6 +38,7 @@ from ..engine import SweepEngine
 from ..evaluate import from_loglikelihoods
 from ..errors import ConfigError
 from ..heads import Head, ablation
+from ..packing import ONE_ROW
 from ..reference import paper, paper_heads
 from ..segments import aggregate_pattern, gather_pattern
 from ..stats import Score, difference
@@ -183,7 +184,7 @@ def masked_runs(loaded, b: bm.Benchmark, by_condition: dict, layers: list[int] |
     zeroed = zeroed or {}
     out = {name: [] for name in by_condition}
     for item in b.items:
-        engine = SweepEngine(loaded, loaded.tokenizer, [item], batch_tokens=1)  # one row per forward, no filler rows
+        engine = SweepEngine(loaded, loaded.tokenizer, [item], batch_tokens=ONE_ROW)
         seg, width = b.segments(item), engine.rows.ids.shape[1]
         run = engine.layer_list(layers)
         for name, patterns in by_condition.items():

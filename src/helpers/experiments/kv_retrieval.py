@@ -334,7 +334,7 @@ def forms_note(result: Result) -> str:
 
 def rounding_scores(result: Result) -> dict[str, Score]:
     """What the page's near-tie count reads: each condition over every size's prompts."""
-    return {c: Score.pooled(by_size.values()) for c, by_size in result.scores.items()}
+    return {_legend(result, c): Score.pooled(by_size.values()) for c, by_size in result.scores.items()}
 
 
 def subject(result: Result) -> str:

@@ -48,6 +48,16 @@ def test_margins_are_gold_minus_the_best_other_choice_and_count_near_ties():
         Score.from_json({"correct": "10", "margin": [0.1]})
 
 
+def test_a_subset_of_a_score_keeps_its_items_margins():
+    s = Score.of([True, False, True, True], [0.1, -2.0, 0.3, math.inf])
+    for index in ([2, 0], slice(1, None, 2), np.array([True, False, False, True])):
+        part = s.subset(index)
+        assert part.correct.tolist() == s.correct[index].tolist()
+        np.testing.assert_array_equal(part.margin, s.margin[index])
+        assert (part.acc, part.lo, part.hi) == (lambda o: (o.acc, o.lo, o.hi))(Score.of(s.correct[index]))
+    assert Score.of([True, False]).subset([1]).margin is None
+
+
 def test_mcnemar_counts_only_the_discordant_items():
     a = Score.of([1] * 10 + [0] * 10 + [1] * 5)
     b = Score.of([0] * 10 + [0] * 10 + [1] * 5)  # 10 items right under a only

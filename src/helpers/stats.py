@@ -82,6 +82,11 @@ class Score(Accuracy):
         return cls.of(np.concatenate([s.correct for s in scores]),
                       None if any(m is None for m in margins) else np.concatenate(margins))
 
+    def subset(self, index) -> "Score":
+        """The score over some of the items (`index`: positions, a boolean mask or a slice), with
+        their margins."""
+        return Score.of(self.correct[index], None if self.margin is None else self.margin[index])
+
     def __format__(self, spec: str) -> str:
         spec = spec or ".1%"
         return f"{self.acc:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}], n={self.n}"

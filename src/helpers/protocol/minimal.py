@@ -69,7 +69,7 @@ class LetterCheck:
         for name, score, gold in (("as drawn", self.original, self.gold), ("options moved", self.moved, self.gold_moved)):
             for g in sorted(set(gold)):
                 rows.append({"options": name, "answer's letter": "ABCD"[g],
-                             **_brief(Score.of(score.correct[[k for k, x in enumerate(gold) if x == g]]))})
+                             **_brief(score.subset([k for k, x in enumerate(gold) if x == g]))})
         return pd.DataFrame(rows)
 
     def by_group(self) -> pd.DataFrame:
@@ -77,8 +77,8 @@ class LetterCheck:
         rows = []
         for group in sorted(set(self.groups)):
             at = [k for k, x in enumerate(self.groups) if x == group]
-            rows.append({"table": group, "n": len(at), "as drawn": Score.of(self.original.correct[at]).acc,
-                         "options moved": Score.of(self.moved.correct[at]).acc})
+            rows.append({"table": group, "n": len(at), "as drawn": self.original.subset(at).acc,
+                         "options moved": self.moved.subset(at).acc})
         return pd.DataFrame(rows)
 
 
@@ -201,7 +201,7 @@ def minimal_depth(by_depth: dict[int, Score], chance: float) -> int:
 def pick_by_halves(by_depth: dict[int, Score], chance: float) -> tuple[int, int]:
     """`minimal_depth` on each half of the items (every other item), to show whether the pick
     rests on a few of them: two equal picks say the walk's items do not decide it."""
-    half = lambda k: {d: Score.of(s.correct[k::2]) for d, s in by_depth.items()}
+    half = lambda k: {d: s.subset(slice(k, None, 2)) for d, s in by_depth.items()}
     return minimal_depth(half(0), chance), minimal_depth(half(1), chance)
 
 

@@ -233,9 +233,32 @@ def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(s
 
 def test_score_each_scores_ablations_as_the_model_scores_them_one_at_a_time(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=2048)
-    ablations = {"none": {}, "L16H0 and L18H6": {16: [0], 18: [6]}, **{f"L16H{h}": {16: [h]} for h in range(1, 9)}}
+    # room for several copies in every batch, so that ablations of different layers share passes
+    assert min(engine.fits(i) for i in range(len(engine.batches))) > 1
+    ablations = {"none": {}, "L16H0 and L18H6": {16: [0], 18: [6]}, **{f"L16H{h}": {16: [h]} for h in range(1, 9)},
+                 **{f"L{l}H2": {l: [2]} for l in (3, 9, 17, 27)}}
     each = engine.score_each(ablations)
     for name, ablation in ablations.items():
         with helpers.zero_heads(smol, ablation):
             ref = helpers.score(smol.model, smol.tokenizer, kv)
         assert np.array_equal(each[name].correct, ref.correct), name
+        np.testing.assert_allclose(each[name].margin, ref.margin, rtol=0, atol=2e-4, err_msg=name)
+
+
+def test_a_pass_builds_its_mask_and_rotary_embeddings_once_and_scores_as_if_per_layer(smol, kv, monkeypatch):
+    from helpers import adapters
+
+    engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=300)
+    ablations = [{}, {3: [1]}, {20: [5]}]
+    built = []
+    real = adapters.positions_and_mask
+    monkeypatch.setattr(adapters, "positions_and_mask", lambda *a: built.append(1) or real(*a))
+    once = engine.loglikelihoods(ablations)
+    # one build per pass: the residual up to layer 3 and every copy's pass from there, per batch
+    passes = len(built)
+    assert 0 < passes <= 4 * len(engine.batches) < smol.adapter.n_layers
+    # the same numbers as building them in every layer (the adapter's inputs, recomputed each call)
+    monkeypatch.setattr(adapters.LlamaAdapter, "pass_inputs", lambda self, h, p, a: (
+        lambda full, mask: (full, mask, self.model.base_model.rotary_emb(h, position_ids=full)))(*real(h, p, a)))
+    engine._residuals.clear()
+    np.testing.assert_array_equal(engine.loglikelihoods(ablations), once)

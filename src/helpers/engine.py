@@ -244,10 +244,22 @@ class SweepEngine:
         `model_layers` (default all). They run lowest recomputed layer first:
         the residual cache keeps only its newest stream, so a run starting below it would recompute
         the model from the embedding (the clean model first, then a head of layer 22, then one of
-        21, cost three full passes where one and their tails do)."""
+        21, cost three full passes where one and their tails do). Ablations that recompute from
+        the same layer share passes (`loglikelihoods`); so do those of nearby layers, as many as
+        every batch has room for, from the lowest of them (a small set: filler rows otherwise)."""
         layers = self.layer_list(model_layers)
         start = lambda name: self.first_recomputed(layers, [l for l, hs in ablations[name].items() if len(hs)])
-        out = {name: self.score(ablations[name], model_layers) for name in sorted(ablations, key=start)}
+        room = min(self.fits(i) for i in range(len(self.batches)))
+        groups: list[list[str]] = []
+        for name in sorted(ablations, key=start):
+            if groups and (len(groups[-1]) < room or start(name) == start(groups[-1][0])):
+                groups[-1].append(name)
+            else:
+                groups.append([name])
+        out = {}
+        for group in groups:
+            for name, ll in zip(group, self.loglikelihoods([ablations[n] for n in group], model_layers)):
+                out[name] = self.score_loglikelihoods(ll)
         return {name: out[name] for name in ablations}
 
     def head_sweep(self, layers: list[int] | None = None, progress: bool = True,
@@ -263,9 +275,14 @@ class SweepEngine:
         from which both the score (`score_loglikelihoods`) and the gold answer's margin (`margins`)
         are read."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
-        cells = [Head(l, h) for l in layers for h in range(self.adapter.n_heads(l))]
-        return {head: self.loglikelihoods([{head.layer: [head.head]}], model_layers)[0]
-                for head in bar(cells, desc="head sweep", disable=not progress)}
+        out = {}
+        with bar(total=sum(self.adapter.n_heads(l) for l in layers), desc="head sweep", disable=not progress) as meter:
+            for layer in layers:  # a layer's heads in one call, side by side where a batch has room (`slots`)
+                heads = range(self.adapter.n_heads(layer))
+                for h, ll in zip(heads, self.loglikelihoods([{layer: [h]} for h in heads], model_layers)):
+                    out[Head(layer, h)] = ll
+                meter.update(len(heads))
+        return out
 
     def margins(self, flat: torch.Tensor) -> torch.Tensor:
         """Per item: log-softmax of the gold choice over the choices' log-likelihoods, from one

@@ -1,12 +1,15 @@
 """Every architecture of the paper through one adapter interface: exact 8B shapes on the meta
 device, Zamba2's shared attention handled per call site, and the hybrid swap."""
 
+from functools import partial
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import helpers
-from helpers.attention import attention_maps, mask_last_row, mixer_input
+from helpers.attention import attention_maps, mask_last_row
+from helpers.hooks import MIXER, SSM, hooked
 from helpers.ssm import mamba2_terms
 from helpers.llamba import LlambaConfig, LlambaForCausalLM
 
@@ -64,10 +67,8 @@ def test_zamba2_mamba_hidden_attention_reproduces_the_mixer():
     ids = torch.randint(0, 50, (2, 17))
     for layer in (2, 3):  # a Mamba layer and a hybrid layer's Mamba block
         mixer, seen = mamba.mixer(layer), {}
-        h1 = mixer.register_forward_pre_hook(lambda m, a, kw: seen.update(u=mixer_input(a, kw)), with_kwargs=True)
-        h2 = mixer.norm.register_forward_pre_hook(lambda m, a: seen.update(y=a[0]))
-        model(ids)
-        h1.remove(), h2.remove()
+        with hooked(mamba, {(MIXER, layer): partial(seen.__setitem__, "u"), (SSM, layer): partial(seen.__setitem__, "y")}):
+            model(ids)
         t = mamba2_terms(mixer, seen["u"])
         y = torch.einsum("bhts,bshp->bthp", mamba.hidden_attention(layer, seen["u"]), t["x"]) + mixer.D[:, None] * t["x"]
         torch.testing.assert_close(y.reshape(seen["y"].shape), seen["y"], rtol=1e-4, atol=1e-5)
@@ -214,10 +215,8 @@ def test_ssm_masking_through_hidden_attention(kind):
     assert torch.equal(net(ids).logits, plain)
     # The head's output is affine in the mask: f(ones) + f(zeros) = f(eye) + f(ones - eye).
     seen = {}
-    h = adapter.mixer(1).register_forward_pre_hook(
-        lambda m, a, kw: seen.update(u=mixer_input(a, kw)), with_kwargs=True)
-    net(ids)
-    h.remove()
+    with hooked(adapter, {(MIXER, 1): partial(seen.__setitem__, "u")}):
+        net(ids)
     f = lambda m: adapter.masked_heads_output(1, seen["u"], [1], m)
     ones, eye = torch.ones(T, T), torch.eye(T)
     torch.testing.assert_close(f(ones) + f(ones * 0), f(eye) + f(ones - eye), rtol=1e-4, atol=1e-5)

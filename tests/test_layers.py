@@ -29,6 +29,7 @@ LAYERS = [
     Layer("segments"),
     Layer("evaluate", "interventions", "attention"),
     Layer("packing"),
+    Layer("hooks"),  # the one door into a forward pass: named sites, every hook installed here
     Layer("adapters", "llamba"),
     Layer("convllama"),  # the zoo's Transformer; a distilled hybrid keeps its convolution
     Layer("ssm"),

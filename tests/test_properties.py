@@ -15,6 +15,7 @@ with `pytest --slow`).
 import math
 import os
 from contextlib import ExitStack, suppress
+from functools import partial
 
 import pytest
 import torch
@@ -24,7 +25,8 @@ from hypothesis import strategies as st
 
 import helpers
 from helpers.adapters import Adapter, MambaAdapter
-from helpers.attention import mask_attention, mask_last_row, mixer_input
+from helpers.attention import mask_attention, mask_last_row
+from helpers.hooks import MIXER, SSM, hooked
 from helpers.ssm import mamba1_terms, mamba2_terms
 
 # The settings are fixed when a test is decorated, so `--slow` (tests/conftest.py) reaches this
@@ -371,12 +373,8 @@ def test_zeroing_heads_changes_exactly_their_slices_of_the_output_projection_inp
 def mixer_io(arch: Arch, adapter: Adapter, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixer's input u and what it feeds its `ssm_site` (its heads' outputs)."""
     seen = {}
-    handles = [adapter.mixer(layer).register_forward_pre_hook(
-                   lambda m, a, kw: seen.update(u=mixer_input(a, kw)), with_kwargs=True),
-               adapter.ssm_site(layer).register_forward_pre_hook(lambda m, a: seen.update(y=a[0]))]
-    logits(arch)
-    for handle in handles:
-        handle.remove()
+    with hooked(adapter, {(MIXER, layer): partial(seen.__setitem__, "u"), (SSM, layer): partial(seen.__setitem__, "y")}):
+        logits(arch)
     return seen["u"], seen["y"]
 
 

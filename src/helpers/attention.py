@@ -16,6 +16,7 @@ computed here from segment sums, with no loop over time.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager, nullcontext
+from functools import partial
 
 import torch
 from transformers import AttentionInterface
@@ -24,6 +25,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from .adapters import Adapter, unwrap
 from .errors import InterventionError, as_index
+from .hooks import MIXER, SSM, hooked
 
 IMPLEMENTATION = "helpers"
 
@@ -76,11 +78,6 @@ def _routed(model):
         model.config._attn_implementation = before
 
 
-def mixer_input(args: tuple, kwargs: dict) -> torch.Tensor:
-    """The hidden states a mixer was called with (positionally, or as `hidden_states=`)."""
-    return args[0] if args else kwargs["hidden_states"]
-
-
 @contextmanager
 def _attached(adapter, layer: int, name: str, value):
     """Give the layer's attention module the attribute `name` for the block, then put back
@@ -127,10 +124,8 @@ def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[in
             if adapter.is_attention(l):
                 stack.enter_context(_attached(adapter, l, "_helpers_record",
                                               lambda p, l=l: maps.__setitem__(l, p.float())))
-            else:
-                handle = adapter.mixer(l).register_forward_pre_hook(
-                    lambda m, a, kw, l=l: taps.__setitem__(l, mixer_input(a, kw)), with_kwargs=True)
-                stack.callback(handle.remove)
+        stack.enter_context(hooked(adapter, {(MIXER, l): partial(taps.__setitem__, l)
+                                             for l in layers if not adapter.is_attention(l)}))
         stack.enter_context(_routed(model))
         model(input_ids=input_ids.to(next(model.parameters()).device))
     for l, u in taps.items():
@@ -201,25 +196,22 @@ def _with_earlier(adapter: Adapter, layer: int, full: torch.Tensor) -> torch.Ten
 @contextmanager
 def _masked_ssm(model, adapter: Adapter, layer: int, heads: list[int], allowed: torch.Tensor):
     heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
-    # The modules are found once, here: layers removed inside the block must not move them.
-    mixer, site, dim = adapter.mixer(layer), adapter.ssm_site(layer), adapter.head_dim(layer)
+    # The mixer is found once, here (the sites on entry too): layers removed inside the block must not move them.
+    mixer, dim = adapter.mixer(layer), adapter.head_dim(layer)
     index = torch.arange(adapter.n_heads(layer) * dim).view(-1, dim)[heads].flatten()
     seen = {}
 
-    def take_input(module, args, kwargs):
-        u = mixer_input(args, kwargs)
+    def take_input(u):
         _check_length(allowed, u.shape[1], u.shape[1])
         seen["u"] = u
 
-    def rewrite(module, args):
-        out = args[0].clone()
+    def rewrite(x):
+        out = x.clone()
         new = adapter.masked_mixer_output(mixer, seen["u"], heads, allowed.to(out.device))
         out[..., index.to(out.device)] = new.to(out.dtype)
-        return (out,) + tuple(args[1:])
+        return out
 
-    with ExitStack() as stack:
-        stack.callback(mixer.register_forward_pre_hook(take_input, with_kwargs=True).remove)
-        stack.callback(site.register_forward_pre_hook(rewrite).remove)
+    with hooked(adapter, {(MIXER, layer): take_input, (SSM, layer): rewrite}):
         yield model
 
 

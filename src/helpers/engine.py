@@ -27,7 +27,8 @@ changed: a near tie falls either way in bfloat16 whatever computes it).
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ from .adapters import unwrap
 from .errors import InterventionError, as_index
 from .evaluate import from_loglikelihoods
 from .heads import Head
+from .hooks import HEAD, hooked
 from .interventions import replaced_site, site_width
 from .packing import batches, default_batch_tokens, default_row_tokens, pack
 from .stats import Score
@@ -149,17 +151,17 @@ class SweepEngine:
         the rows by its own row. With `seen`, each call is recorded as `seen[layer]` =
         [(input, scaled input), ...], the scaled input requiring gradients (so that they can be
         taken with respect to it; gradients still flow through it from layers above)."""
-        with ExitStack() as stack:
-            for layer, scale in scales.items():
-                def hook(module, args, scale=scale, layer=layer):
-                    x, m = args[0], scale.to(args[0].device, args[0].dtype)
-                    scaled = (x.unflatten(0, (len(m), -1)) * m[:, None, None, :]).flatten(0, 1)
-                    if seen is not None:
-                        if not scaled.requires_grad:  # the lowest scaled site: nothing below needs gradients
-                            scaled.requires_grad_(True)
-                        seen.setdefault(layer, []).append((x.detach(), scaled))
-                    return (scaled,) + tuple(args[1:])
-                stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(hook).remove)
+        def scale_rows(x, scale, layer):
+            m = scale.to(x.device, x.dtype)
+            scaled = (x.unflatten(0, (len(m), -1)) * m[:, None, None, :]).flatten(0, 1)
+            if seen is not None:
+                if not scaled.requires_grad:  # the lowest scaled site: nothing below needs gradients
+                    scaled.requires_grad_(True)
+                seen.setdefault(layer, []).append((x.detach(), scaled))
+            return scaled
+
+        with hooked(self.adapter, {(HEAD, layer): partial(scale_rows, scale=scale, layer=layer)
+                                   for layer, scale in scales.items()}):
             yield
 
     def scaled_loglikelihoods(self, scales: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
@@ -298,12 +300,9 @@ class SweepEngine:
         """What enters `layer`'s head site (its output projection) in the unablated model, per
         batch [rows, T, heads * head_dim] (padding included; `valid` says which tokens are real)."""
         seen: list[torch.Tensor] = []
-        handle = self.adapter.head_site(layer).register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
-        try:
+        with hooked(self.adapter, {(HEAD, layer): lambda x: seen.append(x.clone())}):
             for b, h in zip(self.batches, self.residual(layer)):
                 self.run_layers(h, b, [layer])
-        finally:
-            handle.remove()
         return seen
 
     def valid(self, i: int) -> torch.Tensor:
@@ -363,15 +362,11 @@ class SweepEngine:
         out = torch.zeros(len(plans), self.rows.n_pairs, dtype=torch.float64)
         current = {}  # what the hooks apply in this pass: per layer, (keep [rows, 1, width], value)
 
-        def hook_for(layer):
-            def hook(module, args):
-                keep, value = current[layer]
-                return (replaced_site(args[0], keep, value.to(args[0].device, args[0].dtype)),) + tuple(args[1:])
-            return hook
+        def replace(x, layer):
+            keep, value = current[layer]
+            return replaced_site(x, keep, value)
 
-        with ExitStack() as stack:
-            for layer in touched:
-                stack.callback(self.adapter.head_site(layer).register_forward_pre_hook(hook_for(layer)).remove)
+        with hooked(self.adapter, {(HEAD, layer): partial(replace, layer=layer) for layer in touched}):
             for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
                 for k in range(0, len(plans), self.fits(i)):
                     chunk = slice(k, min(len(plans), k + self.fits(i)))

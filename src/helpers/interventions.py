@@ -12,7 +12,8 @@ each layer once; an empty list of heads or layers is an exact no-op.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Callable, Iterable, Mapping
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from .adapters import Adapter, unwrap
 from .errors import InterventionError, as_index
+from .hooks import HEAD, hooked
 
 
 @contextmanager
@@ -99,7 +101,8 @@ def zero_heads(model, heads: Mapping[int, Iterable[int] | int]):
     output projection. An empty mapping, or a layer with no heads, changes nothing."""
     model, adapter = unwrap(model)
     plan = _head_plan(adapter, heads)
-    return _zeroed(model, adapter, plan) if plan else nullcontext(model)
+    zeros = {layer: torch.zeros(()) for layer in plan}  # zero ablation is replacement by zeros
+    return _replaced(model, adapter, plan, zeros) if plan else nullcontext(model)
 
 
 def _kept_channels(adapter: Adapter, layer: int, heads: list[int]) -> torch.Tensor:
@@ -107,20 +110,6 @@ def _kept_channels(adapter: Adapter, layer: int, heads: list[int]) -> torch.Tens
     keep = torch.ones(adapter.n_heads(layer), dtype=torch.bool)
     keep[heads] = False
     return keep.repeat_interleave(adapter.head_dim(layer))
-
-
-@contextmanager
-def _zeroed(model, adapter: Adapter, plan: dict[int, list[int]]):
-    plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
-    with ExitStack() as stack:
-        for layer, hs in plan.items():
-            mask = _kept_channels(adapter, layer, hs)
-
-            def silence(module, args, mask=mask):
-                return (args[0] * mask.to(args[0].device, args[0].dtype),) + tuple(args[1:])
-
-            stack.callback(adapter.head_site(layer).register_forward_pre_hook(silence).remove)
-        yield model
 
 
 def working_dtype(block: nn.Module) -> torch.dtype:
@@ -197,7 +186,7 @@ def replaced_site(x: torch.Tensor, keep: torch.Tensor, value: torch.Tensor) -> t
     """A head site's input `x` [..., heads * head_dim] with the channels where `keep` is False
     taken from `value` (broadcast against x: one vector, e.g. a head's mean output, or a tensor of
     x's shape, e.g. another prompt's outputs position by position). The one replacement rule of
-    the package: `replace_heads` and the sweep engine's `SweepEngine.replaced` both apply it."""
+    the package: `zero_heads`, `replace_heads` and the sweep engine's `SweepEngine.replaced` apply it."""
     return torch.where(keep.to(x.device), x, value.to(x.device, x.dtype))
 
 
@@ -228,16 +217,16 @@ def replace_heads(model, heads: Mapping[int, Iterable[int] | int], values: Mappi
 @contextmanager
 def _replaced(model, adapter: Adapter, plan: dict[int, list[int]], values: Mapping[int, torch.Tensor]):
     plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
-    with ExitStack() as stack:
-        for layer, hs in plan.items():
-            keep = _kept_channels(adapter, layer, hs)
 
-            def replace(module, args, keep=keep, value=values[layer], layer=layer):
-                x = args[0]
-                if value.dim() > 1 and value.shape != x.shape:
-                    raise InterventionError(f"replace_heads: values[{layer}] has shape {tuple(value.shape)} but the "
-                                            f"site's input has {tuple(x.shape)}: pass one vector or the input's shape")
-                return (replaced_site(x, keep, value),) + tuple(args[1:])
+    def replace(x, layer, keep):
+        value = values[layer]
+        if value.dim() > 1 and value.shape != x.shape:
+            raise InterventionError(f"replace_heads: values[{layer}] has shape {tuple(value.shape)} but the "
+                                    f"site's input has {tuple(x.shape)}: pass one vector or the input's shape")
+        return replaced_site(x, keep, value)
 
-            stack.callback(adapter.head_site(layer).register_forward_pre_hook(replace).remove)
+    edits = {(HEAD, layer): partial(replace, layer=layer, keep=_kept_channels(adapter, layer, hs))
+             for layer, hs in plan.items()}
+    with hooked(adapter, edits):
         yield model
+

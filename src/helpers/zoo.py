@@ -40,6 +40,7 @@ from . import evaluate, paths, synthetic
 from .progress import bar
 from .provenance import file_hash
 from .adapters import MambaAdapter, adapter_for
+from .hooks import LAYER_IN, LAYER_OUT, hooked
 from .convllama import ConvLlamaConfig, ConvLlamaForCausalLM
 from .registry import RAD_SEEDS, Loaded, seeded
 from .ssm import discrete_hidden_attention
@@ -271,20 +272,12 @@ def teacher_states(teacher: nn.Module, ids: torch.Tensor) -> tuple[list[torch.Te
     """Each layer's input and output residual streams, and its attention probabilities."""
     from .attention import attention_maps
 
-    layers = teacher.model.layers
+    layers = range(len(teacher.model.layers))
     inputs, outputs = [], []
-
-    def tap(module, args, kwargs, out):
-        inputs.append(args[0] if args else kwargs["hidden_states"])
-        outputs.append(out if torch.is_tensor(out) else out[0])
-
-    hooks = [l.register_forward_hook(tap, with_kwargs=True) for l in layers]
-    try:
-        maps = attention_maps(teacher, ids, list(range(len(layers))))
-    finally:
-        for h in hooks:
-            h.remove()
-    return [x.clone() for x in inputs], [x.clone() for x in outputs], [maps[i].clone() for i in range(len(layers))]
+    taps = {(site, l): seen.append for l in layers for site, seen in ((LAYER_IN, inputs), (LAYER_OUT, outputs))}
+    with hooked(teacher, taps):
+        maps = attention_maps(teacher, ids, list(layers))
+    return [x.clone() for x in inputs], [x.clone() for x in outputs], [maps[i].clone() for i in layers]
 
 
 def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed: int, batch: int = 64,

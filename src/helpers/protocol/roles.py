@@ -17,7 +17,7 @@ the hybrid swap's "KV ranking" rule), so no two pages name different roles for t
 from __future__ import annotations
 
 import dataclasses
-from contextlib import ExitStack
+from functools import partial
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,7 @@ from .. import verdicts as v
 from ..reference import paper_heads
 from ..errors import ConfigError
 from ..heads import ROLE_MEASURES, Head
+from ..hooks import MIXER, hooked
 from ..segments import Segments, head_measures
 from ..stats import Score, mean_interval
 from ..sweep import sweep
@@ -251,7 +252,7 @@ def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]
     Falcon-Mamba's layers have 8192 single-channel heads: only the channels asked for are
     materialised (attention.attention_maps would build all of them)."""
     from ..adapters import MambaAdapter, unwrap
-    from ..attention import attention_maps, mixer_input
+    from ..attention import attention_maps
 
     model, adapter = unwrap(loaded)
     ids = loaded.tokenizer(context, return_tensors="pt").input_ids
@@ -260,10 +261,7 @@ def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]
         maps = attention_maps(loaded, ids, layers)
         return {h: maps[h.layer][0, h.head].numpy() for h in heads}
     seen = {}
-    with ExitStack() as stack:
-        for l in layers:
-            hook = lambda m, a, kw, l=l: seen.__setitem__(l, mixer_input(a, kw))
-            stack.callback(adapter.mixer(l).register_forward_pre_hook(hook, with_kwargs=True).remove)
+    with hooked(adapter, {(MIXER, l): partial(seen.__setitem__, l) for l in layers}):
         model(input_ids=ids.to(next(model.parameters()).device))
     out = {}
     for l in layers:

@@ -28,7 +28,11 @@ from helpers import evaluate, registry, tasks
 def cpu_bf16_support() -> str:
     """The bfloat16 instructions this CPU reports (Linux's /proc/cpuinfo), or why none are shown."""
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features")))
+        flags = next(
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith(("flags", "Features"))
+        )
     except (OSError, StopIteration):
         return "unknown (no /proc/cpuinfo)"
     found = [f for f in ("amx_bf16", "avx512_bf16", "bf16") if f in flags.split()]
@@ -44,7 +48,9 @@ def item_sets(name: str, n: int, seed: int) -> dict[str, list[tasks.Item]]:
 
 def compare(name: str, n: int, reps: int, seed: int) -> None:
     sets = item_sets(name, n, seed)
-    loaded = {dtype: helpers.load(name, dtype=getattr(torch, dtype)) for dtype in ("float32", "bfloat16")}
+    loaded = {
+        dtype: helpers.load(name, dtype=getattr(torch, dtype)) for dtype in ("float32", "bfloat16")
+    }
     seconds = {(d, k): [] for d in loaded for k in sets}
     scored = {}
     for _ in range(reps):
@@ -54,16 +60,20 @@ def compare(name: str, n: int, reps: int, seed: int) -> None:
                 scored[dtype, kind] = evaluate.choice_loglikelihoods(m.model, m.tokenizer, items)
                 seconds[dtype, kind].append(time.perf_counter() - start)
     kept = slice(1, None) if reps > 1 else slice(None)
-    print(f"{name} ({len(next(iter(sets.values())))} items per set, {torch.get_num_threads()} threads):")
+    print(
+        f"{name} ({len(next(iter(sets.values())))} items per set, {torch.get_num_threads()} threads):"
+    )
     for kind, items in sets.items():
         t32, t16 = (float(np.mean(seconds[d, kind][kept])) for d in ("float32", "bfloat16"))
         a, b = scored["float32", kind], scored["bfloat16", kind]
         gold = np.array([it.gold for it in items])
         pick32, pick16 = np.array([x.argmax() for x in a]), np.array([x.argmax() for x in b])
         diff = np.abs(np.concatenate([np.asarray(x) - np.asarray(y) for x, y in zip(a, b)]))
-        print(f"  {kind:8s} float32 {t32:6.1f} s, bfloat16 {t16:6.1f} s: bfloat16 {t32 / t16:.1f}x faster; "
-              f"accuracy {np.mean(pick32 == gold):.3f} / {np.mean(pick16 == gold):.3f}, same answer on "
-              f"{np.mean(pick32 == pick16):.3f}; |log-likelihood difference| max {diff.max():.3f}, median {np.median(diff):.3f}")
+        print(
+            f"  {kind:8s} float32 {t32:6.1f} s, bfloat16 {t16:6.1f} s: bfloat16 {t32 / t16:.1f}x faster; "
+            f"accuracy {np.mean(pick32 == gold):.3f} / {np.mean(pick16 == gold):.3f}, same answer on "
+            f"{np.mean(pick32 == pick16):.3f}; |log-likelihood difference| max {diff.max():.3f}, median {np.median(diff):.3f}"
+        )
 
 
 def main() -> None:
@@ -71,7 +81,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=32, help="items per set")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--models", nargs="+", default=[registry.cast("cpu", "letters"), registry.cast("cpu", "retrieval")])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=[registry.cast("cpu", "letters"), registry.cast("cpu", "retrieval")],
+    )
     args = parser.parse_args()
     print(f"CPU bfloat16 instructions: {cpu_bf16_support()}; torch {torch.__version__}")
     for name in args.models:

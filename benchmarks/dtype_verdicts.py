@@ -25,7 +25,10 @@ def outcomes(chapter: str, smoke: bool) -> list[dict]:
     """The chapter's verdicts, in this process's dtype."""
     module = importlib.import_module(f"helpers.experiments.{chapter}")
     result = module.run(module.Config.for_profile("cpu", smoke=smoke))
-    return [{"claim": v.claim, "outcome": v.outcome, "evidence": v.evidence} for v in module.verdicts(result)]
+    return [
+        {"claim": v.claim, "outcome": v.outcome, "evidence": v.evidence}
+        for v in module.verdicts(result)
+    ]
 
 
 def paired(a: list[dict], b: list[dict]) -> list[tuple[dict, dict]]:
@@ -60,20 +63,28 @@ def main() -> None:
         got, seconds = {}, {}
         for dtype in DTYPES:
             start = time.perf_counter()
-            done = subprocess.run([sys.executable, __file__, "--child", chapter] + ["--smoke"] * args.smoke,
-                                  env={**env, "GA_DTYPE": dtype}, capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", chapter] + ["--smoke"] * args.smoke,
+                env={**env, "GA_DTYPE": dtype},
+                capture_output=True,
+                text=True,
+            )
             if done.returncode:
                 sys.exit(f"{chapter} in {dtype} failed:\n{done.stderr[-3000:]}")
             got[dtype] = json.loads(done.stdout.strip().splitlines()[-1])
             seconds[dtype] = time.perf_counter() - start
         pairs = paired(got["bfloat16"], got["float32"])
         differ = sum(x["outcome"] != y["outcome"] for x, y in pairs)
-        print(f"\n{chapter}{' (smoke)' if args.smoke else ''}: {len(pairs)} claims, {differ} outcome(s) differ "
-              f"(bfloat16 {seconds['bfloat16']:.0f} s, float32 {seconds['float32']:.0f} s)")
+        print(
+            f"\n{chapter}{' (smoke)' if args.smoke else ''}: {len(pairs)} claims, {differ} outcome(s) differ "
+            f"(bfloat16 {seconds['bfloat16']:.0f} s, float32 {seconds['float32']:.0f} s)"
+        )
         for x, y in pairs:
             mark = "  " if x["outcome"] == y["outcome"] else "! "
             other = "" if x["claim"] == y["claim"] else f"  [float32: {y['claim'][:60]}]"
-            print(f"{mark}{x['claim'][:70]:<70} bfloat16: {x['outcome']:<15} float32: {y['outcome']}{other}")
+            print(
+                f"{mark}{x['claim'][:70]:<70} bfloat16: {x['outcome']:<15} float32: {y['outcome']}{other}"
+            )
             if x["outcome"] != y["outcome"]:
                 print(f"    bfloat16: {x['evidence'][:160]}\n    float32:  {y['evidence'][:160]}")
 

@@ -25,14 +25,24 @@ import torch
 
 
 def peak() -> str:
-    return f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        if torch.cuda.is_available()
+        else "no GPU"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="llama-3.1-8b-instruct", help="the paper model the chapter runs")
-    parser.add_argument("--out", type=Path, default=None, help="where the mini-hub is written (default: a temp dir)")
-    parser.add_argument("--tiny", action="store_true", help="narrow widths (the rehearsal's), to test this script")
+    parser.add_argument(
+        "--model", default="llama-3.1-8b-instruct", help="the paper model the chapter runs"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where the mini-hub is written (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="narrow widths (the rehearsal's), to test this script"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
 
@@ -42,8 +52,11 @@ def main() -> None:
 
     t = time.perf_counter()
     minihub.build(out / "hub", full_shapes=not args.tiny, models=[args.model])
-    print(f"1. mini-hub of {args.model} ({'narrow' if args.tiny else 'full shapes'}) in {out / 'hub'}: "
-          f"{time.perf_counter() - t:.0f} s", flush=True)
+    print(
+        f"1. mini-hub of {args.model} ({'narrow' if args.tiny else 'full shapes'}) in {out / 'hub'}: "
+        f"{time.perf_counter() - t:.0f} s",
+        flush=True,
+    )
 
     # 2. The chapter.
     from helpers.experiments import layer_pruning as chapter
@@ -53,13 +66,19 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     result = chapter.run(chapter.Config.for_profile(profile, smoke=True, model=args.model))
-    print(f"2. layer pruning ({profile} profile, smoke) on {result.provenance['device']}: "
-          f"{time.perf_counter() - t:.0f} s, peak GPU memory {peak()}; verdicts computed: "
-          f"{[v.outcome for v in chapter.verdicts(result)]}", flush=True)
+    print(
+        f"2. layer pruning ({profile} profile, smoke) on {result.provenance['device']}: "
+        f"{time.perf_counter() - t:.0f} s, peak GPU memory {peak()}; verdicts computed: "
+        f"{[v.outcome for v in chapter.verdicts(result)]}",
+        flush=True,
+    )
     # what the page's provenance block will say: CUDA, the driver, and which SSM path ran
     made = result.provenance
-    print(f"   CUDA {made.get('cuda')}, driver {made.get('driver')}; kernels: "
-          + ", ".join(f"{k} {v}" for k, v in made.get("kernels", {}).items()), flush=True)
+    print(
+        f"   CUDA {made.get('cuda')}, driver {made.get('driver')}; kernels: "
+        + ", ".join(f"{k} {v}" for k, v in made.get("kernels", {}).items()),
+        flush=True,
+    )
 
     # 3. The sweep benchmark's GPU section.
     if torch.cuda.is_available():

@@ -35,13 +35,19 @@ def measure(name: str, n: int, seed: int) -> None:
     knows = [int(np.argmax(ll)) == it.gold for ll, it in zip(knew, cloze)]
     answers = collections.Counter("ABCD"[int(np.argmax(ll))] for ll in picked)
     cross = collections.Counter(zip(knows, picks))
-    print(f"{name}: loaded in {loaded_s:.0f} s; {2 * len(letters)} items scored in {scored_s:.0f} s "
-          f"({scored_s / (2 * len(letters)):.2f} s each, {torch.get_num_threads()} threads); peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.1f} GB")
-    print(f"  letters (0-shot MMLU prompt): {Score.of(picks)}; answers {dict(sorted(answers.items()))}")
+    print(
+        f"{name}: loaded in {loaded_s:.0f} s; {2 * len(letters)} items scored in {scored_s:.0f} s "
+        f"({scored_s / (2 * len(letters)):.2f} s each, {torch.get_num_threads()} threads); peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.1f} GB"
+    )
+    print(
+        f"  letters (0-shot MMLU prompt): {Score.of(picks)}; answers {dict(sorted(answers.items()))}"
+    )
     print(f"  cloze, same facts:            {Score.of(knows)}")
-    print(f"  knows & picks {cross[True, True]}, knows only {cross[True, False]}, picks only {cross[False, True]}, "
-          f"neither {cross[False, False]}")
+    print(
+        f"  knows & picks {cross[True, True]}, knows only {cross[True, False]}, picks only {cross[False, True]}, "
+        f"neither {cross[False, False]}"
+    )
     del loaded
 
 
@@ -49,8 +55,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=200, help="facts drawn from the 726 (seeded)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
-                                                    "smollm2-135m-instruct"])
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=[
+            "qwen2.5-coder-1.5b-instruct",
+            "qwen2.5-coder-0.5b-instruct",
+            "smollm2-135m-instruct",
+        ],
+    )
     args = p.parse_args()
     for name in args.models:
         measure(name, args.n, args.seed)

@@ -39,36 +39,62 @@ def run(threshold: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     if threshold != "default":
         env["MALLOC_MMAP_THRESHOLD_"] = threshold
-    child = subprocess.Popen([sys.executable, "-c", WORKLOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     out = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
-        raise SystemExit(f"the workload failed under MALLOC_MMAP_THRESHOLD_={threshold} (status {status})")
+        raise SystemExit(
+            f"the workload failed under MALLOC_MMAP_THRESHOLD_={threshold} (status {status})"
+        )
     sweep, screen = map(float, out.split())
-    return {"sweep": sweep, "screen": screen, "user": usage.ru_utime, "system": usage.ru_stime,
-            "faults": usage.ru_minflt, "peak_gb": usage.ru_maxrss / 1024**2}
+    return {
+        "sweep": sweep,
+        "screen": screen,
+        "user": usage.ru_utime,
+        "system": usage.ru_stime,
+        "faults": usage.ru_minflt,
+        "peak_gb": usage.ru_maxrss / 1024**2,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--thresholds", nargs="+", default=["default", "1048576", "33554432"],
-                   help="bytes, or `default` (glibc's own, which grows with the first large frees)")
+    p.add_argument(
+        "--thresholds",
+        nargs="+",
+        default=["default", "1048576", "33554432"],
+        help="bytes, or `default` (glibc's own, which grows with the first large frees)",
+    )
     p.add_argument("--reps", type=int, default=2)
     args = p.parse_args()
     results = {t: [] for t in args.thresholds}
-    for _ in range(args.reps):  # alternated, so that a busy moment does not fall on one setting only
+    for _ in range(
+        args.reps
+    ):  # alternated, so that a busy moment does not fall on one setting only
         for t in args.thresholds:
             start = time.perf_counter()
             results[t].append(run(t))
-            print(f"  MALLOC_MMAP_THRESHOLD_={t}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"  MALLOC_MMAP_THRESHOLD_={t}: {time.perf_counter() - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     mean = {t: {k: sum(r[k] for r in rs) / len(rs) for k in rs[0]} for t, rs in results.items()}
     first = mean[args.thresholds[0]]
     print(f"SmolLM2, 40 KV prompts (8 keys), {args.reps} runs per setting, means:")
     for t, m in mean.items():
         work = m["sweep"] + m["screen"]
-        print(f"  {t:>10}: sweep {m['sweep']:5.1f} s, screen {m['screen']:5.1f} s ({work / (first['sweep'] + first['screen']):.2f}x "
-              f"the {args.thresholds[0]}'s time); user {m['user']:5.1f} s, system {m['system']:5.1f} s, "
-              f"{m['faults'] / 1e6:5.1f} M minor faults, peak {m['peak_gb']:.2f} GB")
+        print(
+            f"  {t:>10}: sweep {m['sweep']:5.1f} s, screen {m['screen']:5.1f} s ({work / (first['sweep'] + first['screen']):.2f}x "
+            f"the {args.thresholds[0]}'s time); user {m['user']:5.1f} s, system {m['system']:5.1f} s, "
+            f"{m['faults'] / 1e6:5.1f} M minor faults, peak {m['peak_gb']:.2f} GB"
+        )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ def peak(model, dtype: torch.dtype) -> tuple[float, str]:
         x = torch.randn(TOKENS, in_features, dtype=dtype)
         w = torch.randn(out_features, in_features, dtype=dtype)
         seconds = best_seconds(lambda: F.linear(x, w))
-        rates[f"{in_features}->{out_features}"] = 2 * TOKENS * in_features * out_features / seconds / 1e9
+        rates[f"{in_features}->{out_features}"] = (
+            2 * TOKENS * in_features * out_features / seconds / 1e9
+        )
     shape = max(rates, key=rates.get)
     return rates[shape], shape
 
@@ -82,7 +84,9 @@ def workloads(loaded, items, prompts) -> dict:
     return {
         "clean scoring pass": lambda: evaluate.choice_loglikelihoods(model, tok, items),
         f"exact head sweep (L{middle})": lambda: engine.head_sweep(layers=[middle], progress=False),
-        "screen (attribution, all layers)": lambda: screen.attribution(engine, alpha=1.0, progress=False),
+        "screen (attribution, all layers)": lambda: screen.attribution(
+            engine, alpha=1.0, progress=False
+        ),
         "greedy generation, 32 tokens": generate,
     }
 
@@ -90,7 +94,11 @@ def workloads(loaded, items, prompts) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=40, help="items per workload")
-    p.add_argument("--models", nargs="+", default=[registry.cast("cpu", "letters"), registry.cast("cpu", "retrieval")])
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=[registry.cast("cpu", "letters"), registry.cast("cpu", "retrieval")],
+    )
     args = p.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name in args.models:
@@ -102,13 +110,17 @@ def main() -> None:
         for dtype in (torch.bfloat16, torch.float32):
             loaded = helpers.load(name, dtype=dtype)
             top, shape = peak(loaded.model, dtype)
-            print(f"\n{name}, {str(dtype).removeprefix('torch.')}: peak {top:.0f} GFLOP/s (matmul {TOKENS} x {shape})")
+            print(
+                f"\n{name}, {str(dtype).removeprefix('torch.')}: peak {top:.0f} GFLOP/s (matmul {TOKENS} x {shape})"
+            )
             for label, fn in workloads(loaded, items, prompts).items():
                 flops = counted(fn)
                 seconds = best_seconds(fn, reps=1)
                 rate = flops / seconds / 1e9
-                print(f"  {label:<36} {flops / 1e9:9.1f} GFLOP in {seconds:6.2f} s = {rate:6.0f} GFLOP/s, "
-                      f"{rate / top:4.0%} of peak")
+                print(
+                    f"  {label:<36} {flops / 1e9:9.1f} GFLOP in {seconds:6.2f} s = {rate:6.0f} GFLOP/s, "
+                    f"{rate / top:4.0%} of peak"
+                )
             del loaded
 
 

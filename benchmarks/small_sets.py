@@ -48,7 +48,9 @@ def compare(what: str, old, new, repeats: int) -> None:
     t_old, a = best(old, repeats)
     t_new, b = best(new, repeats)
     if not np.array_equal(np.asarray(a), np.asarray(b)):
-        raise SystemExit(f"{what}: the two ways differ by {np.abs(np.asarray(a) - np.asarray(b)).max():.3g}")
+        raise SystemExit(
+            f"{what}: the two ways differ by {np.abs(np.asarray(a) - np.asarray(b)).max():.3g}"
+        )
     print(f"  {what:<52} {t_old:7.2f} s -> {t_new:6.2f} s   {t_old / t_new:4.1f}x   (equal)")
 
 
@@ -69,24 +71,37 @@ def main() -> None:
         rows = [(len(b.rows), b.n_real, b.width) for b in engine.batches]
         print(f"{n} KV prompts of {args.keys} keys: batches (rows, real rows, width) {rows}")
         heads = range(loaded.adapter.n_heads(layer))
-        compare(f"head sweep of L{layer}: a call per head -> per layer",
-                lambda: [engine.loglikelihoods([{layer: [h]}])[0] for h in heads],
-                lambda: list(engine.head_loglikelihoods([layer], progress=False).values()), args.repeats)
-        scan = {f"L{l}": {l: list(range(loaded.adapter.n_heads(l)))} for l in loaded.adapter.head_layers()}
-        compare("layer scan: a call per layer's attention -> score_each",
-                lambda: [engine.score(scan[k]).margin for k in scan],
-                lambda: [s.margin for s in engine.score_each(scan).values()], args.repeats)
+        compare(
+            f"head sweep of L{layer}: a call per head -> per layer",
+            lambda: [engine.loglikelihoods([{layer: [h]}])[0] for h in heads],
+            lambda: list(engine.head_loglikelihoods([layer], progress=False).values()),
+            args.repeats,
+        )
+        scan = {
+            f"L{l}": {l: list(range(loaded.adapter.n_heads(l)))}
+            for l in loaded.adapter.head_layers()
+        }
+        compare(
+            "layer scan: a call per layer's attention -> score_each",
+            lambda: [engine.score(scan[k]).margin for k in scan],
+            lambda: [s.margin for s in engine.score_each(scan).values()],
+            args.repeats,
+        )
         if isinstance(loaded.adapter, adapters.LlamaAdapter):
+
             def clean():
                 engine._residuals.clear()
                 return engine.loglikelihoods([{}])[0]
+
             with mock.patch.object(adapters.LlamaAdapter, "pass_inputs", per_layer_inputs):
                 t_old, a = best(clean, args.repeats)
             t_new, b = best(clean, args.repeats)
             if not np.array_equal(a, b):
                 raise SystemExit("mask and rotary once per pass: the numbers differ")
-            print(f"  {'clean pass: mask and rotary per layer -> per pass':<52} {t_old:7.2f} s -> {t_new:6.2f} s   "
-                  f"{t_old / t_new:4.1f}x   (equal)")
+            print(
+                f"  {'clean pass: mask and rotary per layer -> per pass':<52} {t_old:7.2f} s -> {t_new:6.2f} s   "
+                f"{t_old / t_new:4.1f}x   (equal)"
+            )
 
 
 if __name__ == "__main__":

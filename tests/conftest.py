@@ -13,8 +13,11 @@ torch.set_num_threads(_threads)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true",
-                     help="property tests (tests/test_properties.py) draw many more examples")
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="property tests (tests/test_properties.py) draw many more examples",
+    )
 
 
 def pytest_configure(config):
@@ -29,8 +32,13 @@ def pytest_configure(config):
 # --no-loadscope-reorder, pyproject's addopts; by default it orders them by their number of tests).
 # Measured in two lanes: the smoke book 7.5 min, the rehearsal 7.8, the zoo's checkpoints 9, the
 # engine 3, the models 2.
-LONGEST_FIRST = ("tests/test_book.py", "tests/test_book_rehearsal.py", "tests/test_zoo.py", "tests/test_engine.py",
-                 "tests/test_models.py")
+LONGEST_FIRST = (
+    "tests/test_book.py",
+    "tests/test_book_rehearsal.py",
+    "tests/test_zoo.py",
+    "tests/test_engine.py",
+    "tests/test_models.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

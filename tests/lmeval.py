@@ -30,7 +30,9 @@ def task(yaml_path: str, rows: dict[str, list[dict]], tmp: Path, **overrides):
         path = tmp / f"{Path(yaml_path).stem}-{split}.jsonl"
         path.write_text("".join(json.dumps(d) + "\n" for d in docs))
         files[split] = str(path)
-    cfg.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": files}, **overrides)
+    cfg.update(
+        dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": files}, **overrides
+    )
     for key in ("training_split", "validation_split", "test_split", "fewshot_split"):
         if cfg.get(key) and cfg[key] not in files:
             cfg[key] = None

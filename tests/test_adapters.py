@@ -10,20 +10,29 @@ from transformers import AutoModelForCausalLM
 import helpers
 from helpers.attention import attention_maps, mask_last_row
 from helpers.hooks import MIXER, SSM, hooked
-from helpers.ssm import mamba2_terms
 from helpers.llamba import LlambaConfig, LlambaForCausalLM
+from helpers.ssm import mamba2_terms
 
 
-@pytest.mark.parametrize("name, family, n_layers, layer, heads, head_dim", [
-    ("llama-3.1-8b", "llama", 32, 17, 32, 128),
-    ("llamba-8b", "llamba", 32, 17, 32, 128),
-    ("falcon-mamba-7b", "mamba", 64, 36, 8192, 1),
-    ("zamba2-7b", "zamba2", 81, 6, 32, 224),
-])
-def test_paper_configs_resolve_every_layer_and_head_on_meta(name, family, n_layers, layer, heads, head_dim):
+@pytest.mark.parametrize(
+    "name, family, n_layers, layer, heads, head_dim",
+    [
+        ("llama-3.1-8b", "llama", 32, 17, 32, 128),
+        ("llamba-8b", "llamba", 32, 17, 32, 128),
+        ("falcon-mamba-7b", "mamba", 64, 36, 8192, 1),
+        ("zamba2-7b", "zamba2", 81, 6, 32, 224),
+    ],
+)
+def test_paper_configs_resolve_every_layer_and_head_on_meta(
+    name, family, n_layers, layer, heads, head_dim
+):
     cfg = helpers.paper_config(name)
     with torch.device("meta"):
-        model = LlambaForCausalLM(cfg) if name.startswith("llamba") else AutoModelForCausalLM.from_config(cfg)
+        model = (
+            LlambaForCausalLM(cfg)
+            if name.startswith("llamba")
+            else AutoModelForCausalLM.from_config(cfg)
+        )
     adapter = helpers.adapter_for(model)
     assert adapter.family == family and adapter.n_layers == n_layers
     assert (adapter.n_heads(layer), adapter.head_dim(layer)) == (heads, head_dim)
@@ -38,17 +47,29 @@ def test_falcon_mamba_reported_channels_are_in_range():
     cfg = helpers.paper_config("falcon-mamba-7b")
     with torch.device("meta"):
         adapter = helpers.adapter_for(AutoModelForCausalLM.from_config(cfg))
-    assert adapter.check_heads(35, [3186, 5143, 6607, 7305]) and adapter.check_heads(36, [1565, 1906, 3873, 4925])
+    assert adapter.check_heads(35, [3186, 5143, 6607, 7305]) and adapter.check_heads(
+        36, [1565, 1906, 3873, 4925]
+    )
 
 
 def tiny_zamba2():
     from transformers import Zamba2Config, Zamba2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Zamba2Config(vocab_size=50, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
-                       n_mamba_heads=4, mamba_d_state=8, mamba_ngroups=1, intermediate_size=48, chunk_size=8,
-                       layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "mamba"], num_mem_blocks=1,
-                       use_mem_rope=True)
+    cfg = Zamba2Config(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        n_mamba_heads=4,
+        mamba_d_state=8,
+        mamba_ngroups=1,
+        intermediate_size=48,
+        chunk_size=8,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "mamba"],
+        num_mem_blocks=1,
+        use_mem_rope=True,
+    )
     model = Zamba2ForCausalLM(cfg).eval()
     with torch.no_grad():
         for layer in range(5):
@@ -56,7 +77,9 @@ def tiny_zamba2():
             mixer.A_log.uniform_(-1, 1)
             mixer.dt_bias.uniform_(-2, 1)
             mixer.D.normal_()
-            mixer.in_proj.weight.normal_(0, 0.3)  # O(1) activations instead of the init's 0.02 scale
+            mixer.in_proj.weight.normal_(
+                0, 0.3
+            )  # O(1) activations instead of the init's 0.02 scale
     return model
 
 
@@ -67,10 +90,19 @@ def test_zamba2_mamba_hidden_attention_reproduces_the_mixer():
     ids = torch.randint(0, 50, (2, 17))
     for layer in (2, 3):  # a Mamba layer and a hybrid layer's Mamba block
         mixer, seen = mamba.mixer(layer), {}
-        with hooked(mamba, {(MIXER, layer): partial(seen.__setitem__, "u"), (SSM, layer): partial(seen.__setitem__, "y")}):
+        with hooked(
+            mamba,
+            {
+                (MIXER, layer): partial(seen.__setitem__, "u"),
+                (SSM, layer): partial(seen.__setitem__, "y"),
+            },
+        ):
             model(ids)
         t = mamba2_terms(mixer, seen["u"])
-        y = torch.einsum("bhts,bshp->bthp", mamba.hidden_attention(layer, seen["u"]), t["x"]) + mixer.D[:, None] * t["x"]
+        y = (
+            torch.einsum("bhts,bshp->bthp", mamba.hidden_attention(layer, seen["u"]), t["x"])
+            + mixer.D[:, None] * t["x"]
+        )
         torch.testing.assert_close(y.reshape(seen["y"].shape), seen["y"], rtol=1e-4, atol=1e-5)
 
 
@@ -86,8 +118,10 @@ def test_zamba2_zeroing_heads_acts_on_one_call_of_the_shared_block():
 
     def o_proj_inputs():
         seen = []
-        hooks = [adapter.head_site(l).register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
-                 for l in (1, 3)]
+        hooks = [
+            adapter.head_site(l).register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+            for l in (1, 3)
+        ]
         logits = model(ids).logits
         for h in hooks:
             h.remove()
@@ -101,8 +135,8 @@ def test_zamba2_zeroing_heads_acts_on_one_call_of_the_shared_block():
     # only it: its other heads change only through what layer 1 and 2 fed them (nothing here).
     assert torch.equal(zeroed[0], plain[0])
     dim = adapter.head_dim(3)
-    assert torch.all(zeroed[1][..., 2 * dim:3 * dim] == 0)
-    torch.testing.assert_close(zeroed[1][..., :2 * dim], plain[1][..., :2 * dim])
+    assert torch.all(zeroed[1][..., 2 * dim : 3 * dim] == 0)
+    torch.testing.assert_close(zeroed[1][..., : 2 * dim], plain[1][..., : 2 * dim])
     assert torch.equal(model(ids).logits, plain_logits)
     with pytest.raises(helpers.InterventionError, match=r"attention layers are \[1, 3\]"):
         with helpers.zero_heads(adapter, {2: [0]}):
@@ -137,11 +171,25 @@ def tiny_pair():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    teacher = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                                           num_attention_heads=4, num_key_value_heads=2)).eval()
-    student = LlambaForCausalLM(LlambaConfig(vocab_size=60, d_model=32, n_layer=3, mlp_cfg={"intermediate_size": 48},
-                                             ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 4,
-                                                      "chunk_size": 8})).eval()
+    teacher = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=60,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
+    student = LlambaForCausalLM(
+        LlambaConfig(
+            vocab_size=60,
+            d_model=32,
+            n_layer=3,
+            mlp_cfg={"intermediate_size": 48},
+            ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 4, "chunk_size": 8},
+        )
+    ).eval()
     return teacher, student
 
 
@@ -162,14 +210,23 @@ def test_swap_runs_the_teachers_layer_inside_the_student_and_restores_both():
     hook.remove()
     by_hand = student.lm_head(s.final_layernorm(s.layers[2](seen["h"]))).float()
     torch.testing.assert_close(swapped, by_hand, rtol=1e-5, atol=1e-5)
-    assert torch.equal(student(ids).logits, student_plain) and torch.equal(teacher(ids).logits, teacher_plain)
+    assert torch.equal(student(ids).logits, student_plain) and torch.equal(
+        teacher(ids).logits, teacher_plain
+    )
     assert all(type(l).__name__ == "LlambaBlock" for l in student.backbone.layers)
 
 
 def test_swap_rejects_mismatched_width():
     teacher, _ = tiny_pair()
-    other = LlambaForCausalLM(LlambaConfig(vocab_size=60, d_model=16, n_layer=3, mlp_cfg={"intermediate_size": 48},
-                                           ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 4}))
+    other = LlambaForCausalLM(
+        LlambaConfig(
+            vocab_size=60,
+            d_model=16,
+            n_layer=3,
+            mlp_cfg={"intermediate_size": 48},
+            ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 4},
+        )
+    )
     with pytest.raises(helpers.InterventionError, match="width 16 .* and 32"):
         with helpers.swap_layers(other, teacher, [1]):
             pass
@@ -179,10 +236,22 @@ def ssm_models():
     from test_attention import tiny_mamba1, tiny_mamba2
 
     torch.manual_seed(0)
-    llamba = LlambaForCausalLM(LlambaConfig(vocab_size=50, d_model=32, n_layer=2, mlp_cfg={"intermediate_size": 48},
-                                            ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 8}))
-    return {"mamba2": tiny_mamba2(), "mamba": tiny_mamba1("mamba"), "falcon_mamba": tiny_mamba1("falcon_mamba"),
-            "llamba": llamba.eval(), "zamba2-mamba": helpers.adapter_for(tiny_zamba2()).mamba_heads()}
+    llamba = LlambaForCausalLM(
+        LlambaConfig(
+            vocab_size=50,
+            d_model=32,
+            n_layer=2,
+            mlp_cfg={"intermediate_size": 48},
+            ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 8},
+        )
+    )
+    return {
+        "mamba2": tiny_mamba2(),
+        "mamba": tiny_mamba1("mamba"),
+        "falcon_mamba": tiny_mamba1("falcon_mamba"),
+        "llamba": llamba.eval(),
+        "zamba2-mamba": helpers.adapter_for(tiny_zamba2()).mamba_heads(),
+    }
 
 
 @pytest.mark.parametrize("kind", ["mamba2", "mamba", "falcon_mamba", "llamba", "zamba2-mamba"])
@@ -210,8 +279,10 @@ def test_ssm_masking_through_hidden_attention(kind):
     before = site_input()
     with helpers.mask_attention(adapter, 1, [1], torch.eye(T)):
         after = site_input()
-    assert torch.equal(after[..., :dim], before[..., :dim]) and torch.equal(after[..., 2 * dim:], before[..., 2 * dim:])
-    assert not torch.allclose(after[..., dim:2 * dim], before[..., dim:2 * dim], atol=1e-6)
+    assert torch.equal(after[..., :dim], before[..., :dim]) and torch.equal(
+        after[..., 2 * dim :], before[..., 2 * dim :]
+    )
+    assert not torch.allclose(after[..., dim : 2 * dim], before[..., dim : 2 * dim], atol=1e-6)
     assert torch.equal(net(ids).logits, plain)
     # The head's output is affine in the mask: f(ones) + f(zeros) = f(eye) + f(ones - eye).
     seen = {}

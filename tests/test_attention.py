@@ -8,6 +8,7 @@ import helpers
 from helpers.attention import attention_maps, mask_attention
 from helpers.ssm import mamba1_terms, mamba2_terms, segment_sum
 
+
 @torch.inference_mode()
 def test_attention_maps_equal_eager_attentions(smol, ids):
     maps = attention_maps(smol, ids, [0, 16])
@@ -47,7 +48,9 @@ def test_mask_restricts_only_the_chosen_head(smol, ids):
 def test_mask_attention_bad_input(smol):
     from test_adapters import tiny_zamba2
 
-    with pytest.raises(helpers.InterventionError, match=r"Mamba layer without attention.*\[1, 3\].*mamba_heads"):
+    with pytest.raises(
+        helpers.InterventionError, match=r"Mamba layer without attention.*\[1, 3\].*mamba_heads"
+    ):
         with mask_attention(tiny_zamba2(), 2, [0], torch.ones(4, 4)):
             pass
     with pytest.raises(helpers.InterventionError, match="one pattern per head: 2, not 3"):
@@ -65,8 +68,18 @@ def tiny_mamba2():
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Mamba2Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
-                       head_dim=16, num_heads=4, n_groups=2, conv_kernel=4, chunk_size=8)
+    cfg = Mamba2Config(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        state_size=8,
+        expand=2,
+        head_dim=16,
+        num_heads=4,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=8,
+    )
     model = Mamba2ForCausalLM(cfg).eval()
     with torch.no_grad():  # random, not the init's near-zero dt and unit A: make decays visible
         for layer in model.backbone.layers:
@@ -112,13 +125,28 @@ def test_mamba2_zero_head_and_restore():
 
 
 def tiny_mamba1(kind):
-    from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
+    from transformers import (
+        FalconMambaConfig,
+        FalconMambaForCausalLM,
+        MambaConfig,
+        MambaForCausalLM,
+    )
 
-    config_cls, model_cls = {"mamba": (MambaConfig, MambaForCausalLM),
-                             "falcon_mamba": (FalconMambaConfig, FalconMambaForCausalLM)}[kind]
+    config_cls, model_cls = {
+        "mamba": (MambaConfig, MambaForCausalLM),
+        "falcon_mamba": (FalconMambaConfig, FalconMambaForCausalLM),
+    }[kind]
     torch.manual_seed(0)
-    cfg = config_cls(vocab_size=50, hidden_size=16, num_hidden_layers=2, state_size=4, expand=2,
-                     conv_kernel=4, time_step_rank=4, use_mambapy=False)
+    cfg = config_cls(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        state_size=4,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=4,
+        use_mambapy=False,
+    )
     model = model_cls(cfg).eval()
     with torch.no_grad():
         for layer in model.backbone.layers:
@@ -142,9 +170,15 @@ def test_mamba1_hidden_attention_reproduces_the_mixer(kind):
     h1.remove(), h2.remove()
     t = mamba1_terms(mixer, seen["u"])
     alpha = adapter.hidden_attention(1, seen["u"])  # [b, channels, T, T]
-    y = (torch.einsum("bcts,bsc->btc", alpha, t["x"]) + mixer.D * t["x"]) * torch.nn.functional.silu(t["z"])
+    y = (
+        torch.einsum("bcts,bsc->btc", alpha, t["x"]) + mixer.D * t["x"]
+    ) * torch.nn.functional.silu(t["z"])
     torch.testing.assert_close(y, seen["y"], rtol=1e-4, atol=1e-5)
-    grouped = helpers.adapter_for(model).__class__(model, group=4).hidden_attention(1, seen["u"], heads=[1])
+    grouped = (
+        helpers.adapter_for(model)
+        .__class__(model, group=4)
+        .hidden_attention(1, seen["u"], heads=[1])
+    )
     torch.testing.assert_close(grouped[:, 0], alpha[:, 4:8].mean(1))
 
 
@@ -155,5 +189,9 @@ def test_masks_on_two_heads_of_one_layer_compose_and_unwind(smol, ids):
     first[:, 0] = True
     with mask_attention(smol, 16, [0], first), mask_attention(smol, 16, [1], first):
         p = attention_maps(smol, ids, [16])[16][0]
-    assert torch.all(p[0, :, 0] == 1) and torch.all(p[1, :, 0] == 1) and not torch.all(p[2, 1:, 0] == 1)
+    assert (
+        torch.all(p[0, :, 0] == 1)
+        and torch.all(p[1, :, 0] == 1)
+        and not torch.all(p[2, 1:, 0] == 1)
+    )
     assert not hasattr(smol.adapter.attention(16), "_helpers_allowed")

@@ -24,21 +24,31 @@ def smol_bf16():
 
 def mixed_prompts() -> list[helpers.Item]:
     """KV prompts of three sizes, so that rows of several widths share the set."""
-    return helpers.kv_items(16, 6, seed=3) + helpers.kv_items(2, 6, seed=3) + helpers.kv_items(6, 6, seed=3)
+    return (
+        helpers.kv_items(16, 6, seed=3)
+        + helpers.kv_items(2, 6, seed=3)
+        + helpers.kv_items(6, 6, seed=3)
+    )
 
 
 def scorer(loaded, ablation=None):
     def run(items, batch_tokens=None):
         with helpers.zero_heads(loaded, ablation or {}), torch.inference_mode():
-            return helpers.choice_loglikelihoods(loaded.model, loaded.tokenizer, items, batch_tokens=batch_tokens)
+            return helpers.choice_loglikelihoods(
+                loaded.model, loaded.tokenizer, items, batch_tokens=batch_tokens
+            )
+
     return run
 
 
 def engine(loaded, ablation=None):
     def run(items, batch_tokens=None):
-        flat = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=batch_tokens).loglikelihoods([ablation or {}])[0]
+        flat = SweepEngine(
+            loaded, loaded.tokenizer, items, batch_tokens=batch_tokens
+        ).loglikelihoods([ablation or {}])[0]
         bounds = np.cumsum([0] + [len(it.pairs) for it in items])
         return [flat[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
+
     return run
 
 
@@ -67,14 +77,20 @@ def lm_eval_loglikelihoods(loaded, items) -> np.ndarray:
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=1)
-    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(p for it in items for p in it.pairs)]
+    requests = [
+        Instance("loglikelihood", {}, pair, i)
+        for i, pair in enumerate(p for it in items for p in it.pairs)
+    ]
     return np.array([ll for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)])
 
 
 def ours(loaded, items) -> dict[str, np.ndarray]:
     with torch.inference_mode():
         plain = np.concatenate(helpers.choice_loglikelihoods(loaded.model, loaded.tokenizer, items))
-    return {"scorer": plain, "engine": SweepEngine(loaded, loaded.tokenizer, items).loglikelihoods([{}])[0]}
+    return {
+        "scorer": plain,
+        "engine": SweepEngine(loaded, loaded.tokenizer, items).loglikelihoods([{}])[0],
+    }
 
 
 def test_bfloat16_kv_scores_are_as_close_to_float32_as_lm_evals_own(smol, smol_bf16):
@@ -83,7 +99,9 @@ def test_bfloat16_kv_scores_are_as_close_to_float32_as_lm_evals_own(smol, smol_b
     1.16. SmolLM2's bfloat16 is that coarse whatever the shape: the bound is lm-eval's own."""
     items = helpers.kv_items(8, 24, seed=1)
     with torch.inference_mode():
-        exact = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items))  # float32
+        exact = np.concatenate(
+            helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items)
+        )  # float32
     theirs = np.abs(lm_eval_loglikelihoods(smol_bf16, items) - exact)
     for name, got in ours(smol_bf16, items).items():
         error = np.abs(got - exact)
@@ -97,7 +115,9 @@ def test_bfloat16_kv_scores_are_as_close_to_float32_as_lm_evals_own(smol, smol_b
 
 def margins(flat: np.ndarray, items) -> np.ndarray:
     bounds = np.cumsum([0] + [len(it.pairs) for it in items])
-    return evaluate.from_loglikelihoods([flat[a:z] for a, z in zip(bounds[:-1], bounds[1:])], items).margin
+    return evaluate.from_loglikelihoods(
+        [flat[a:z] for a, z in zip(bounds[:-1], bounds[1:])], items
+    ).margin
 
 
 def test_bfloat16_letter_scores_agree_with_lm_eval_within_the_measured_bound():

@@ -17,16 +17,32 @@ from helpers.engine import SweepEngine
 
 def test_gpu_check_runs_its_steps_on_narrow_models(tmp_path):
     env = {**os.environ, "GA_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(book.ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--out", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(book.ROOT / "benchmarks" / "gpu_check.py"),
+            "--tiny",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2. layer pruning (paper profile, smoke)" in done.stdout and "verdicts computed" in done.stdout
+    assert (
+        "2. layer pruning (paper profile, smoke)" in done.stdout
+        and "verdicts computed" in done.stdout
+    )
     assert "CUDA none (CPU), driver none (CPU); kernels: mamba-ssm not installed" in done.stdout
     assert "ssm kernels PyTorch fallback" in done.stdout
 
 
 def _sweep_benchmark():
-    spec = importlib.util.spec_from_file_location("sweep_benchmark", book.ROOT / "benchmarks" / "sweep.py")
+    spec = importlib.util.spec_from_file_location(
+        "sweep_benchmark", book.ROOT / "benchmarks" / "sweep.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -53,11 +69,28 @@ def test_transformerlens_zeroing_hook_z_equals_the_engine(smol):
 
 
 def test_dtype_verdicts_runs_a_chapter_in_both_dtypes_into_stores_of_their_own(tmp_path):
-    done = subprocess.run([sys.executable, str(book.ROOT / "benchmarks" / "dtype_verdicts.py"), "--smoke",
-                           "--results", str(tmp_path), "kv_retrieval"], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(book.ROOT / "benchmarks" / "dtype_verdicts.py"),
+            "--smoke",
+            "--results",
+            str(tmp_path),
+            "kv_retrieval",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    header = next(line for line in done.stdout.splitlines() if line.startswith("kv_retrieval (smoke)"))
-    claims = [line for line in done.stdout.splitlines() if "bfloat16: " in line and "float32: " in line]
+    header = next(
+        line for line in done.stdout.splitlines() if line.startswith("kv_retrieval (smoke)")
+    )
+    claims = [
+        line for line in done.stdout.splitlines() if "bfloat16: " in line and "float32: " in line
+    ]
     assert len(claims) == int(header.split(": ")[1].split()[0]) > 0
     stores = sorted(p.name for p in (tmp_path / "kv_retrieval").glob("*.jsonl"))
-    assert any("-cpu-bfloat16-" in s for s in stores) and any("-cpu-float32-" in s for s in stores), stores
+    assert any("-cpu-bfloat16-" in s for s in stores) and any(
+        "-cpu-float32-" in s for s in stores
+    ), stores

@@ -28,7 +28,9 @@ def cells(nb):
 def test_colab_notebook_matches_source(md):
     ipynb = md.with_suffix(".ipynb")
     assert ipynb.exists(), f"{ipynb.name} is missing: run `make sync`"
-    assert cells(jupytext.read(ipynb)) == cells(jupytext.read(md)), f"{ipynb.name} drifted from {md.name}: run `make sync`"
+    assert cells(jupytext.read(ipynb)) == cells(jupytext.read(md)), (
+        f"{ipynb.name} drifted from {md.name}: run `make sync`"
+    )
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
@@ -37,14 +39,21 @@ def test_chapter_is_a_short_notebook_with_its_verdict_first(md):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code[0].source.strip() == book.colab_cell(book.repository_url()), "run `make sync`"
     assert any("parameters" in c.metadata.get("tags", []) for c in code)
-    assert "```{glue:} verdict" in md.read_text().split("**Claim")[0], "the verdict box goes under the title"
+    assert "```{glue:} verdict" in md.read_text().split("**Claim")[0], (
+        "the verdict box goes under the title"
+    )
+
     def lines(cell):
-        return len([l for l in cell.source.splitlines() if l.strip() and not l.lstrip().startswith("#")])
+        return len(
+            [l for l in cell.source.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+        )
+
     # The parameters cell is a list of knobs, one per line; every other cell is a few calls.
     knobs = [lines(c) for c in code[1:] if "parameters" in c.metadata.get("tags", [])]
     calls = [lines(c) for c in code[1:] if "parameters" not in c.metadata.get("tags", [])]
-    assert max(knobs) <= 17 and max(calls) <= 12 and sum(knobs + calls) <= 45, \
+    assert max(knobs) <= 17 and max(calls) <= 12 and sum(knobs + calls) <= 45, (
         f"code lines: parameters {knobs}, other cells {calls}"
+    )
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
@@ -55,7 +64,11 @@ def test_papermill_reads_every_knob_of_the_parameters_cell(md):
 
     nb = jupytext.read(md)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    names = [l.split("=")[0].strip() for l in cell.source.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    names = [
+        l.split("=")[0].strip()
+        for l in cell.source.splitlines()
+        if l.strip() and not l.lstrip().startswith("#")
+    ]
     path = md.with_suffix(".ipynb")
     assert sorted(papermill.inspect_notebook(str(path))) == sorted(names)
 
@@ -72,10 +85,18 @@ def test_cpu_book_passes_the_readers_check_with_every_verdict(cpu_book):
     for page in PAGES:
         for width in ("laptop", "phone"):
             assert (cpu_book / "screenshots" / f"{page.replace('/', '-')}-{width}.png").exists()
-    records = book.records({md: cpu_book / "executed" / md.relative_to(book.ROOT).with_suffix(".ipynb") for md in CHAPTERS})
+    records = book.records(
+        {
+            md: cpu_book / "executed" / md.relative_to(book.ROOT).with_suffix(".ipynb")
+            for md in CHAPTERS
+        }
+    )
     assert sorted(records) == sorted(PAGES)
     intro = (html / "book" / "intro.html").read_text()
-    assert all(rec["overall"] in intro for rec in records.values()) and "<!-- verdicts -->" not in intro
+    assert (
+        all(rec["overall"] in intro for rec in records.values())
+        and "<!-- verdicts -->" not in intro
+    )
     runs = (html / "book" / "runs.html").read_text()
     assert all(rec["provenance"]["code"] in runs for rec in records.values())
     launch = (html / f"{PAGES[0]}.html").read_text()
@@ -106,8 +127,12 @@ def test_the_colab_notebook_installs_from_the_repository_and_runs_its_first_cell
     env_dir = tmp_path / "colab-env"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
     site = next((env_dir / "lib").glob("python*/site-packages"))
-    ours = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").exists())
-    (site / "venv-packages.pth").write_text(str(ours) + "\n")  # a path line: its own .pth files are not run
+    ours = next(
+        p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").exists()
+    )
+    (site / "venv-packages.pth").write_text(
+        str(ours) + "\n"
+    )  # a path line: its own .pth files are not run
     nb = jupytext.read(book.ROOT / "book" / "layer_pruning.ipynb")
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     setup = code[0].replace(book.repository_url(), origin.as_uri())
@@ -116,21 +141,33 @@ def test_the_colab_notebook_installs_from_the_repository_and_runs_its_first_cell
     work = tmp_path / "content"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GA_DATA")}
-    done = subprocess.run([str(env_dir / "bin" / "python"), "-c", COLAB.format(cells=sources)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-c", COLAB.format(cells=sources)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     package, data = done.stdout.split()[-2:]
     assert package == str(work / "ga-companion" / "src" / "helpers" / "__init__.py")
     assert data == str(work / "ga-companion" / "data")
 
 
-@pytest.mark.parametrize("parameters, message", [
-    ({"profile": "gpu"}, "unknown profile 'gpu': use one of cpu, paper, paper-3b"),
-    ({"n_kv": -5}, "n_kv must be at least 1, got -5"),
-    ({"n_mapz": 3, "sed": 5}, "layer_pruning has no parameter n_mapz, sed \\(passed to papermill\\); did you mean "
-                              "sed -> seed\\?; its parameters: "
-                              "profile, smoke, model, n_mmlu, k_shot, n_knowledge, n_kv, kv_pairs, kv_query, seed"),
-])
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({"profile": "gpu"}, "unknown profile 'gpu': use one of cpu, paper, paper-3b"),
+        ({"n_kv": -5}, "n_kv must be at least 1, got -5"),
+        (
+            {"n_mapz": 3, "sed": 5},
+            "layer_pruning has no parameter n_mapz, sed \\(passed to papermill\\); did you mean "
+            "sed -> seed\\?; its parameters: "
+            "profile, smoke, model, n_mmlu, k_shot, n_knowledge, n_kv, kv_pairs, kv_query, seed",
+        ),
+    ],
+)
 def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parameters, message):
     """Before any model loads, and with no figure or table drawn; the error is its message alone,
     and a mistyped name is refused before torch is imported, in under a second."""
@@ -141,8 +178,12 @@ def test_a_chapter_with_bad_parameters_stops_in_its_first_cells(tmp_path, parame
     nb = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") != "error"]
     assert not outputs, outputs
-    failed = next(c for c in nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
-    assert [o["traceback"] for o in failed.outputs] == [[f"ConfigError: {message}".replace("\\", "")]]
+    failed = next(
+        c for c in nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    )
+    assert [o["traceback"] for o in failed.outputs] == [
+        [f"ConfigError: {message}".replace("\\", "")]
+    ]
     if "sed" in parameters:
         assert failed.metadata.papermill.duration < 1.0
     assert not (tmp_path / "out.record.json").exists()
@@ -154,7 +195,9 @@ def test_cpu_book_offers_downloads_and_a_dark_screenshot_pair(cpu_book):
     html = cpu_book / "html"
     for page in PAGES:
         for width in ("laptop", "phone"):
-            assert (cpu_book / "screenshots" / f"{page.replace('/', '-')}-{width}-dark.png").exists()
+            assert (
+                cpu_book / "screenshots" / f"{page.replace('/', '-')}-{width}-dark.png"
+            ).exists()
     pages = {page: (html / f"{page}.html").read_text() for page in PAGES}
     assert all('download="' in text and "data:text/csv" in text for text in pages.values())
     # every chapter's stores zipped and linked; no two tables of a page download to one file name

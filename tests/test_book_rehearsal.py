@@ -23,15 +23,29 @@ def rehearsal(tmp_path_factory):
 def test_every_chapter_ran_the_paper_profile_on_paper_models_in_the_rehearsal(rehearsal):
     paper_models = {n for n, s in registry.MODELS.items() if s.profile == "paper"}
     for md in CHAPTERS:
-        nb = nbformat.read(rehearsal / "executed" / md.relative_to(book.ROOT).with_suffix(".ipynb"), as_version=4)
+        nb = nbformat.read(
+            rehearsal / "executed" / md.relative_to(book.ROOT).with_suffix(".ipynb"), as_version=4
+        )
         assert nb.metadata.papermill.parameters == {"profile": "paper", "smoke": True}, md.stem
-        record = json.loads((rehearsal / "executed" / md.relative_to(book.ROOT).with_suffix(".record.json")).read_text())
+        record = json.loads(
+            (
+                rehearsal / "executed" / md.relative_to(book.ROOT).with_suffix(".record.json")
+            ).read_text()
+        )
         used = set(record["provenance"]["models"])
         # The zoo's own pages run the zoo on every profile; every other chapter loads a paper model.
-        assert used <= paper_models if md.stem not in ("toy_zoo", "retrieval_aware") else used, (md.stem, used)
-        if md.stem not in ("toy_zoo", "retrieval_aware"):  # the GPU's dtype, so that its paths fail here first
+        assert used <= paper_models if md.stem not in ("toy_zoo", "retrieval_aware") else used, (
+            md.stem,
+            used,
+        )
+        if md.stem not in (
+            "toy_zoo",
+            "retrieval_aware",
+        ):  # the GPU's dtype, so that its paths fail here first
             assert record["provenance"]["dtype"] == "bfloat16", md.stem
             # and the revisions the stores' sidecars keep say so: a float32 store is not read as bfloat16's
-            assert all(r.endswith(" bfloat16") for r in record["provenance"]["models"].values()), record["provenance"]
+            assert all(r.endswith(" bfloat16") for r in record["provenance"]["models"].values()), (
+                record["provenance"]
+            )
     page = (rehearsal / "html" / f"{PAGES[0]}.html").read_text()
     assert "Rehearsal: the paper profile on random weights, executed on CPU in bfloat16" in page

@@ -8,8 +8,10 @@ import pytest
 
 from helpers import bookcheck
 
-pytestmark = pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
-                                reason="no Chromium or Chrome here (`make browser`)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("chromium") is None and shutil.which("google-chrome") is None,
+    reason="no Chromium or Chrome here (`make browser`)",
+)
 
 # A page whose paragraph is readable in light, unreadable in dark (light grey on near-white:
 # the verdict box of the issue, about 1.4:1), and a box of ours that follows the scheme.
@@ -30,8 +32,12 @@ def measured(tmp_path, scheme: str, page: str = PAGE) -> dict:
     browser = bookcheck.driver(scheme)
     try:
         browser.get(path.as_uri())
-        return {**browser.execute_script(bookcheck.CONTRAST, bookcheck.MIN_CONTRAST),
-                "dark": browser.execute_script("return matchMedia('(prefers-color-scheme: dark)').matches")}
+        return {
+            **browser.execute_script(bookcheck.CONTRAST, bookcheck.MIN_CONTRAST),
+            "dark": browser.execute_script(
+                "return matchMedia('(prefers-color-scheme: dark)').matches"
+            ),
+        }
     finally:
         browser.quit()
 
@@ -44,9 +50,23 @@ def test_low_contrast_fails_in_the_dark_scheme_only(tmp_path):
     assert low.startswith("span ") and "the verdict's subject" in low
     ratio = float(low.split()[1].split(":")[0])
     assert 1.0 < ratio < 1.6  # d0d0d0 on f6f8fa
-    problems = bookcheck.problems_of("p", {**dark, "rawTable": False, "stderr": [], "errors": [], "broken": [],
-                                           "uncaptioned": [], "images": 1, "verdict": True, "sideways": False,
-                                           "wide": []}, True, "laptop, dark")
+    problems = bookcheck.problems_of(
+        "p",
+        {
+            **dark,
+            "rawTable": False,
+            "stderr": [],
+            "errors": [],
+            "broken": [],
+            "uncaptioned": [],
+            "images": 1,
+            "verdict": True,
+            "sideways": False,
+            "wide": [],
+        },
+        True,
+        "laptop, dark",
+    )
     assert problems == [f"p (laptop, dark): text below 4.5:1 contrast: {low}"]
 
 
@@ -89,16 +109,23 @@ def test_a_figure_on_a_phone_keeps_its_text_readable(tmp_path, with_css):
     fig = plt.figure(figsize=(7, 3))
     fig.savefig(tmp_path / "figure.png", dpi=150)
     plt.close(fig)
-    css = (bookcheck.Path(__file__).resolve().parents[1] / "_static" / "ga.css").read_text() if with_css else ""
+    css = (
+        (bookcheck.Path(__file__).resolve().parents[1] / "_static" / "ga.css").read_text()
+        if with_css
+        else ""
+    )
     (tmp_path / "page.html").write_text(
         f"""<!doctype html><html><head><meta name="viewport" content="width=device-width"><style>
         img {{ max-width: 100%; }} {css}</style></head><body><main><article><div class="cell_output">
-        <figure><img src="figure.png"><figcaption>A caption.</figcaption></figure></div></article></main></body></html>""")
+        <figure><img src="figure.png"><figcaption>A caption.</figcaption></figure></div></article></main></body></html>"""
+    )
     browser = bookcheck.driver("light")
     try:
         browser.set_window_size(bookcheck.WIDTHS["phone"], 900)
         browser.get((tmp_path / "page.html").as_uri())
-        found = browser.execute_script(bookcheck.PROBE, bookcheck.FIGURE_TEXT_PX, bookcheck.MIN_FIGURE_TEXT_PX)
+        found = browser.execute_script(
+            bookcheck.PROBE, bookcheck.FIGURE_TEXT_PX, bookcheck.MIN_FIGURE_TEXT_PX
+        )
     finally:
         browser.quit()
     problems = bookcheck.problems_of("p", found, False, "phone, light")

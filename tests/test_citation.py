@@ -25,7 +25,9 @@ def citation() -> dict:
 
 
 def test_citation_cff_is_valid():
-    jsonschema.Draft7Validator(SCHEMA, format_checker=jsonschema.FormatChecker()).validate(citation())
+    jsonschema.Draft7Validator(SCHEMA, format_checker=jsonschema.FormatChecker()).validate(
+        citation()
+    )
 
 
 def test_the_schema_catches_a_broken_citation():
@@ -40,7 +42,10 @@ def test_the_paper_is_the_preferred_citation():
     paper = citation()["preferred-citation"]
     assert paper["type"] == "conference-paper" and paper["year"] == 2025
     assert [a["family-names"] for a in paper["authors"]] == ["Bick", "Xing", "Gu"]
-    assert "Gather-and-Aggregate" in paper["title"] and paper["url"] == "https://arxiv.org/abs/2504.18574"
+    assert (
+        "Gather-and-Aggregate" in paper["title"]
+        and paper["url"] == "https://arxiv.org/abs/2504.18574"
+    )
 
 
 def bibtex_entries(text: str) -> dict[str, str]:
@@ -59,9 +64,19 @@ def test_cite_page_has_bibtex_for_the_paper_models_and_benchmarks():
     page = (ROOT / "book" / "cite.md").read_text()
     entries = bibtex_entries(page)
     assert "2504.18574" in entries["bick2025skillgap"]
-    for key in ("allal2025smollm2", "grattafiori2024llama3", "bick2025llamba", "zuo2024falconmamba", "glorioso2024zamba2",
-                "hendrycks2021mmlu", "clark2018arc", "bisk2020piqa", "mihaylov2018openbookqa", "zellers2019hellaswag",
-                "sakaguchi2020winogrande"):
+    for key in (
+        "allal2025smollm2",
+        "grattafiori2024llama3",
+        "bick2025llamba",
+        "zuo2024falconmamba",
+        "glorioso2024zamba2",
+        "hendrycks2021mmlu",
+        "clark2018arc",
+        "bisk2020piqa",
+        "mihaylov2018openbookqa",
+        "zellers2019hellaswag",
+        "sakaguchi2020winogrande",
+    ):
         assert key in entries and re.search(r"title\s*=", entries[key]), key
     assert "book/cite" in book.toc_pages()
 
@@ -78,13 +93,16 @@ def test_the_repository_address_is_the_same_everywhere():
     assert f"url    = {{{url}}}" in (ROOT / "book" / "cite.md").read_text()
 
 
-@pytest.mark.skipif("GITHUB_REPOSITORY" not in os.environ, reason="on GitHub Actions only (GITHUB_REPOSITORY)")
+@pytest.mark.skipif(
+    "GITHUB_REPOSITORY" not in os.environ, reason="on GitHub Actions only (GITHUB_REPOSITORY)"
+)
 def test_on_github_the_address_is_this_repository():
     # The Colab button and every chapter's first cell clone this address.
     want = f"{os.environ.get('GITHUB_SERVER_URL', 'https://github.com')}/{os.environ['GITHUB_REPOSITORY']}"
     assert book.repository_url() == want, (
         f"_config.yml's repository url is {book.repository_url()}, this repository is {want}: "
-        f"run `make sync REPOSITORY={want}` and commit")
+        f"run `make sync REPOSITORY={want}` and commit"
+    )
 
 
 def test_sync_repository_writes_the_address_everywhere(tmp_path, monkeypatch):
@@ -98,15 +116,24 @@ def test_sync_repository_writes_the_address_everywhere(tmp_path, monkeypatch):
     written = book.sync("https://github.com/someone/ga-fork")
     assert book.repository_url() == "https://github.com/someone/ga-fork"
     assert {p.name for p in written} == {"_config.yml", "CITATION.cff", "cite.md"}
-    assert book.url_copies() == {name: "https://github.com/someone/ga-fork" for name in book.URL_COPIES}
+    assert book.url_copies() == {
+        name: "https://github.com/someone/ga-fork" for name in book.URL_COPIES
+    }
     # only the address changed in _config.yml: its comments and order are kept
     after = (tmp_path / "_config.yml").read_text()
-    assert after == config_before.replace(re.search(r"url: (\S+)", config_before).group(1), "https://github.com/someone/ga-fork", 1)
+    assert after == config_before.replace(
+        re.search(r"url: (\S+)", config_before).group(1), "https://github.com/someone/ga-fork", 1
+    )
     # another GitHub address in a copy (the authors' code, say) is not the repository's: kept
     cite = tmp_path / "book" / "cite.md"
-    cite.write_text(cite.read_text() + "\nThe authors' code: https://github.com/goombalab/Gather-and-Aggregate\n")
+    cite.write_text(
+        cite.read_text()
+        + "\nThe authors' code: https://github.com/goombalab/Gather-and-Aggregate\n"
+    )
     book.sync("https://github.com/someone/other")
     assert "https://github.com/goombalab/Gather-and-Aggregate" in cite.read_text()
-    assert book.url_copies() == {name: "https://github.com/someone/other" for name in book.URL_COPIES}
+    assert book.url_copies() == {
+        name: "https://github.com/someone/other" for name in book.URL_COPIES
+    }
     with pytest.raises(SystemExit, match="OWNER/NAME"):
         book.sync("git@github.com:someone/ga-fork.git")

@@ -22,7 +22,9 @@ class CharTokenizer:
 
 @pytest.fixture(scope="module")
 def kv(smol):
-    return helpers.kv_items(5, 6, seed=2, query="paper", form="spaced")  # multi-token continuations (" 42")
+    return helpers.kv_items(
+        5, 6, seed=2, query="paper", form="spaced"
+    )  # multi-token continuations (" 42")
 
 
 def plain(smol, items, ablation):
@@ -56,7 +58,9 @@ def test_head_sweep_matches_single_ablations(smol, kv):
     assert len(sweep) == 9
     for h in (0, 5, 8):
         single = engine.score({16: [h]})
-        assert sweep[16, h].acc == single.acc and np.array_equal(sweep[16, h].correct, single.correct)
+        assert sweep[16, h].acc == single.acc and np.array_equal(
+            sweep[16, h].correct, single.correct
+        )
 
 
 @torch.inference_mode()
@@ -65,8 +69,10 @@ def test_engine_on_a_recurrent_model():
 
     model = tiny_mamba2()
 
-    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
-             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    items = [
+        helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
+        helpers.Item((("xy", " z"), ("xyw", " z")), 1),
+    ]
     engine = SweepEngine(model, CharTokenizer(), items, batch_tokens=64)
     assert engine.rows.allowed is None  # recurrent models read rows in order: no shared rows
     with pytest.raises(helpers.InterventionError, match="cannot share rows"):
@@ -91,8 +97,10 @@ def test_engine_drives_zamba2_hybrid_layers(view, dtype):
         adapter.block(layer).linear.weight.normal_(0, 0.5)
     model.to(dtype)
     adapter = adapter if view == "attention" else adapter.mamba_heads()
-    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
-             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    items = [
+        helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
+        helpers.Item((("xy", " z"), ("xyw", " z")), 1),
+    ]
     engine = SweepEngine(adapter, CharTokenizer(), items, batch_tokens=64)
     rows = engine.loglikelihoods([{}, {3: [0, 2]}])
     for ablation, row in zip(({}, {3: [0, 2]}), rows):
@@ -101,7 +109,9 @@ def test_engine_drives_zamba2_hybrid_layers(view, dtype):
         np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
     assert not np.allclose(rows[0], rows[1])  # the ablation reached the hybrid layer
     hidden = torch.randn(1, 5, 32, dtype=dtype)
-    assert adapter.run_layer(adapter.block(2), hidden).shape == hidden.shape  # a Mamba layer runs alone
+    assert (
+        adapter.run_layer(adapter.block(2), hidden).shape == hidden.shape
+    )  # a Mamba layer runs alone
     with pytest.raises(helpers.InterventionError, match="hybrid layer reads the token embeddings"):
         adapter.run_layer(adapter.block(3), hidden)
 
@@ -113,8 +123,10 @@ def test_both_scorers_read_a_float32_residual_through_a_bfloat16_head():
 
     model = tiny_mamba1("falcon_mamba").to(torch.bfloat16)
     assert model.config.residual_in_fp32
-    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
-             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    items = [
+        helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2x")), 0),
+        helpers.Item((("xy", " z"), ("xyw", " z")), 1),
+    ]
     ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
     got = SweepEngine(model, CharTokenizer(), items, batch_tokens=64).loglikelihoods([{}])[0]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
@@ -134,7 +146,7 @@ def test_attribution_is_the_derivative_of_the_margin(smol, kv, alpha):
 
         def hook(module, args):
             x = args[0] * alpha
-            x[..., head * dim:(head + 1) * dim] *= scale / alpha
+            x[..., head * dim : (head + 1) * dim] *= scale / alpha
             return (x,)
 
         handle = smol.adapter.head_site(layer).register_forward_pre_hook(hook)
@@ -159,14 +171,18 @@ def test_the_checkpointed_screen_gives_the_same_numbers(smol, alpha, monkeypatch
 
     items = bm.letter_mcq("smollm2-135m-instruct", smol.tokenizer, "cpu", 6, seed=3).items
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=200)
-    assert len(engine.batches) > 1 and len(set(engine.rows.row.tolist())) < len(items)  # rows hold several questions
+    assert len(engine.batches) > 1 and len(set(engine.rows.row.tolist())) < len(
+        items
+    )  # rows hold several questions
     layers = list(range(3))  # a pruned model: the model_layers path too, and quick
     kept = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=False)
     recomputed = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=True)
     assert kept == recomputed and any(v != 0 for v in kept.values())
     # By default only a batch whose graph would exceed the budget is recomputed.
     sizes = [b.width * len(b.rows) for b in engine.batches]
-    monkeypatch.setattr(screen, "GRAPH_BYTES", min(sizes) * screen.graph_bytes_per_token(smol.model))
+    monkeypatch.setattr(
+        screen, "GRAPH_BYTES", min(sizes) * screen.graph_bytes_per_token(smol.model)
+    )
     decided = [screen.needs_checkpoint(engine, b) for b in engine.batches]
     assert decided == [n > min(sizes) for n in sizes] and True in decided and False in decided
     assert screen.attribution(engine, layers, alpha=alpha, progress=False) == kept
@@ -185,7 +201,9 @@ def test_pruned_and_removed_layers_equal_the_interventions(smol, kv):
     assert np.array_equal(removed[17].correct, ref.correct)
     with helpers.keep_layers(smol, minimal), helpers.zero_heads(smol, {16: [0]}):
         ref = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
-    np.testing.assert_allclose(engine.loglikelihoods([{16: [0]}], minimal)[0], ref, rtol=0, atol=2e-4)
+    np.testing.assert_allclose(
+        engine.loglikelihoods([{16: [0]}], minimal)[0], ref, rtol=0, atol=2e-4
+    )
     with pytest.raises(helpers.InterventionError, match="not run"):
         engine.loglikelihoods([{25: [0]}], minimal)
 
@@ -206,7 +224,9 @@ def test_few_shot_questions_share_their_prefix_exactly(smol):
     assert len(rows.ids) < len(items)  # questions of a subject share a row behind one 5-shot prefix
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=2048)
     for ablation in ({}, {16: [0]}):
-        np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4)
+        np.testing.assert_allclose(
+            engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4
+        )
 
 
 def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(smol, kv):
@@ -235,8 +255,12 @@ def test_score_each_scores_ablations_as_the_model_scores_them_one_at_a_time(smol
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=2048)
     # room for several copies in every batch, so that ablations of different layers share passes
     assert min(engine.fits(i) for i in range(len(engine.batches))) > 1
-    ablations = {"none": {}, "L16H0 and L18H6": {16: [0], 18: [6]}, **{f"L16H{h}": {16: [h]} for h in range(1, 9)},
-                 **{f"L{l}H2": {l: [2]} for l in (3, 9, 17, 27)}}
+    ablations = {
+        "none": {},
+        "L16H0 and L18H6": {16: [0], 18: [6]},
+        **{f"L16H{h}": {16: [h]} for h in range(1, 9)},
+        **{f"L{l}H2": {l: [2]} for l in (3, 9, 17, 27)},
+    }
     each = engine.score_each(ablations)
     for name, ablation in ablations.items():
         with helpers.zero_heads(smol, ablation):
@@ -245,7 +269,9 @@ def test_score_each_scores_ablations_as_the_model_scores_them_one_at_a_time(smol
         np.testing.assert_allclose(each[name].margin, ref.margin, rtol=0, atol=2e-4, err_msg=name)
 
 
-def test_a_pass_builds_its_mask_and_rotary_embeddings_once_and_scores_as_if_per_layer(smol, kv, monkeypatch):
+def test_a_pass_builds_its_mask_and_rotary_embeddings_once_and_scores_as_if_per_layer(
+    smol, kv, monkeypatch
+):
     from helpers import adapters
 
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=300)
@@ -258,7 +284,12 @@ def test_a_pass_builds_its_mask_and_rotary_embeddings_once_and_scores_as_if_per_
     passes = len(built)
     assert 0 < passes <= 4 * len(engine.batches) < smol.adapter.n_layers
     # the same numbers as building them in every layer (the adapter's inputs, recomputed each call)
-    monkeypatch.setattr(adapters.LlamaAdapter, "pass_inputs", lambda self, h, p, a: (
-        lambda full, mask: (full, mask, self.model.base_model.rotary_emb(h, position_ids=full)))(*real(h, p, a)))
+    monkeypatch.setattr(
+        adapters.LlamaAdapter,
+        "pass_inputs",
+        lambda self, h, p, a: (
+            lambda full, mask: (full, mask, self.model.base_model.rotary_emb(h, position_ids=full))
+        )(*real(h, p, a)),
+    )
     engine._residuals.clear()
     np.testing.assert_array_equal(engine.loglikelihoods(ablations), once)

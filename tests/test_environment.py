@@ -6,21 +6,19 @@ as their setup.py names them. Nothing here installs CUDA torch: what needs a GPU
 the README ("The GPU check")."""
 
 import ast
+import importlib.metadata as md
 import os
 import platform
-import importlib.metadata as md
 import re
 import subprocess
 import sys
 import tomllib
 
 import jupytext
-
 import pytest
 import yaml
 
-from helpers import kernels
-from helpers import book
+from helpers import book, kernels
 from helpers.book import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -64,8 +62,9 @@ def test_kernel_pins_agree_everywhere():
     installs = [line for line in make_gpu() if "--no-build-isolation" in line]
     assert len(installs) == 1 and all(w in installs[0].split() for w in words), installs
     # `make gpu` checks for a prebuilt wheel before pip starts, and that the kernels import after.
-    assert [line.split("-m helpers.kernels")[-1] for line in make_gpu() if "-m helpers.kernels" in line] == \
-        ["", " --installed"]
+    assert [
+        line.split("-m helpers.kernels")[-1] for line in make_gpu() if "-m helpers.kernels" in line
+    ] == ["", " --installed"]
     assert make_gpu().index(installs[0]) == 2
     readme = (ROOT / "README.md").read_text()
     assert "make gpu" in readme and "huggingface-cli" not in readme
@@ -73,22 +72,32 @@ def test_kernel_pins_agree_everywhere():
     steps = [s.get("run", "") for job in paper["jobs"].values() for s in job.get("steps", [])]
     assert any(re.match(r"make gpu\b", s) for s in steps)
     # The kernels are optional: paper.yml goes on without them (each page says which path ran).
-    step = next(s for job in paper["jobs"].values() for s in job.get("steps", []) if s.get("run", "").startswith("make gpu"))
+    step = next(
+        s
+        for job in paper["jobs"].values()
+        for s in job.get("steps", [])
+        if s.get("run", "").startswith("make gpu")
+    )
     assert step.get("continue-on-error") is True
 
 
 def make_gpu() -> list[str]:
     """The commands `make gpu` runs, a continued line as one."""
     # --no-print-directory: under `make test` this make is nested and would name its directory first
-    make = subprocess.run(["make", "--no-print-directory", "-n", "gpu"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    make = subprocess.run(
+        ["make", "--no-print-directory", "-n", "gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert make.returncode == 0, make.stderr
     return make.stdout.replace("\\\n", " ").splitlines()
 
 
 STAND_IN_TORCH = {  # what the kernels' setup.py reads of torch: a CUDA 12.8 build of torch 2.10
     "__init__.py": "__version__ = '2.10.0+cu128'\nclass version:\n    cuda = '12.8'\n    hip = None\n"
-                   "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n",
+    "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n",
     "utils/__init__.py": "",
     "utils/cpp_extension.py": "BuildExtension = CppExtension = CUDAExtension = None\nCUDA_HOME = HIP_HOME = None\n",
 }
@@ -106,24 +115,72 @@ def test_make_gpus_pip_step_fetches_the_prebuilt_wheel_without_nvcc(tmp_path, pa
     line = next(line for line in make_gpu() if "--no-build-isolation" in line)
     variables = dict(w.split("=", 1) for w in line.split() if re.fullmatch(r"[A-Z0-9_]+=\S+", w))
     assert variables == kernels.SKIP_BUILD
-    base = {**os.environ, "PYTHONPATH": str(tmp_path), "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"}
+    base = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
+    }
     spec = f"{package}=={kernels.PACKAGES[package]}"
-    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-build-isolation", spec,
-                          "-d", str(tmp_path / "sdist")], env={**base, **variables}, capture_output=True, text=True,
-                         timeout=300)
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            spec,
+            "-d",
+            str(tmp_path / "sdist"),
+        ],
+        env={**base, **variables},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if got.returncode:
         pytest.skip(f"{spec}'s source distribution is not reachable: {got.stderr[-300:]}")
     sdist = next((tmp_path / "sdist").iterdir())
     dead = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
-    build = lambda env: subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", str(sdist),
-         "-w", str(tmp_path / "wheels")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=300).stdout
+    build = lambda env: (
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-v",
+                "--no-deps",
+                "--no-build-isolation",
+                str(sdist),
+                "-w",
+                str(tmp_path / "wheels"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        ).stdout
+    )
     out = build({**base, **variables, **dead})
-    machine = dict(torch="2.10.0+cu128", cuda="12.8", python=f"{sys.version_info.major}.{sys.version_info.minor}",
-                   cxx11abi=True, plat=f"linux_{platform.machine()}")
-    assert f"Guessing wheel URL:  {kernels.wheel_url(package, kernels.PACKAGES[package], **machine)}" in out, out[-2000:]
-    assert "bare_metal_version" not in out and "nvcc" not in out and not list(tmp_path.glob("wheels/*.whl"))
+    machine = dict(
+        torch="2.10.0+cu128",
+        cuda="12.8",
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        cxx11abi=True,
+        plat=f"linux_{platform.machine()}",
+    )
+    assert (
+        f"Guessing wheel URL:  {kernels.wheel_url(package, kernels.PACKAGES[package], **machine)}"
+        in out
+    ), out[-2000:]
+    assert (
+        "bare_metal_version" not in out
+        and "nvcc" not in out
+        and not list(tmp_path.glob("wheels/*.whl"))
+    )
     without = build({**base, **dead})
     assert "bare_metal_version" in without or "nvcc" in without.lower(), without[-2000:]
 
@@ -137,15 +194,30 @@ def test_the_pinned_torch_has_prebuilt_kernel_wheels():
     assert torch.startswith(kernels.TORCH[-1] + ".")
 
 
-@pytest.mark.parametrize("package, version, build, name", [
-    # as setup.py's get_wheel_url writes it (mamba-ssm 2.3.2.post1, causal-conv1d 1.7.0)
-    ("mamba-ssm", "2.3.2.post1", dict(torch="2.10.0+cu128", cuda="12.8", python="3.11.9", cxx11abi=True),
-     "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"),
-    ("causal-conv1d", "1.7.0", dict(torch="2.6.0", cuda="11.8", python="3.10", cxx11abi=False),
-     "causal_conv1d-1.7.0+cu11torch2.6cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"),
-    ("causal-conv1d", "1.7.0", dict(torch="2.9.1", cuda="13.0", python="3.13", cxx11abi=True, plat="linux_aarch64"),
-     "causal_conv1d-1.7.0+cu13torch2.9cxx11abiTRUE-cp313-cp313-linux_aarch64.whl"),
-])
+@pytest.mark.parametrize(
+    "package, version, build, name",
+    [
+        # as setup.py's get_wheel_url writes it (mamba-ssm 2.3.2.post1, causal-conv1d 1.7.0)
+        (
+            "mamba-ssm",
+            "2.3.2.post1",
+            dict(torch="2.10.0+cu128", cuda="12.8", python="3.11.9", cxx11abi=True),
+            "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl",
+        ),
+        (
+            "causal-conv1d",
+            "1.7.0",
+            dict(torch="2.6.0", cuda="11.8", python="3.10", cxx11abi=False),
+            "causal_conv1d-1.7.0+cu11torch2.6cxx11abiFALSE-cp310-cp310-linux_x86_64.whl",
+        ),
+        (
+            "causal-conv1d",
+            "1.7.0",
+            dict(torch="2.9.1", cuda="13.0", python="3.13", cxx11abi=True, plat="linux_aarch64"),
+            "causal_conv1d-1.7.0+cu13torch2.9cxx11abiTRUE-cp313-cp313-linux_aarch64.whl",
+        ),
+    ],
+)
 def test_wheel_names_are_setup_pys(package, version, build, name):
     assert kernels.wheel_name(package, version, **build) == name
 
@@ -163,7 +235,9 @@ def test_release_matrix_follows_publish_yaml():
 
 
 def test_check_names_the_fix_before_pip_compiles():
-    with pytest.raises(kernels.NoPrebuiltWheel, match=r"torch 2\.13.*Install torch==2\.10\.0.*make gpu"):
+    with pytest.raises(
+        kernels.NoPrebuiltWheel, match=r"torch 2\.13.*Install torch==2\.10\.0.*make gpu"
+    ):
         kernels.check("2.13.0", "12.8", "3.11.9", True, "linux_x86_64")
     with pytest.raises(kernels.NoPrebuiltWheel, match="CPU build"):
         kernels.check("2.13.0+cpu", None, "3.11.9", True, "linux_x86_64")
@@ -172,13 +246,16 @@ def test_check_names_the_fix_before_pip_compiles():
         "https://github.com/state-spaces/mamba/releases/download/v2.3.2.post1/"
         "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl",
         "https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/"
-        "causal_conv1d-1.7.0+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"]
+        "causal_conv1d-1.7.0+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl",
+    ]
 
 
 def test_kernel_status_says_fallback_without_cuda():
     status = kernels.status("cpu")
     assert status["ssm kernels"] == "PyTorch fallback"
-    assert status["accelerate"] == requirements(PROJECT["dependencies"])["accelerate"].removeprefix("==")
+    assert status["accelerate"] == requirements(PROJECT["dependencies"])["accelerate"].removeprefix(
+        "=="
+    )
     assert status["mamba-ssm"] == "not installed"  # CPU machines cannot install it
 
 
@@ -190,7 +267,9 @@ def test_kernels_that_do_not_import_count_as_the_fallback(monkeypatch):
 
     def broken(name, *a, **k):
         if name.startswith(("mamba_ssm", "causal_conv1d")):
-            raise ImportError("undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationESs")  # a wheel for another torch
+            raise ImportError(
+                "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationESs"
+            )  # a wheel for another torch
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", broken)
@@ -206,8 +285,10 @@ def third_party_imports(files: list, chapters: bool) -> set[str]:
     """Top-level modules the files (and the chapters' cells) import, stdlib excluded."""
     sources = [p.read_text() for p in files]
     if chapters:
-        sources += ["\n".join(c.source for c in jupytext.read(md_).cells if c.cell_type == "code")
-                    for md_ in book.chapters()]
+        sources += [
+            "\n".join(c.source for c in jupytext.read(md_).cells if c.cell_type == "code")
+            for md_ in book.chapters()
+        ]
     names = set()
     for src in sources:
         for node in ast.walk(ast.parse(src)):
@@ -215,7 +296,9 @@ def third_party_imports(files: list, chapters: bool) -> set[str]:
                 names |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names) - {"helpers", "google"} - set(OPTIONAL)  # google.colab: Colab's own
+    return (
+        names - set(sys.stdlib_module_names) - {"helpers", "google"} - set(OPTIONAL)
+    )  # google.colab: Colab's own
 
 
 def installed_with(requirements_: list[str]) -> set[str]:
@@ -233,7 +316,9 @@ def installed_with(requirements_: list[str]) -> set[str]:
         seen.add(key)
         for line in md.requires(req.name) or []:
             dep = Requirement(line)
-            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in req.extras or {""}):
+            if dep.marker is None or any(
+                dep.marker.evaluate({"extra": e}) for e in req.extras or {""}
+            ):
                 todo.append(dep)
     return seen
 
@@ -245,12 +330,21 @@ def test_every_module_the_book_imports_is_installed_where_it_runs():
 
     provided = md.packages_distributions()
     package = ROOT / "src" / "helpers"
-    where = {"environment.yml": (third_party_imports(list(package.rglob("*.py")), True),
-                                 installed_with([p for p in environment_pip() if not p.startswith("-e")])),
-             # what a chapter runs on Colab (its cells, the chapter and protocol modules)
-             "the package's dependencies (Colab)": (
-                 third_party_imports(list((package / "experiments").glob("*.py")) + list((package / "protocol").glob("*.py")), True),
-                 installed_with(PROJECT["dependencies"]))}
+    where = {
+        "environment.yml": (
+            third_party_imports(list(package.rglob("*.py")), True),
+            installed_with([p for p in environment_pip() if not p.startswith("-e")]),
+        ),
+        # what a chapter runs on Colab (its cells, the chapter and protocol modules)
+        "the package's dependencies (Colab)": (
+            third_party_imports(
+                list((package / "experiments").glob("*.py"))
+                + list((package / "protocol").glob("*.py")),
+                True,
+            ),
+            installed_with(PROJECT["dependencies"]),
+        ),
+    }
     missing = {}
     for place, (modules, have) in where.items():
         for module in sorted(modules):

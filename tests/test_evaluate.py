@@ -6,12 +6,14 @@ import helpers
 from helpers.packing import encode_pair
 from helpers.stats import mean_of, wilson
 
-
 PAIRS = [
     ("The capital of France is", " Paris"),
     ("The capital of France is", " a city in Europe"),
     ("Memorize the following dictionary:\nriver:42\nlamp:7\nriver:", "42"),
-    ("Question: What is frozen water called?\nAnswer: ", "ice"),  # trailing space moves to the continuation
+    (
+        "Question: What is frozen water called?\nAnswer: ",
+        "ice",
+    ),  # trailing space moves to the continuation
 ]
 
 
@@ -75,14 +77,19 @@ def test_mean_of_tasks_known_answer():
     m, lo, hi = mean_of([0.5, 1.0], [100, 100])
     # Each variance at (k + 2) / (n + 4): the task at 100% is not exact.
     variance = 0.5 * 0.5 / 104 + (102 / 104) * (2 / 104) / 104
-    assert m == 0.75 and hi - m == pytest.approx(1.96 * variance ** 0.5 / 2, rel=1e-3)
-    assert mean_of([1.0], [4]) == (1.0, *wilson(4, 4))  # one task: its own Wilson interval, not [100%, 100%]
+    assert m == 0.75 and hi - m == pytest.approx(1.96 * variance**0.5 / 2, rel=1e-3)
+    assert mean_of([1.0], [4]) == (
+        1.0,
+        *wilson(4, 4),
+    )  # one task: its own Wilson interval, not [100%, 100%]
 
 
 def test_mean_over_tasks_is_the_unweighted_mean_per_group():
     import pandas as pd
 
-    table = pd.DataFrame([dict(layer=3, acc=0.5, n=100), dict(layer=3, acc=1.0, n=50), dict(layer=4, acc=0.2, n=10)])
+    table = pd.DataFrame(
+        [dict(layer=3, acc=0.5, n=100), dict(layer=3, acc=1.0, n=50), dict(layer=4, acc=0.2, n=10)]
+    )
     rows = helpers.mean_over_tasks(table, by="layer").set_index("layer")
     assert rows.acc[3] == 0.75 and rows.n[3] == 150 and rows.acc[4] == 0.2
     assert (rows.lo[3], rows.hi[3]) == pytest.approx(mean_of([0.5, 1.0], [100, 50])[1:])

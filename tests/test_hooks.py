@@ -3,12 +3,12 @@ leaving the block, by error too, leaves the model with no hook and its outputs b
 
 import pytest
 import torch
+from test_attention import tiny_mamba2
+from test_validation import IDS, logits, tiny_llama
 
 import helpers
 from helpers import InterventionError
 from helpers.hooks import HEAD, LAYER_IN, LAYER_OUT, MIXER, SSM, hooked
-from test_attention import tiny_mamba2
-from test_validation import IDS, logits, tiny_llama
 
 
 def hook_count(model) -> int:
@@ -19,13 +19,20 @@ def test_each_site_of_a_llama_layer_passes_the_tensor_its_name_says():
     model = tiny_llama()
     layer = model.model.layers[1]
     seen = {}
-    with hooked(model, {(site, 1): (lambda x, site=site: seen.__setitem__(site, x.clone()))
-                        for site in (LAYER_IN, MIXER, HEAD, LAYER_OUT)}):
+    with hooked(
+        model,
+        {
+            (site, 1): (lambda x, site=site: seen.__setitem__(site, x.clone()))
+            for site in (LAYER_IN, MIXER, HEAD, LAYER_OUT)
+        },
+    ):
         plain = logits(model, IDS)
     # The mixer is called with hidden_states= (a keyword), the head site positionally.
     torch.testing.assert_close(seen[MIXER], layer.input_layernorm(seen[LAYER_IN]))
     assert seen[HEAD].shape == (*IDS.shape, 4 * 8)
-    assert seen[LAYER_OUT].shape == seen[LAYER_IN].shape and not torch.equal(seen[LAYER_OUT], seen[LAYER_IN])
+    assert seen[LAYER_OUT].shape == seen[LAYER_IN].shape and not torch.equal(
+        seen[LAYER_OUT], seen[LAYER_IN]
+    )
     assert torch.equal(plain, logits(model, IDS))
 
 

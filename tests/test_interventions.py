@@ -4,6 +4,7 @@ import torch
 import helpers
 from helpers import InterventionError
 
+
 @torch.inference_mode()
 def logits(loaded, ids):
     return loaded.model(ids).logits
@@ -43,7 +44,11 @@ def test_zeroing_a_head_removes_exactly_its_contribution(smol, ids):
     hook.remove()
     z = seen["in"]
     with torch.inference_mode():
-        expected = o_proj(z) - z[..., head * dim:(head + 1) * dim] @ o_proj.weight[:, head * dim:(head + 1) * dim].T
+        expected = (
+            o_proj(z)
+            - z[..., head * dim : (head + 1) * dim]
+            @ o_proj.weight[:, head * dim : (head + 1) * dim].T
+        )
     got = {}
     hook = o_proj.register_forward_hook(lambda m, a, out: got.update({"out": out.clone()}))
     with helpers.zero_heads(smol, {layer: [head]}):
@@ -86,6 +91,7 @@ def test_removing_a_layer_below_zamba2s_hybrid_layer_keeps_its_index():
 
 
 # --- interventions inside one another (found by tests/test_properties.py) ------------------------
+
 
 @torch.inference_mode()
 def test_an_ssm_mask_keeps_its_layer_when_layers_are_removed_inside_its_block():

@@ -59,8 +59,14 @@ def test_no_module_imports_a_private_name_of_another():
     private = []
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("helpers")):
-                private += [f"{path.relative_to(root)}: {a.name}" for a in node.names if a.name.startswith("_")]
+            if isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").startswith("helpers")
+            ):
+                private += [
+                    f"{path.relative_to(root)}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                ]
     assert not private, private
 
 
@@ -69,24 +75,48 @@ def test_no_module_imports_a_private_name_of_another():
 # protocol/, layered bottom to top: a chapter's shape and stores, the book's KV ranking, the roles
 # and the minimal model, and the two things built on those (head zeroing's screen, which masking
 # reads too; the distilled student and its teacher).
-CHAPTERS = ["attention_maps", "beyond_mmlu", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval",
-            "layer_pruning", "layer_removal", "masking", "retrieval_aware", "robustness", "ssm_vs_attention", "toy_zoo"]
-PROTOCOL = [Layer("head_screen", "distilled"), Layer("roles", "minimal"), Layer("shared"), Layer("base")]
+CHAPTERS = [
+    "attention_maps",
+    "beyond_mmlu",
+    "head_zeroing",
+    "hybrid_models",
+    "hybrid_swap",
+    "kv_retrieval",
+    "layer_pruning",
+    "layer_removal",
+    "masking",
+    "retrieval_aware",
+    "robustness",
+    "ssm_vs_attention",
+    "toy_zoo",
+]
+PROTOCOL = [
+    Layer("head_screen", "distilled"),
+    Layer("roles", "minimal"),
+    Layer("shared"),
+    Layer("base"),
+]
 
 
 def test_experiments_holds_the_chapters_and_none_imports_another():
     graph = grimp.build_graph("helpers")
     inside = {m.rpartition(".")[2] for m in graph.find_children("helpers.experiments")}
-    assert inside == set(CHAPTERS), (f"a chapter not listed: {sorted(inside - set(CHAPTERS))}; "
-                                     f"listed but missing: {sorted(set(CHAPTERS) - inside)}")
-    illegal = graph.find_illegal_dependencies_for_layers([Layer(*CHAPTERS)], containers={"helpers.experiments"})
+    assert inside == set(CHAPTERS), (
+        f"a chapter not listed: {sorted(inside - set(CHAPTERS))}; "
+        f"listed but missing: {sorted(set(CHAPTERS) - inside)}"
+    )
+    illegal = graph.find_illegal_dependencies_for_layers(
+        [Layer(*CHAPTERS)], containers={"helpers.experiments"}
+    )
     assert not illegal, [f"{d.importer} -> {d.imported}" for d in illegal]
 
 
 def test_the_shared_protocol_reads_top_to_bottom():
     graph = grimp.build_graph("helpers")
     inside = {m.rpartition(".")[2] for m in graph.find_children("helpers.protocol")}
-    assert inside == {t for layer in PROTOCOL for t in layer.module_tails}, "put each module of protocol/ in a layer"
+    assert inside == {t for layer in PROTOCOL for t in layer.module_tails}, (
+        "put each module of protocol/ in a layer"
+    )
     illegal = graph.find_illegal_dependencies_for_layers(PROTOCOL, containers={"helpers.protocol"})
     assert not illegal, [f"{d.importer} -> {d.imported}" for d in illegal]
 
@@ -102,15 +132,25 @@ def test_no_f_string_leaves_an_expression_as_text():
     for path in sorted(Path(helpers.__file__).parent.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.JoinedStr):
-                slips += [f"{path.name}:{node.lineno}: {part.value[:80]!r}" for part in node.values
-                          if isinstance(part, ast.Constant) and isinstance(part.value, str) and code.search(part.value)]
+                slips += [
+                    f"{path.name}:{node.lineno}: {part.value[:80]!r}"
+                    for part in node.values
+                    if isinstance(part, ast.Constant)
+                    and isinstance(part.value, str)
+                    and code.search(part.value)
+                ]
     assert not slips, slips
 
 
 # Each command a user types, refused for a bad argument (argparse's exit status 2).
-REFUSALS = [["helpers.book", "build", "--profile", "gpu"], ["helpers.lmeval", "--tasks"],
-            ["helpers.cache", "--nope"], ["helpers.kernels", "--now"], ["helpers.cli", "lmevl"],
-            ["helpers.cli", "book", "where", "--profile", "gpu"]]
+REFUSALS = [
+    ["helpers.book", "build", "--profile", "gpu"],
+    ["helpers.lmeval", "--tasks"],
+    ["helpers.cache", "--nope"],
+    ["helpers.kernels", "--now"],
+    ["helpers.cli", "lmevl"],
+    ["helpers.cli", "book", "where", "--profile", "gpu"],
+]
 
 
 @pytest.mark.parametrize("command", REFUSALS, ids=lambda c: " ".join(c[:2]))
@@ -118,14 +158,27 @@ def test_a_command_refuses_a_bad_argument_in_under_a_second_without_torch(comman
     """`import helpers` and the commands' modules load no torch, transformers or pandas (seconds
     each, tens of seconds on a cold disk), so a mistake is answered at once. The time is the best
     of three fresh processes (a busy test lane may stall one)."""
-    loaded = subprocess.run([sys.executable, "-c", f"import helpers, {command[0]}, sys; "
-                             "print(*sorted({'torch', 'transformers', 'pandas'} & set(sys.modules)))"],
-                            capture_output=True, text=True, check=True).stdout.split()
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import helpers, {command[0]}, sys; "
+            "print(*sorted({'torch', 'transformers', 'pandas'} & set(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert loaded == []
-    times, env = [], {**os.environ, "GA_CACHE": str(tmp_path), "GA_RESULTS": str(tmp_path)}  # should it not refuse
+    times, env = (
+        [],
+        {**os.environ, "GA_CACHE": str(tmp_path), "GA_RESULTS": str(tmp_path)},
+    )  # should it not refuse
     for _ in range(3):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, env=env)
+        done = subprocess.run(
+            [sys.executable, "-m", *command], capture_output=True, text=True, env=env
+        )
         times.append(time.perf_counter() - start)
         assert done.returncode == 2 and "error:" in done.stderr, done.stderr
     assert min(times) < 1.0, times
@@ -134,12 +187,19 @@ def test_a_command_refuses_a_bad_argument_in_under_a_second_without_torch(comman
 def test_the_console_script_runs_a_modules_command_line():
     """`ga-companion X ARGS` is `python -m helpers.X ARGS`, from the script pip installs."""
     script = Path(sys.executable).parent / "ga-companion"
-    done = subprocess.run([str(script), "book", "where", "--profile", "paper"], capture_output=True, text=True)
-    alone = subprocess.run([sys.executable, "-m", "helpers.book", "where", "--profile", "paper"],
-                           capture_output=True, text=True)
+    done = subprocess.run(
+        [str(script), "book", "where", "--profile", "paper"], capture_output=True, text=True
+    )
+    alone = subprocess.run(
+        [sys.executable, "-m", "helpers.book", "where", "--profile", "paper"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == alone.returncode == 0 and done.stdout == alone.stdout != ""
     listed = subprocess.run([str(script)], capture_output=True, text=True, check=True).stdout
-    assert all(f"  {name} " in listed for name in ("book", "lmeval", "cache", "kernels", "zoo", "minihub"))
+    assert all(
+        f"  {name} " in listed for name in ("book", "lmeval", "cache", "kernels", "zoo", "minihub")
+    )
 
 
 def test_the_files_the_lanes_start_with_exist():

@@ -18,18 +18,29 @@ from helpers import paths
 from helpers.stats import wilson
 
 NUMERIC = {"sums", "products", "differences", "number_words"}
-DISPUTED = {"Bolivia", "Israel", "the Netherlands", "Sri Lanka", "Tanzania"}  # capitals with two claimants
+DISPUTED = {
+    "Bolivia",
+    "Israel",
+    "the Netherlands",
+    "Sri Lanka",
+    "Tanzania",
+}  # capitals with two claimants
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_letters", paths.data() / "letters" / "make_letters.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_letters", paths.data() / "letters" / "make_letters.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 make_letters = _generator()
-ROWS = [json.loads(line) for line in (paths.data() / "letters" / "letters.jsonl").read_text().splitlines()]
+ROWS = [
+    json.loads(line)
+    for line in (paths.data() / "letters" / "letters.jsonl").read_text().splitlines()
+]
 TEST = [r for r in ROWS if r["split"] == "test"]
 FACTS = json.loads((paths.data() / "letters" / "facts.json").read_text())
 KEYS = {t["question"].format(key): key for t in FACTS["tables"].values() for key in t["facts"]}
@@ -63,9 +74,15 @@ def closest_to_mean(row):
 RULES = {
     "longest option": lambda r: first_max(len(c) for c in r["choices"]),
     "shortest option": lambda r: first_min(len(c) for c in r["choices"]),
-    "most shared with the question": lambda r: first_max(make_letters.shared_run(c, key(r)) for c in r["choices"]),
-    "least shared with the question": lambda r: first_min(make_letters.shared_run(c, key(r)) for c in r["choices"]),
-    "same first letter as the key": lambda r: first_max(c[:1].lower() == key(r)[:1].lower() for c in r["choices"]),
+    "most shared with the question": lambda r: first_max(
+        make_letters.shared_run(c, key(r)) for c in r["choices"]
+    ),
+    "least shared with the question": lambda r: first_min(
+        make_letters.shared_run(c, key(r)) for c in r["choices"]
+    ),
+    "same first letter as the key": lambda r: first_max(
+        c[:1].lower() == key(r)[:1].lower() for c in r["choices"]
+    ),
 }
 NUMERIC_RULES = {
     "most near neighbours": neighbours,
@@ -73,8 +90,11 @@ NUMERIC_RULES = {
     "largest": lambda r: first_max(int(c) for c in r["choices"]),
     "smallest": lambda r: first_min(int(c) for c in r["choices"]),
 }
-PARTS = {"numeric": [r for r in TEST if r["table"] in NUMERIC], "words": [r for r in TEST if r["table"] not in NUMERIC],
-         "all": TEST}
+PARTS = {
+    "numeric": [r for r in TEST if r["table"] in NUMERIC],
+    "words": [r for r in TEST if r["table"] not in NUMERIC],
+    "all": TEST,
+}
 
 
 def beats_chance(rule, rows) -> tuple[bool, str]:
@@ -109,14 +129,23 @@ def test_the_rules_can_find_a_cue():
         choices.insert(gold, str(answer))
         rows.append({**r, "choices": choices, "answer": gold})
     assert beats_chance(neighbours, rows)[0]
-    leaky = [{"question": "What is the capital of Tunisia?", "choices": ["Tunis", "Rabat", "Cairo", "Tripoli"], "answer": 0}] * 40
+    leaky = [
+        {
+            "question": "What is the capital of Tunisia?",
+            "choices": ["Tunis", "Rabat", "Cairo", "Tripoli"],
+            "answer": 0,
+        }
+    ] * 40
     assert beats_chance(RULES["most shared with the question"], leaky)[0]
 
 
 def test_no_answer_can_be_read_off_its_question():
     for r in TEST:
         if r["table"] not in NUMERIC:
-            answer, distractors = r["choices"][r["answer"]], [c for i, c in enumerate(r["choices"]) if i != r["answer"]]
+            answer, distractors = (
+                r["choices"][r["answer"]],
+                [c for i, c in enumerate(r["choices"]) if i != r["answer"]],
+            )
             assert not make_letters.leaks(key(r), answer, distractors), r["question"]
 
 

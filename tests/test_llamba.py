@@ -10,8 +10,13 @@ from helpers.ssm import discrete_hidden_attention
 
 
 def tiny_config(**ssm):
-    return LlambaConfig(vocab_size=60, d_model=32, n_layer=2, mlp_cfg={"intermediate_size": 48},
-                        ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 8, **ssm})
+    return LlambaConfig(
+        vocab_size=60,
+        d_model=32,
+        n_layer=2,
+        mlp_cfg={"intermediate_size": 48},
+        ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 8, **ssm},
+    )
 
 
 def random_terms(T=21, h=3, p=5, n=4, seed=0):
@@ -77,15 +82,33 @@ def test_loads_checkpoint_by_its_names(tmp_path):
     torch.manual_seed(0)
     cfg = tiny_config()
     model = LlambaForCausalLM(cfg).eval()
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"vocab_size": 60, "d_model": 32, "n_layer": 2, "mlp_cfg": cfg.mlp_cfg, "ssm_cfg": cfg.ssm_cfg}))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "vocab_size": 60,
+                "d_model": 32,
+                "n_layer": 2,
+                "mlp_cfg": cfg.mlp_cfg,
+                "ssm_cfg": cfg.ssm_cfg,
+            }
+        )
+    )
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors"
+    )
     # The checkpoint's names, as the released Llamba uses them.
     names = set(model.state_dict())
-    assert {"backbone.embedding.weight", "backbone.layers.0.mixer.in_proj.weight", "backbone.layers.0.mixer.z_bias",
-            "backbone.layers.0.mixer.conv1d.weight", "backbone.layers.0.mixer.D", "backbone.layers.0.mlp.gate_proj.weight",
-            "backbone.layers.1.post_attention_layernorm.weight", "backbone.final_layernorm.weight",
-            "lm_head.weight"} <= names
+    assert {
+        "backbone.embedding.weight",
+        "backbone.layers.0.mixer.in_proj.weight",
+        "backbone.layers.0.mixer.z_bias",
+        "backbone.layers.0.mixer.conv1d.weight",
+        "backbone.layers.0.mixer.D",
+        "backbone.layers.0.mlp.gate_proj.weight",
+        "backbone.layers.1.post_attention_layernorm.weight",
+        "backbone.final_layernorm.weight",
+        "lm_head.weight",
+    } <= names
     loaded = LlambaForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
     ids = torch.randint(0, 60, (1, 9))
     with torch.inference_mode():
@@ -107,14 +130,16 @@ def test_sweep_engine_runs_on_llamba_and_equals_the_plain_scorer():
     """The SSM chapter's paper profile sweeps Llamba's heads with the engine (it used to raise
     AttributeError: LlambaForCausalLM had no get_input_embeddings)."""
     import numpy as np
+    from test_engine import CharTokenizer
 
     from helpers.engine import SweepEngine
-    from test_engine import CharTokenizer
 
     torch.manual_seed(0)
     model = LlambaForCausalLM(tiny_config()).eval()
-    items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2")), 0),
-             helpers.Item((("xy", " z"), ("xyw", " z")), 1)]
+    items = [
+        helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2")), 0),
+        helpers.Item((("xy", " z"), ("xyw", " z")), 1),
+    ]
     engine = SweepEngine(model, CharTokenizer(), items)
     for ablation in ({}, {1: [2]}):
         with helpers.zero_heads(model, ablation):
@@ -126,18 +151,23 @@ def test_the_screen_runs_on_llamba():
     """The attribution screen sizes its CPU graph from the adapter (Llamba's config names its
     layers n_layer and its width d_model: the rehearsal's screen once stopped on that), and
     recomputing layer by layer gives the same estimates."""
+    from test_engine import CharTokenizer
+
     from helpers import screen
     from helpers.engine import SweepEngine
-    from test_engine import CharTokenizer
 
     torch.manual_seed(0)
     model = LlambaForCausalLM(tiny_config()).eval()
     assert screen.graph_bytes_per_token(model) == 36 * 4 * 2 * 32
     items = [helpers.Item((("ab:1 cd:2 ab:", "1"), ("ab:1 cd:2 ab:", "2")), 0)]
     engine = SweepEngine(model, CharTokenizer(), items)
-    kept, recomputed = (screen.attribution(engine, alpha=1.0, progress=False, checkpoint=c) for c in (False, True))
+    kept, recomputed = (
+        screen.attribution(engine, alpha=1.0, progress=False, checkpoint=c) for c in (False, True)
+    )
     assert kept == recomputed and len(kept) == sum(engine.adapter.n_heads(l) for l in range(2))
-    assert screen.attribution(engine, alpha=1.0, progress=False) == kept  # the default decides by size
+    assert (
+        screen.attribution(engine, alpha=1.0, progress=False) == kept
+    )  # the default decides by size
 
 
 def test_tied_checkpoint_loads_without_a_head_and_ties_it(tmp_path):
@@ -157,6 +187,8 @@ def test_tied_checkpoint_loads_without_a_head_and_ties_it(tmp_path):
     assert loaded.lm_head.weight is loaded.backbone.embedding.weight
     assert torch.equal(loaded.lm_head.weight, model.backbone.embedding.weight)
     (tmp_path / "model.safetensors").unlink()
-    save_file({k: v for k, v in state.items() if "mixer.D" not in k}, tmp_path / "model.safetensors")
+    save_file(
+        {k: v for k, v in state.items() if "mixer.D" not in k}, tmp_path / "model.safetensors"
+    )
     with pytest.raises(KeyError, match="missing.*mixer.D"):
         LlambaForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)

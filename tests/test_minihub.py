@@ -59,9 +59,13 @@ except helpers.ModelUnavailable as e:
 json.dump(report, open(sys.argv[1], "w"))
 """
 
+
 def manifest(directory: Path) -> dict[str, str]:
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +78,19 @@ def hub(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 @pytest.fixture(scope="module")
 def rehearsal(hub, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("rehearsal") / "report.json"
-    env = {**os.environ, "HF_HOME": str(hub[0]), "HF_HUB_OFFLINE": "1", "GA_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
-           # Tiny tensors: on a busy machine extra threads cost more than they share (measured: 50x).
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", REHEARSAL, str(out)], env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "HF_HOME": str(hub[0]),
+        "HF_HUB_OFFLINE": "1",
+        "GA_DEVICE": "cpu",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+        # Tiny tensors: on a busy machine extra threads cost more than they share (measured: 50x).
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", REHEARSAL, str(out)], env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -100,44 +112,84 @@ def test_paper_model_loads_on_cpu_with_its_published_counts(rehearsal, name):
 def test_published_counts_that_the_paper_names():
     """The counts the paper's heads and the hybrid chapter need, as data/configs has them."""
     llama, llamba = published_summary("llama-3.1-8b-instruct"), published_summary("llamba-8b")
-    assert llama["heads"][16] == llama["heads"][17] == 32 and llama["kv_heads"] == 8  # L16H22, L17H24
+    assert (
+        llama["heads"][16] == llama["heads"][17] == 32 and llama["kv_heads"] == 8
+    )  # L16H22, L17H24
     assert llamba["heads"][17] == 32  # L16H10, L17H3 and H9
     assert published_summary("falcon-mamba-7b-instruct")["heads"][35] == 8192  # channels up to 7305
     zamba = published_summary("zamba2-7b")
-    assert zamba["hybrid_layers"] == [6, 11, 17, 23, 29, 35, 41, 47, 53, 59, 65, 71, 77] and zamba["shared_blocks"] == 2
-    assert published_summary("zamba2-2.7b-instruct")["hybrid_layers"] == [6, 12, 18, 24, 30, 36, 42, 47, 51]
+    assert (
+        zamba["hybrid_layers"] == [6, 11, 17, 23, 29, 35, 41, 47, 53, 59, 65, 71, 77]
+        and zamba["shared_blocks"] == 2
+    )
+    assert published_summary("zamba2-2.7b-instruct")["hybrid_layers"] == [
+        6,
+        12,
+        18,
+        24,
+        30,
+        36,
+        42,
+        47,
+        51,
+    ]
 
 
 def test_paper_datasets_load_from_the_minihub(rehearsal):
-    fixture = [json.loads(line) for line in (paths.data() / "fixtures" / "mmlu.jsonl").read_text().splitlines()]
+    fixture = [
+        json.loads(line)
+        for line in (paths.data() / "fixtures" / "mmlu.jsonl").read_text().splitlines()
+    ]
     test = [r for r in fixture if r["split"] == "test"]
     assert len(rehearsal["mmlu"]) == len(test)
-    assert test[0]["question"] in rehearsal["mmlu"][0][0] and rehearsal["mmlu"][0][1] == " " + "ABCD"[test[0]["answer"]]
+    assert (
+        test[0]["question"] in rehearsal["mmlu"][0][0]
+        and rehearsal["mmlu"][0][1] == " " + "ABCD"[test[0]["answer"]]
+    )
     knowledge = rehearsal["knowledge"]
     assert set(knowledge) == set(helpers.tasks.PAPER_KNOWLEDGE)
     assert {task: len(items) for task, items in knowledge.items()} == {
-        "arc_easy": 44, "arc_challenge": 19, "openbookqa": 63, "piqa": 63, "hellaswag": 63, "winogrande": 63}
+        "arc_easy": 44,
+        "arc_challenge": 19,
+        "openbookqa": 63,
+        "piqa": 63,
+        "hellaswag": 63,
+        "winogrande": 63,
+    }
     # Each task's first gold choice holds its fixture row's answer, whatever the task's schema.
     for task, items in knowledge.items():
         assert (" K" if task == "arc_challenge" else " Moscow") in "".join(items[0]), task
 
 
 def test_the_beyond_mmlu_tasks_load_offline_through_lm_evals_own_definitions(rehearsal):
-    book = lambda name: [json.loads(line) for line in (paths.data() / "lm_eval_tasks" / f"{name}-test.jsonl").read_text().splitlines()]
+    book = lambda name: [
+        json.loads(line)
+        for line in (paths.data() / "lm_eval_tasks" / f"{name}-test.jsonl").read_text().splitlines()
+    ]
     tasks = rehearsal["lm_eval"]
     arithmetic, pages = book("arithmetic_words"), book("page_field")
-    assert tasks["gsm8k"]["n"] == len(arithmetic) - 8 and tasks["gsm8k"]["fewshot"] == 8  # 8 solved ones for 5-shot
-    assert tasks["gsm8k"]["target"].endswith(f"#### {arithmetic[8]['answer']}")  # what strict-match reads
+    assert (
+        tasks["gsm8k"]["n"] == len(arithmetic) - 8 and tasks["gsm8k"]["fewshot"] == 8
+    )  # 8 solved ones for 5-shot
+    assert tasks["gsm8k"]["target"].endswith(
+        f"#### {arithmetic[8]['answer']}"
+    )  # what strict-match reads
     assert tasks["swde"]["n"] == len(pages) and tasks["swde"]["target"] == pages[0]["answer"]
     assert tasks["swde"]["text"].endswith(f"{pages[0]['field']}:")
-    assert tasks["arc_challenge_chat"]["n"] == 19 and tasks["arc_challenge_chat"]["fewshot"] > 0  # its train split
+    assert (
+        tasks["arc_challenge_chat"]["n"] == 19 and tasks["arc_challenge_chat"]["fewshot"] > 0
+    )  # its train split
     assert tasks["arc_challenge_chat"]["target"] in "ABCD"
-    assert tasks["bbh_cot_fewshot_navigate"]["n"] == 63 and tasks["bbh_cot_fewshot_navigate"]["text"].startswith("Q: ")
+    assert tasks["bbh_cot_fewshot_navigate"]["n"] == 63 and tasks["bbh_cot_fewshot_navigate"][
+        "text"
+    ].startswith("Q: ")
 
 
 def test_paper_model_without_ga_device_still_needs_a_gpu(rehearsal):
-    assert rehearsal["without_ga_device"].startswith("llama-3.2-3b-instruct (meta-llama/Llama-3.2-3B-Instruct) is a "
-                                                     "paper-profile model: it needs a CUDA GPU")
+    assert rehearsal["without_ga_device"].startswith(
+        "llama-3.2-3b-instruct (meta-llama/Llama-3.2-3B-Instruct) is a "
+        "paper-profile model: it needs a CUDA GPU"
+    )
 
 
 def test_two_builds_are_byte_identical(hub, tmp_path):
@@ -156,8 +208,12 @@ def test_gpu_memory_check_fails_before_loading_and_names_the_fix(monkeypatch):
     monkeypatch.delenv("GA_DEVICE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (15 * 10**9, 16 * 10**9))  # a Colab T4
-    with pytest.raises(helpers.ModelUnavailable, match=r"16\.1 GB .* 15\.0 GB free.*>= 24 GB.*profile='paper-3b'"):
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda *a: (15 * 10**9, 16 * 10**9)
+    )  # a Colab T4
+    with pytest.raises(
+        helpers.ModelUnavailable, match=r"16\.1 GB .* 15\.0 GB free.*>= 24 GB.*profile='paper-3b'"
+    ):
         helpers.load("llama-3.1-8b-instruct")
     models.check_gpu(models.spec("llama-3.2-3b-instruct"), torch.bfloat16)  # 6.4 GB: fits
 
@@ -166,18 +222,27 @@ def test_gpu_memory_check_fails_before_loading_and_names_the_fix(monkeypatch):
 def test_full_shapes_are_the_published_model(name):
     """--full-shapes writes the published model: same class, every count and width, counted on
     the meta device (the full set is ~116 GB of bf16 weights)."""
-    tokenizer = SimpleNamespace(bos_token_id=1, eos_token_id=2, pad_token_id=None)  # full shapes keep the vocabulary
+    tokenizer = SimpleNamespace(
+        bos_token_id=1, eos_token_id=2, pad_token_id=None
+    )  # full shapes keep the vocabulary
     with torch.device("meta"):
-        model = models.model_from_config(models.config_from_fields(minihub.hub_fields(name, tokenizer, full_shapes=True)))
+        model = models.model_from_config(
+            models.config_from_fields(minihub.hub_fields(name, tokenizer, full_shapes=True))
+        )
     assert sum(p.numel() for p in model.parameters()) == models.n_parameters(name)
     assert minihub.shape_summary(model) == published_summary(name)
 
 
-@pytest.mark.parametrize("student, teacher", [("llamba-8b-unaligned", "llama-3.1-8b-instruct"),
-                                              ("llamba-3b", "llama-3.2-3b-instruct")])
+@pytest.mark.parametrize(
+    "student, teacher",
+    [("llamba-8b-unaligned", "llama-3.1-8b-instruct"), ("llamba-3b", "llama-3.2-3b-instruct")],
+)
 def test_a_distilled_ssm_and_its_teacher_keep_one_width_so_their_layers_swap(student, teacher):
     tokenizer = minihub.smollm2_tokenizer()
-    assert minihub.hub_fields(student, tokenizer)["d_model"] == minihub.hub_fields(teacher, tokenizer)["hidden_size"]
+    assert (
+        minihub.hub_fields(student, tokenizer)["d_model"]
+        == minihub.hub_fields(teacher, tokenizer)["hidden_size"]
+    )
 
 
 def test_the_three_kv_forms_under_llama3s_tokenizer():
@@ -192,11 +257,22 @@ def test_the_three_kv_forms_under_llama3s_tokenizer():
     items = {form: tasks.kv_items(8, 3, seed=0, form=form) for form in tasks.KV_FORMS}
     for released, spaced, trailing in zip(*items.values()):
         for r, s, t in zip(released.pairs, spaced.pairs, trailing.pairs):
-            (rc, rx), (sc, sx), (tc, tx) = (encode_pair(tok, c, x, it.verbatim)
-                                            for (c, x), it in ((r, released), (s, spaced), (t, trailing)))
+            (rc, rx), (sc, sx), (tc, tx) = (
+                encode_pair(tok, c, x, it.verbatim)
+                for (c, x), it in ((r, released), (s, spaced), (t, trailing))
+            )
             assert tok.convert_ids_to_tokens(rc[-1:] + rx[:1]) == ["Ġis", r[1]]  # ' is', '42'
-            assert tok.convert_ids_to_tokens(sc[-1:] + sx[:2]) == ["Ġis", "Ġ", s[1][1:]]  # ' is', ' ', '42'
+            assert tok.convert_ids_to_tokens(sc[-1:] + sx[:2]) == [
+                "Ġis",
+                "Ġ",
+                s[1][1:],
+            ]  # ' is', ' ', '42'
             assert sc + sx == tc + tx and rc + rx != sc + sx  # spaced = trailing as model input
-            assert tc == sc + sx[:1] and tx == sx[1:]  # the shared space: scored by spaced, context for trailing
-    assert same_tokens(tok, "paper") == {("released", "spaced"): False, ("released", "trailing"): False,
-                                        ("spaced", "trailing"): True}
+            assert (
+                tc == sc + sx[:1] and tx == sx[1:]
+            )  # the shared space: scored by spaced, context for trailing
+    assert same_tokens(tok, "paper") == {
+        ("released", "spaced"): False,
+        ("released", "trailing"): False,
+        ("spaced", "trailing"): True,
+    }

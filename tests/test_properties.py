@@ -32,8 +32,13 @@ from helpers.ssm import mamba1_terms, mamba2_terms
 # The settings are fixed when a test is decorated, so `--slow` (tests/conftest.py) reaches this
 # module through the environment, set before collection.
 EXAMPLES = 300 if os.environ.get("GA_SLOW_TESTS") else 20
-settings.register_profile("properties", max_examples=EXAMPLES, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "properties",
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 PROPERTIES = settings.get_profile("properties")
 
 VOCAB = 32
@@ -45,7 +50,9 @@ class Arch:
     """A random model and the views of it the interventions take (a plain class: hypothesis
     would print a dataclass field by field, the whole module tree included)."""
 
-    def __init__(self, model: torch.nn.Module, heads: Adapter, ssm: Adapter | None, ids: torch.Tensor):
+    def __init__(
+        self, model: torch.nn.Module, heads: Adapter, ssm: Adapter | None, ids: torch.Tensor
+    ):
         self.model = model
         self.heads = heads  # attention heads where the family has them, else its SSM heads
         self.ssm = ssm  # the SSM heads (None for attention-only families)
@@ -57,13 +64,18 @@ class Arch:
 
     def __repr__(self) -> str:  # what a falsifying example reports: shapes, not the module tree
         views = [self.heads] + ([self.ssm] if self.ssm not in (None, self.heads) else [])
-        heads = "; ".join(f"{v.head_kind}s {[v.n_heads(l) for l in v.head_layers()]} x {v.head_dim(v.head_layers()[0])}"
-                          for v in views)
-        return (f"{type(self.model).__name__}(width {self.heads.width}, layers {self.heads.n_layers}, {heads}, "
-                f"ids {list(self.ids.shape)})")
+        heads = "; ".join(
+            f"{v.head_kind}s {[v.n_heads(l) for l in v.head_layers()]} x {v.head_dim(v.head_layers()[0])}"
+            for v in views
+        )
+        return (
+            f"{type(self.model).__name__}(width {self.heads.width}, layers {self.heads.n_layers}, {heads}, "
+            f"ids {list(self.ids.shape)})"
+        )
 
 
 # --- random architectures -------------------------------------------------------------------------
+
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -71,12 +83,19 @@ def divisors(n: int) -> list[int]:
 
 def llama_config(draw, width: int | None = None, layers: int | None = None) -> dict:
     # transformers wants the width a multiple of the head count, whatever the heads' own width
-    heads = draw(st.sampled_from([h for h in range(1, 5) if h in divisors(width)] if width else range(1, 5)))
-    return dict(vocab_size=VOCAB, hidden_size=width or heads * draw(st.integers(1, 6)),  # odd widths too
-                num_hidden_layers=layers or draw(st.integers(1, 3)), num_attention_heads=heads,
-                num_key_value_heads=draw(st.sampled_from(divisors(heads))),  # every GQA ratio
-                head_dim=draw(st.sampled_from([2, 4, 6])),  # rotary needs an even head width
-                intermediate_size=draw(st.integers(4, 24)), attention_bias=draw(st.booleans()))
+    heads = draw(
+        st.sampled_from([h for h in range(1, 5) if h in divisors(width)] if width else range(1, 5))
+    )
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=width or heads * draw(st.integers(1, 6)),  # odd widths too
+        num_hidden_layers=layers or draw(st.integers(1, 3)),
+        num_attention_heads=heads,
+        num_key_value_heads=draw(st.sampled_from(divisors(heads))),  # every GQA ratio
+        head_dim=draw(st.sampled_from([2, 4, 6])),  # rotary needs an even head width
+        intermediate_size=draw(st.integers(4, 24)),
+        attention_bias=draw(st.booleans()),
+    )
 
 
 def build_llama(draw, width=None, layers=None):
@@ -90,18 +109,35 @@ def build_conv_llama(draw):
 
     fields = llama_config(draw)
     conv = draw(st.lists(st.integers(0, fields["num_hidden_layers"] - 1), unique=True))
-    return ConvLlamaForCausalLM(ConvLlamaConfig(conv_kernel=draw(st.integers(2, 4)), conv_layers=conv, **fields))
+    return ConvLlamaForCausalLM(
+        ConvLlamaConfig(conv_kernel=draw(st.integers(2, 4)), conv_layers=conv, **fields)
+    )
 
 
 def build_mamba1(draw, family, width=None, layers=None):
-    from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
+    from transformers import (
+        FalconMambaConfig,
+        FalconMambaForCausalLM,
+        MambaConfig,
+        MambaForCausalLM,
+    )
 
-    config, model = {"mamba": (MambaConfig, MambaForCausalLM),
-                     "falcon_mamba": (FalconMambaConfig, FalconMambaForCausalLM)}[family]
-    net = model(config(vocab_size=VOCAB, hidden_size=width or draw(st.integers(2, 12)),
-                       num_hidden_layers=layers or draw(st.integers(1, 3)), expand=draw(st.integers(1, 3)),
-                       state_size=draw(st.integers(1, 4)), conv_kernel=draw(st.integers(2, 4)),
-                       time_step_rank=draw(st.integers(1, 4)), use_mambapy=False))
+    config, model = {
+        "mamba": (MambaConfig, MambaForCausalLM),
+        "falcon_mamba": (FalconMambaConfig, FalconMambaForCausalLM),
+    }[family]
+    net = model(
+        config(
+            vocab_size=VOCAB,
+            hidden_size=width or draw(st.integers(2, 12)),
+            num_hidden_layers=layers or draw(st.integers(1, 3)),
+            expand=draw(st.integers(1, 3)),
+            state_size=draw(st.integers(1, 4)),
+            conv_kernel=draw(st.integers(2, 4)),
+            time_step_rank=draw(st.integers(1, 4)),
+            use_mambapy=False,
+        )
+    )
     with torch.no_grad():  # decays and skips away from the init's near-constant values
         for block in net.backbone.layers:
             block.mixer.D.normal_()
@@ -112,14 +148,27 @@ def build_mamba1(draw, family, width=None, layers=None):
 def build_mamba2(draw):
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
-    heads, head_dim, expand = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.sampled_from([1, 2]))
+    heads, head_dim, expand = (
+        draw(st.integers(1, 4)),
+        draw(st.integers(1, 4)),
+        draw(st.sampled_from([1, 2])),
+    )
     if heads * head_dim % expand:
         expand = 1
-    net = Mamba2ForCausalLM(Mamba2Config(
-        vocab_size=VOCAB, hidden_size=heads * head_dim // expand, expand=expand, num_heads=heads,
-        head_dim=head_dim, n_groups=draw(st.sampled_from(divisors(heads))), state_size=draw(st.integers(1, 4)),
-        conv_kernel=draw(st.integers(2, 4)), chunk_size=draw(st.integers(1, 6)),
-        num_hidden_layers=draw(st.integers(1, 3))))
+    net = Mamba2ForCausalLM(
+        Mamba2Config(
+            vocab_size=VOCAB,
+            hidden_size=heads * head_dim // expand,
+            expand=expand,
+            num_heads=heads,
+            head_dim=head_dim,
+            n_groups=draw(st.sampled_from(divisors(heads))),
+            state_size=draw(st.integers(1, 4)),
+            conv_kernel=draw(st.integers(2, 4)),
+            chunk_size=draw(st.integers(1, 6)),
+            num_hidden_layers=draw(st.integers(1, 3)),
+        )
+    )
     with torch.no_grad():
         for block in net.backbone.layers:
             randomise_ssd(block.mixer)
@@ -141,13 +190,25 @@ def build_zamba2(draw):
     hidden = math.lcm(attention, mamba) * draw(st.integers(1, 2))
     kinds = draw(st.lists(st.sampled_from(["mamba", "hybrid"]), min_size=2, max_size=5))
     kinds[draw(st.integers(0, len(kinds) - 1))] = "hybrid"  # at least one attention layer
-    net = Zamba2ForCausalLM(Zamba2Config(
-        vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=len(kinds), layers_block_type=kinds,
-        num_attention_heads=attention, n_mamba_heads=mamba, mamba_ngroups=draw(st.sampled_from(divisors(mamba))),
-        mamba_expand=draw(st.sampled_from([1, 2])), mamba_d_state=draw(st.integers(1, 4)),
-        intermediate_size=draw(st.integers(4, 16)), chunk_size=draw(st.integers(1, 6)),
-        num_mem_blocks=draw(st.integers(1, 2)), use_mem_rope=draw(st.booleans()),
-        use_shared_attention_adapter=draw(st.booleans()), adapter_rank=2))
+    net = Zamba2ForCausalLM(
+        Zamba2Config(
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            num_hidden_layers=len(kinds),
+            layers_block_type=kinds,
+            num_attention_heads=attention,
+            n_mamba_heads=mamba,
+            mamba_ngroups=draw(st.sampled_from(divisors(mamba))),
+            mamba_expand=draw(st.sampled_from([1, 2])),
+            mamba_d_state=draw(st.integers(1, 4)),
+            intermediate_size=draw(st.integers(4, 16)),
+            chunk_size=draw(st.integers(1, 6)),
+            num_mem_blocks=draw(st.integers(1, 2)),
+            use_mem_rope=draw(st.booleans()),
+            use_shared_attention_adapter=draw(st.booleans()),
+            adapter_rank=2,
+        )
+    )
     mamba_view = helpers.adapter_for(net).mamba_heads()
     with torch.no_grad():
         for layer in range(len(kinds)):
@@ -163,16 +224,31 @@ def build_llamba(draw, width=None, layers=None):
         v_heads = draw(st.sampled_from(divisors(width)[:4]))
         qk_heads, expand, d_model = draw(st.sampled_from(divisors(v_heads))), 1, width
     else:
-        qk_heads, per_qk, head_dim = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+        qk_heads, per_qk, head_dim = (
+            draw(st.integers(1, 3)),
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 4)),
+        )
         v_heads = qk_heads * per_qk
         expand = draw(st.sampled_from([e for e in (1, 2) if v_heads * head_dim % e == 0]))
         d_model = v_heads * head_dim // expand
-    return LlambaForCausalLM(LlambaConfig(
-        vocab_size=VOCAB, d_model=d_model, n_layer=layers or draw(st.integers(1, 3)),
-        mlp_cfg={"intermediate_size": draw(st.integers(4, 16))},
-        ssm_cfg={"d_state": draw(st.integers(1, 4)), "n_v_heads": v_heads, "n_qk_heads": qk_heads, "expand": expand,
-                 "d_conv": draw(st.integers(2, 4)), "chunk_size": draw(st.integers(1, 6)),
-                 "bias": draw(st.booleans())}))
+    return LlambaForCausalLM(
+        LlambaConfig(
+            vocab_size=VOCAB,
+            d_model=d_model,
+            n_layer=layers or draw(st.integers(1, 3)),
+            mlp_cfg={"intermediate_size": draw(st.integers(4, 16))},
+            ssm_cfg={
+                "d_state": draw(st.integers(1, 4)),
+                "n_v_heads": v_heads,
+                "n_qk_heads": qk_heads,
+                "expand": expand,
+                "d_conv": draw(st.integers(2, 4)),
+                "chunk_size": draw(st.integers(1, 6)),
+                "bias": draw(st.booleans()),
+            },
+        )
+    )
 
 
 @st.composite
@@ -185,14 +261,22 @@ def architectures(draw, family: str) -> Arch:
     elif family in ("mamba", "falcon_mamba"):
         model = build_mamba1(draw, family)
     else:
-        model = {"mamba2": build_mamba2, "zamba2": build_zamba2, "llamba": build_llamba}[family](draw)
+        model = {"mamba2": build_mamba2, "zamba2": build_zamba2, "llamba": build_llamba}[family](
+            draw
+        )
     model.eval()
     adapter = helpers.adapter_for(model)
     if family in ("mamba", "falcon_mamba"):  # a "head" is a group of channels
-        adapter = MambaAdapter(model, group=draw(st.sampled_from(divisors(model.config.intermediate_size))))
-    ssm = adapter.mamba_heads() if family == "zamba2" else adapter if family in SSM_FAMILIES else None
+        adapter = MambaAdapter(
+            model, group=draw(st.sampled_from(divisors(model.config.intermediate_size)))
+        )
+    ssm = (
+        adapter.mamba_heads() if family == "zamba2" else adapter if family in SSM_FAMILIES else None
+    )
     batch, T = draw(st.integers(1, 2)), draw(st.integers(1, 10))
-    ids = torch.randint(0, VOCAB, (batch, T), generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16))))
+    ids = torch.randint(
+        0, VOCAB, (batch, T), generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    )
     return Arch(model, adapter, ssm, ids)
 
 
@@ -208,6 +292,7 @@ def donor_for(draw, arch: Arch) -> torch.nn.Module:
 
 
 # --- random interventions -------------------------------------------------------------------------
+
 
 def some(draw, values: list) -> list:
     """A random non-empty subset of `values`, in their order."""
@@ -235,7 +320,9 @@ def masking(draw, arch: Arch, adapter: Adapter):
     layer = draw(st.sampled_from(head_layers(adapter)))
     heads = some(draw, list(range(adapter.n_heads(layer))))
     per_head = draw(st.booleans())
-    return mask_attention(adapter, layer, heads, random_mask(draw, arch.T, len(heads) if per_head else None))
+    return mask_attention(
+        adapter, layer, heads, random_mask(draw, arch.T, len(heads) if per_head else None)
+    )
 
 
 def interventions(draw, arch: Arch):
@@ -246,7 +333,11 @@ def interventions(draw, arch: Arch):
     kinds += ["zero_heads", "mask_attention"] if head_layers(adapter) else []
     kinds += ["remove_layers"] if n > 1 else []
     kinds += ["mask_last_row"] if any(adapter.is_attention(l) for l in range(n)) else []
-    kinds += ["ssm zero_heads", "ssm mask_attention"] if arch.ssm not in (None, adapter) and head_layers(arch.ssm) else []
+    kinds += (
+        ["ssm zero_heads", "ssm mask_attention"]
+        if arch.ssm not in (None, adapter) and head_layers(arch.ssm)
+        else []
+    )
     kind = draw(st.sampled_from(kinds))
     if kind == "zero_heads":
         return helpers.zero_heads(adapter, zeroing(draw, adapter))
@@ -268,6 +359,7 @@ def interventions(draw, arch: Arch):
 
 
 # --- what "restored" means ------------------------------------------------------------------------
+
 
 @torch.inference_mode()
 def logits(arch: Arch) -> torch.Tensor:
@@ -302,6 +394,7 @@ class Interrupted(Exception):
 
 # --- properties -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("family", FAMILIES)
 @PROPERTIES
 @given(data=st.data())
@@ -328,9 +421,13 @@ def test_an_empty_intervention_is_bit_identical_to_none(family, data):
     plain, before = logits(arch), snapshot(arch)
     adapter = arch.heads
     layer = data.draw(st.sampled_from(head_layers(adapter)))
-    empties = [helpers.zero_heads(adapter, {}), helpers.zero_heads(adapter, {layer: []}),
-               mask_attention(adapter, layer, [], torch.ones(arch.T, arch.T, dtype=torch.bool)),
-               mask_last_row(adapter, arch.T, layers=[]), helpers.swap_layers(adapter, donor_for(data.draw, arch), [])]
+    empties = [
+        helpers.zero_heads(adapter, {}),
+        helpers.zero_heads(adapter, {layer: []}),
+        mask_attention(adapter, layer, [], torch.ones(arch.T, arch.T, dtype=torch.bool)),
+        mask_last_row(adapter, arch.T, layers=[]),
+        helpers.swap_layers(adapter, donor_for(data.draw, arch), []),
+    ]
     if adapter.n_layers > 1:
         empties.append(helpers.remove_layers(adapter, []))
     with ExitStack() as stack:
@@ -354,7 +451,9 @@ def site_input(arch: Arch, site: torch.nn.Module) -> torch.Tensor:
 @given(data=st.data())
 def test_zeroing_heads_changes_exactly_their_slices_of_the_output_projection_input(family, data):
     arch = data.draw(architectures(family))
-    views = [arch.heads] + ([arch.ssm] if arch.ssm is not None and arch.ssm is not arch.heads else [])
+    views = [arch.heads] + (
+        [arch.ssm] if arch.ssm is not None and arch.ssm is not arch.heads else []
+    )
     adapter = data.draw(st.sampled_from(views))
     layer = data.draw(st.sampled_from(head_layers(adapter)))
     heads = some(data.draw, list(range(adapter.n_heads(layer))))
@@ -364,8 +463,10 @@ def test_zeroing_heads_changes_exactly_their_slices_of_the_output_projection_inp
         zeroed = site_input(arch, site)
     silenced = torch.zeros(plain.shape[-1], dtype=torch.bool)
     for h in heads:
-        silenced[h * width:(h + 1) * width] = True
-    assert silenced.sum() == len(heads) * width and plain.shape[-1] == adapter.n_heads(layer) * width
+        silenced[h * width : (h + 1) * width] = True
+    assert (
+        silenced.sum() == len(heads) * width and plain.shape[-1] == adapter.n_heads(layer) * width
+    )
     assert torch.all(zeroed[..., silenced] == 0)
     assert torch.equal(zeroed[..., ~silenced], plain[..., ~silenced])
 
@@ -373,7 +474,13 @@ def test_zeroing_heads_changes_exactly_their_slices_of_the_output_projection_inp
 def mixer_io(arch: Arch, adapter: Adapter, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixer's input u and what it feeds its `ssm_site` (its heads' outputs)."""
     seen = {}
-    with hooked(adapter, {(MIXER, layer): partial(seen.__setitem__, "u"), (SSM, layer): partial(seen.__setitem__, "y")}):
+    with hooked(
+        adapter,
+        {
+            (MIXER, layer): partial(seen.__setitem__, "u"),
+            (SSM, layer): partial(seen.__setitem__, "y"),
+        },
+    ):
         logits(arch)
     return seen["u"], seen["y"]
 
@@ -388,7 +495,9 @@ def from_hidden_attention(adapter: Adapter, layer: int, u: torch.Tensor) -> torc
         return (torch.einsum("bcts,bsc->btc", alpha, t["x"]) + mixer.D * t["x"]) * F.silu(t["z"])
     t = mixer.terms(u) if adapter.family == "llamba" else mamba2_terms(mixer, u)
     alpha = adapter.hidden_attention(layer, u)
-    y = (torch.einsum("bhts,bshp->bthp", alpha, t["x"].to(alpha.dtype)) + mixer.D[:, None] * t["x"]).flatten(-2)
+    y = (
+        torch.einsum("bhts,bshp->bthp", alpha, t["x"].to(alpha.dtype)) + mixer.D[:, None] * t["x"]
+    ).flatten(-2)
     return mixer.gate(y, t["z"]) if adapter.family == "llamba" else y
 
 
@@ -402,17 +511,32 @@ def test_hidden_attention_reproduces_the_mixer(family, data):
     u, y = mixer_io(arch, adapter, layer)
     with torch.inference_mode():
         by_hand = from_hidden_attention(adapter, layer, u)
-        masked = adapter.masked_heads_output(layer, u, list(range(adapter.n_heads(layer))),
-                                             torch.ones(arch.T, arch.T))
+        masked = adapter.masked_heads_output(
+            layer, u, list(range(adapter.n_heads(layer))), torch.ones(arch.T, arch.T)
+        )
     scale = max(1.0, y.abs().max().item())
-    torch.testing.assert_close(by_hand.to(y.dtype).reshape(y.shape), y, rtol=1e-4, atol=1e-5 * scale)
+    torch.testing.assert_close(
+        by_hand.to(y.dtype).reshape(y.shape), y, rtol=1e-4, atol=1e-5 * scale
+    )
     torch.testing.assert_close(masked.to(y.dtype).reshape(y.shape), y, rtol=1e-4, atol=1e-5 * scale)
 
 
 # --- every chapter's Config: random parameters are taken or refused at once ---------------------------
 
-CHAPTERS = ["attention_maps", "head_zeroing", "hybrid_models", "hybrid_swap", "kv_retrieval", "layer_pruning",
-            "layer_removal", "masking", "retrieval_aware", "robustness", "ssm_vs_attention", "toy_zoo"]
+CHAPTERS = [
+    "attention_maps",
+    "head_zeroing",
+    "hybrid_models",
+    "hybrid_swap",
+    "kv_retrieval",
+    "layer_pruning",
+    "layer_removal",
+    "masking",
+    "retrieval_aware",
+    "robustness",
+    "ssm_vs_attention",
+    "toy_zoo",
+]
 
 
 def parameter_values():
@@ -420,16 +544,27 @@ def parameter_values():
     model names, None (the default)."""
     names = sorted(helpers.MODELS)
     return st.one_of(
-        st.none(), st.booleans(), st.integers(-3, 40), st.integers(10**5, 10**13), st.floats(-1, 2),
-        st.sampled_from(names), st.lists(st.sampled_from(names), min_size=1, max_size=2),
-        st.text(max_size=4), st.lists(st.integers(-2, 120), max_size=4),
+        st.none(),
+        st.booleans(),
+        st.integers(-3, 40),
+        st.integers(10**5, 10**13),
+        st.floats(-1, 2),
+        st.sampled_from(names),
+        st.lists(st.sampled_from(names), min_size=1, max_size=2),
+        st.text(max_size=4),
+        st.lists(st.integers(-2, 120), max_size=4),
         st.sampled_from(["L1H0", "L40H2", [3, -1], [[1, 0]], ["L0H0"], ["L2H1", "L1H0"]]),
-        st.sampled_from(["kv", "mmlu", "paper", "repeat", "layer ablation", "none"]))
+        st.sampled_from(["kv", "mmlu", "paper", "repeat", "layer ablation", "none"]),
+    )
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-@settings(max_examples=max(10, EXAMPLES // 2), deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=max(10, EXAMPLES // 2),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_a_chapter_config_takes_or_refuses_random_parameters_at_once(name, data):
     """Either a Config, or a ConfigError naming the parameter, in under a second: never another

@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 
 from helpers import paths, provenance, zoo
-from helpers.protocol import base
 from helpers.experiments import toy_zoo
+from helpers.protocol import base
 from helpers.sweep import Store
 
-CHAPTERS = sorted(p.stem for p in (provenance.PACKAGE / "experiments").glob("*.py") if p.stem != "__init__")
-SHARED = sorted(p.stem for p in (provenance.PACKAGE / "protocol").glob("*.py") if p.stem != "__init__")  # what chapters share
+CHAPTERS = sorted(
+    p.stem for p in (provenance.PACKAGE / "experiments").glob("*.py") if p.stem != "__init__"
+)
+SHARED = sorted(
+    p.stem for p in (provenance.PACKAGE / "protocol").glob("*.py") if p.stem != "__init__"
+)  # what chapters share
 
 
 def edited(tmp_path: Path, name: str, *files: str) -> Path:
@@ -27,11 +31,14 @@ def edited(tmp_path: Path, name: str, *files: str) -> Path:
 
 
 def versions(package: Path | None = None) -> dict[str, str]:
-    return {**{c: provenance.measurement_version(c, package) for c in CHAPTERS},
-            **{m: provenance.measurement_version(f"helpers.protocol.{m}", package) for m in SHARED}}
+    return {
+        **{c: provenance.measurement_version(c, package) for c in CHAPTERS},
+        **{m: provenance.measurement_version(f"helpers.protocol.{m}", package) for m in SHARED},
+    }
 
 
 # --- the rule, on a package made up for the test ------------------------------------------------
+
 
 def made_up(root: Path, extra: dict[str, str] | None = None) -> tuple[Path, Path]:
     """A package and a data folder: the chapter `a` imports `stats` at the top, `scorer` inside a
@@ -43,7 +50,10 @@ def made_up(root: Path, extra: dict[str, str] | None = None) -> tuple[Path, Path
         "experiments/a.py": "from .. import stats\nfrom . import b\n\ndef run():\n    from ..scorer import score\n",
         "experiments/b.py": "from ..plots import figure\n",
         "plots.py": "from . import secret\n",
-        "secret.py": "", "scorer.py": "", "stats.py": "", "unrelated.py": "",
+        "secret.py": "",
+        "scorer.py": "",
+        "stats.py": "",
+        "unrelated.py": "",
         **(extra or {}),
     }
     package, data = root / "helpers", root / "data"
@@ -59,19 +69,33 @@ def made_up(root: Path, extra: dict[str, str] | None = None) -> tuple[Path, Path
 def test_a_module_reads_what_it_imports_anywhere_but_not_through_presentation_modules(tmp_path):
     package, data = made_up(tmp_path / "original")
     assert provenance.measurement_files("a", package) == [
-        "__init__.py", "experiments/__init__.py", "experiments/a.py", "experiments/b.py", "scorer.py", "stats.py"]
-    assert provenance.measurement_files("b", package) == ["__init__.py", "experiments/__init__.py", "experiments/b.py"]
+        "__init__.py",
+        "experiments/__init__.py",
+        "experiments/a.py",
+        "experiments/b.py",
+        "scorer.py",
+        "stats.py",
+    ]
+    assert provenance.measurement_files("b", package) == [
+        "__init__.py",
+        "experiments/__init__.py",
+        "experiments/b.py",
+    ]
     before = {m: provenance.measurement_version(m, package, data) for m in ("a", "b")}
 
     def after(rel: str = "", data_file: str = "") -> dict[str, str]:
-        p, d = made_up(tmp_path / f"edit-{len(list(tmp_path.iterdir()))}", {rel: "# edited\n"} if rel else None)
+        p, d = made_up(
+            tmp_path / f"edit-{len(list(tmp_path.iterdir()))}", {rel: "# edited\n"} if rel else None
+        )
         if data_file:
             (d / data_file).write_text("2\n")
         return {m: provenance.measurement_version(m, p, d) for m in ("a", "b")}
 
     assert after("plots.py") == after("secret.py") == after("unrelated.py") == before
     assert after(data_file="reference/paper.csv") == before  # the paper's numbers: presentation
-    assert after("scorer.py") == {"a": after("scorer.py")["a"], "b": before["b"]} != before  # imported inside a function
+    assert (
+        after("scorer.py") == {"a": after("scorer.py")["a"], "b": before["b"]} != before
+    )  # imported inside a function
     assert after("experiments/b.py")["a"] != before["a"]  # a chapter it imports
     assert all(v != before[m] for m, v in after(data_file="fixtures/items.jsonl").items())
 
@@ -79,25 +103,32 @@ def test_a_module_reads_what_it_imports_anywhere_but_not_through_presentation_mo
 def test_a_module_that_is_no_measurement_is_refused_with_what_is_known():
     with pytest.raises(ValueError, match=r"unknown module 'nope': .*one of .*layer_pruning"):
         provenance.measurement_version("nope")
-    with pytest.raises(ValueError, match=r"helpers\.plots is presentation .*computes no stored number"):
+    with pytest.raises(
+        ValueError, match=r"helpers\.plots is presentation .*computes no stored number"
+    ):
         provenance.measurement_version("helpers.plots")
 
 
 # --- the rule on the package itself ---------------------------------------------------------------
+
 
 def test_no_chapter_reads_a_presentation_module_or_the_reference_numbers():
     presentation = {f"{m}.py" for m in provenance.PRESENTATION}
     for chapter in CHAPTERS:
         files = provenance.measurement_files(chapter)
         assert f"experiments/{chapter}.py" in files and not presentation & set(files), chapter
-    assert provenance.measurement_version("layer_pruning") == provenance.measurement_version("helpers.experiments.layer_pruning")
+    assert provenance.measurement_version("layer_pruning") == provenance.measurement_version(
+        "helpers.experiments.layer_pruning"
+    )
 
 
 def test_editing_presentation_modules_leaves_every_chapters_version(tmp_path):
     before = versions()
     copy = edited(tmp_path, "helpers", *(f"{m}.py" for m in provenance.PRESENTATION))
     assert versions(copy) == before
-    assert provenance.measurement_version("toy_zoo", edited(tmp_path, "again")) == before["toy_zoo"]  # a copy is the same code
+    assert (
+        provenance.measurement_version("toy_zoo", edited(tmp_path, "again")) == before["toy_zoo"]
+    )  # a copy is the same code
 
 
 def test_editing_the_scorer_changes_every_chapters_version(tmp_path):
@@ -107,28 +138,44 @@ def test_editing_the_scorer_changes_every_chapters_version(tmp_path):
 
 def test_editing_a_chapter_changes_its_version_only_and_a_shared_module_its_importers(tmp_path):
     # No chapter imports another (tests/test_layers.py): a chapter's edit recomputes that chapter alone.
-    before, after = versions(), versions(edited(tmp_path, "helpers", "experiments/layer_pruning.py"))
+    before, after = (
+        versions(),
+        versions(edited(tmp_path, "helpers", "experiments/layer_pruning.py")),
+    )
     assert {c for c in CHAPTERS if after[c] != before[c]} == {"layer_pruning"}
     # The minimal model's walk is read by the chapters that work in the minimal model, and by the
     # head screen that two of them share.
     after = versions(edited(tmp_path, "again", "protocol/minimal.py"))
-    assert {c for c in after if after[c] != before[c]} == {"minimal", "head_screen", "layer_pruning", "layer_removal",
-                                                           "head_zeroing", "masking"}
+    assert {c for c in after if after[c] != before[c]} == {
+        "minimal",
+        "head_screen",
+        "layer_pruning",
+        "layer_removal",
+        "head_zeroing",
+        "masking",
+    }
     assert after["ssm_vs_attention"] == before["ssm_vs_attention"]
 
 
 # --- end to end: a chapter's run ------------------------------------------------------------------
 
+
 def numbers(result) -> dict:
-    return {m: {k: s.to_json() for k, s in scores.items()} for m, scores in result.remeasured.items()}
+    return {
+        m: {k: s.to_json() for k, s in scores.items()} for m, scores in result.remeasured.items()
+    }
 
 
-def test_a_presentation_edit_recomputes_no_cell_and_a_scorer_edit_recomputes_every_one(tmp_path, monkeypatch):
+def test_a_presentation_edit_recomputes_no_cell_and_a_scorer_edit_recomputes_every_one(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("GA_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(base, "_opened", {})
     computed = []
     put = Store.put
-    monkeypatch.setattr(Store, "put", lambda self, cell, result: (computed.append(cell), put(self, cell, result))[1])
+    monkeypatch.setattr(
+        Store, "put", lambda self, cell, result: (computed.append(cell), put(self, cell, result))[1]
+    )
     cfg = toy_zoo.Config.for_profile("cpu", smoke=True, n=4)
     folder = tmp_path / "results" / "toy_zoo"
 
@@ -141,15 +188,22 @@ def test_a_presentation_edit_recomputes_no_cell_and_a_scorer_edit_recomputes_eve
     assert len(computed) == len(zoo.RECIPES)
     (store,) = folder.glob("*.jsonl")
     assert first.provenance["stores"] == [store.name] and store.name.endswith(
-        f"-{provenance.measurement_version('toy_zoo')}.jsonl")
+        f"-{provenance.measurement_version('toy_zoo')}.jsonl"
+    )
     size = store.stat().st_size
 
     figures = run(edited(tmp_path, "figures", "plots.py", "page.py", "verdicts.py"))
-    assert computed == [] and list(folder.glob("*.jsonl")) == [store] and store.stat().st_size == size
-    assert figures.provenance["code"] != first.provenance["code"]  # what named the stores before: all recomputed
+    assert (
+        computed == [] and list(folder.glob("*.jsonl")) == [store] and store.stat().st_size == size
+    )
+    assert (
+        figures.provenance["code"] != first.provenance["code"]
+    )  # what named the stores before: all recomputed
     assert numbers(figures) == numbers(first)
 
     scorer = run(edited(tmp_path, "scorer", "evaluate.py"))
     assert len(computed) == len(zoo.RECIPES) and len(list(folder.glob("*.jsonl"))) == 2
-    assert numbers(scorer) == numbers(first)  # the edit was a comment: the same numbers, computed again
+    assert numbers(scorer) == numbers(
+        first
+    )  # the edit was a comment: the same numbers, computed again
     assert paths.results_dir("toy_zoo") == folder

@@ -49,17 +49,23 @@ def test_a_heads_own_output_at_its_only_position_as_the_mean_changes_nothing(smo
     one = torch.tensor([[42]])
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=200)
     seen = {}
-    hook = smol.adapter.head_site(16).register_forward_pre_hook(lambda m, a: seen.update(x=a[0][0, 0].clone()))
+    hook = smol.adapter.head_site(16).register_forward_pre_hook(
+        lambda m, a: seen.update(x=a[0][0, 0].clone())
+    )
     plain = logits(smol, one)
     hook.remove()
     with replace_heads(smol, {16: [3]}, {16: seen["x"]}):
         assert torch.equal(logits(smol, one), plain)
     # and the engine's mean of a one-item set is the average over its real tokens, padding left out
     xs = engine.site_inputs(16)
-    assert len(xs) > 1 and any(not engine.valid(i).all() for i in range(len(xs)))  # several batches, some padding
+    assert len(xs) > 1 and any(
+        not engine.valid(i).all() for i in range(len(xs))
+    )  # several batches, some padding
     real = torch.cat([x[engine.valid(i)] for i, x in enumerate(xs)]).double()
     assert len(real) == int(engine.rows.lengths.sum())
-    np.testing.assert_allclose(engine.site_mean(16).numpy(), real.mean(0).numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        engine.site_mean(16).numpy(), real.mean(0).numpy(), rtol=0, atol=1e-6
+    )
 
 
 def test_engine_replacement_equals_the_intervention_on_the_plain_scorer(smol, kv):
@@ -68,7 +74,9 @@ def test_engine_replacement_equals_the_intervention_on_the_plain_scorer(smol, kv
     mean = engine.site_mean(16)
     ablations = [{16: [0]}, {16: [2, 7]}]
     zero = engine.replaced(ablations, {16: torch.zeros(width)})
-    np.testing.assert_array_equal(zero, engine.loglikelihoods(ablations))  # zero: the engine's zeroing exactly
+    np.testing.assert_array_equal(
+        zero, engine.loglikelihoods(ablations)
+    )  # zero: the engine's zeroing exactly
     got = engine.replaced(ablations, {16: mean})
     for ablation, row in zip(ablations, got):
         with replace_heads(smol, ablation, {16: mean}):
@@ -82,11 +90,18 @@ def test_resampling_from_oneself_changes_nothing_and_from_another_prompt_somethi
     same = SweepEngine(smol, smol.tokenizer, kv)
     assert engine.same_layout(same)
     clean = engine.loglikelihoods([{}])
-    np.testing.assert_allclose(engine.replaced([{16: [0, 1, 2]}], {16: same.site_inputs(16)}), clean, rtol=0, atol=1e-9)
-    other = [helpers.Item(tuple((kv[(i + 1) % len(kv)].pairs[0][0], c) for _, c in it.pairs), it.gold) for i, it in enumerate(kv)]
+    np.testing.assert_allclose(
+        engine.replaced([{16: [0, 1, 2]}], {16: same.site_inputs(16)}), clean, rtol=0, atol=1e-9
+    )
+    other = [
+        helpers.Item(tuple((kv[(i + 1) % len(kv)].pairs[0][0], c) for _, c in it.pairs), it.gold)
+        for i, it in enumerate(kv)
+    ]
     donor = SweepEngine(smol, smol.tokenizer, other)
     if donor.same_layout(engine):
-        assert not np.allclose(engine.replaced([{16: [0]}], {16: donor.site_inputs(16)}), clean, atol=1e-3)
+        assert not np.allclose(
+            engine.replaced([{16: [0]}], {16: donor.site_inputs(16)}), clean, atol=1e-3
+        )
 
 
 def test_bad_replacement_values_name_the_fix(smol, kv):

@@ -15,15 +15,28 @@ import pytest
 from helpers import benchmarks as bm
 from helpers import runner
 from helpers.errors import ConfigError
-from helpers.experiments import (attention_maps, beyond_mmlu, head_zeroing, hybrid_models, hybrid_swap, kv_retrieval,
-                                 layer_removal, masking, retrieval_aware, robustness)
+from helpers.experiments import (
+    attention_maps,
+    beyond_mmlu,
+    head_zeroing,
+    hybrid_models,
+    hybrid_swap,
+    kv_retrieval,
+    layer_removal,
+    masking,
+    retrieval_aware,
+    robustness,
+)
 from helpers.protocol import base, distilled, head_screen, minimal, roles, shared
 from helpers.sweep import Store, sweep
 
 TOY = "toy-transformer"
 HEADS = {"G": ["L1H0"], "A": ["L2H1"]}
 # sizes up to the toy task's 32 values, so that the scores are not all 1
-CELLS = [dict(model=TOY, pairs=k, n=12, seed=5, query="repeat", heads=HEADS) for k in (4, 12, 20, 24, 28, 32)]
+CELLS = [
+    dict(model=TOY, pairs=k, n=12, seed=5, query="repeat", heads=HEADS)
+    for k in (4, 12, 20, 24, 28, 32)
+]
 LOG = "GA_TEST_RUNNER_LOG"  # a folder where the measurement below notes each call (pid, cell)
 
 
@@ -65,8 +78,12 @@ def cluster(tmp_path_factory):
     os.environ[LOG] = str(log)
     here = str(Path(__file__).parent)  # the workers import this module's measurement
     path = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {LOG: str(log), "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {LOG: str(log), "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}},
+    )
     yield log
     os.environ.pop(LOG)
     runner.shutdown()
@@ -83,14 +100,18 @@ def log(cluster):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The table computed here, in one process, once for the module."""
-    return sweep(Store(tmp_path_factory.mktemp("one") / "one.jsonl"), CELLS, kv_retrieval.measure_size)
+    return sweep(
+        Store(tmp_path_factory.mktemp("one") / "one.jsonl"), CELLS, kv_retrieval.measure_size
+    )
 
 
 def stored_cells(path):
     return [json.loads(line)["cell"] for line in path.read_text().splitlines()]
 
 
-def test_two_workers_give_the_table_of_one_process_bit_for_bit(log, one_process, tmp_path, monkeypatch):
+def test_two_workers_give_the_table_of_one_process_bit_for_bit(
+    log, one_process, tmp_path, monkeypatch
+):
     rows = sweep(Store(tmp_path / "two.jsonl"), CELLS, logged_size, workers=2)
     assert rows == one_process
     assert {r["model"]["correct"] for r in rows} != {"1" * 12}  # the scores are not trivially equal
@@ -102,18 +123,26 @@ def test_two_workers_give_the_table_of_one_process_bit_for_bit(log, one_process,
     spread = shared.kv_ranking(base.load(TOY), "cpu", True, workers=2)
     pd.testing.assert_frame_equal(spread.table, alone.table, check_exact=True)
     assert spread.clean.to_json() == alone.clean.to_json()
-    assert spread.table.estimate.nunique() > 1 and spread.table.acc.notna().sum() >= 8  # two layers of 4 heads
+    assert (
+        spread.table.estimate.nunique() > 1 and spread.table.acc.notna().sum() >= 8
+    )  # two layers of 4 heads
 
 
-def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_store(log, one_process, tmp_path):
+def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_store(
+    log, one_process, tmp_path
+):
     (log / "kill").touch()
     path = tmp_path / "two.jsonl"
     rows = sweep(Store(path), CELLS, logged_size, workers=2)
     killed = json.loads((log / "killed").read_text())
     after = [c["pid"] for c in calls(log) if c["cell"] == killed["cell"]]
-    assert after[0] == killed["pid"] and len(after) == 2 and after[1] != killed["pid"]  # redone by a fresh worker
+    assert (
+        after[0] == killed["pid"] and len(after) == 2 and after[1] != killed["pid"]
+    )  # redone by a fresh worker
     assert rows == one_process
-    assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS))  # each cell once
+    assert sorted(map(json.dumps, stored_cells(path))) == sorted(
+        map(json.dumps, CELLS)
+    )  # each cell once
 
 
 def failing_size(cell):
@@ -123,17 +152,23 @@ def failing_size(cell):
     return kv_retrieval.measure_size(cell)
 
 
-def test_a_chapters_measurement_of_benchmark_specs_gives_the_table_of_one_process_on_two_workers(cluster, tmp_path):
+def test_a_chapters_measurement_of_benchmark_specs_gives_the_table_of_one_process_on_two_workers(
+    cluster, tmp_path
+):
     """A measurement whose cell names its items by a benchmark's spec (`benchmarks.from_spec`):
     the workers make the same items again (the pruning walk on the toy's letter MCQ and KV task)."""
-    cells = [dict(model=TOY, benchmark=b.name, items=b.spec)
-             for b in (bm.letter_mcq(TOY, None, "cpu", 12, seed=3), bm.kv(TOY, None, 8, 12, seed=3))]
+    cells = [
+        dict(model=TOY, benchmark=b.name, items=b.spec)
+        for b in (bm.letter_mcq(TOY, None, "cpu", 12, seed=3), bm.kv(TOY, None, 8, 12, seed=3))
+    ]
     alone = sweep(Store(tmp_path / "one.jsonl"), cells, minimal.measure_depths)
     assert sweep(Store(tmp_path / "two.jsonl"), cells, minimal.measure_depths, workers=2) == alone
     assert len({r["1"]["correct"] for r in alone}) == 2  # two benchmarks' own items, not one twice
 
 
-def test_a_measurement_that_raises_on_a_worker_raises_its_own_error_after_the_cells_in_flight(cluster, tmp_path):
+def test_a_measurement_that_raises_on_a_worker_raises_its_own_error_after_the_cells_in_flight(
+    cluster, tmp_path
+):
     path = tmp_path / "s.jsonl"
     with pytest.raises(ValueError, match="no room for 32 keys"):
         sweep(Store(path), CELLS, failing_size, workers=2)
@@ -141,7 +176,9 @@ def test_a_measurement_that_raises_on_a_worker_raises_its_own_error_after_the_ce
     assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS[:-1]))
 
 
-def test_an_interrupted_run_resumes_computing_only_the_rest(log, one_process, tmp_path, monkeypatch):
+def test_an_interrupted_run_resumes_computing_only_the_rest(
+    log, one_process, tmp_path, monkeypatch
+):
     path = tmp_path / "two.jsonl"
     store = Store(path)
     put = store.put
@@ -156,7 +193,9 @@ def test_an_interrupted_run_resumes_computing_only_the_rest(log, one_process, tm
         sweep(store, CELLS, logged_size, workers=2)
     kept = stored_cells(path)
     assert len(kept) == 2
-    first = {c["pid"] for c in calls(log)}  # the interrupted run's workers (let go of: the resumed run starts fresh ones)
+    first = {
+        c["pid"] for c in calls(log)
+    }  # the interrupted run's workers (let go of: the resumed run starts fresh ones)
     rows = sweep(Store(path), CELLS, logged_size, workers=2)
     resumed = [json.dumps(c["cell"]) for c in calls(log) if c["pid"] not in first]
     assert sorted(resumed) == sorted(json.dumps(c) for c in CELLS if c not in kept)
@@ -164,7 +203,9 @@ def test_an_interrupted_run_resumes_computing_only_the_rest(log, one_process, tm
 
 
 def test_more_workers_than_the_cluster_has_devices_is_refused_naming_the_most(cluster, tmp_path):
-    with pytest.raises(ConfigError, match=r"workers=3, but the Ray cluster has 2 CPUs .* at most 2"):
+    with pytest.raises(
+        ConfigError, match=r"workers=3, but the Ray cluster has 2 CPUs .* at most 2"
+    ):
         sweep(Store(tmp_path / "s.jsonl"), CELLS, logged_size, workers=3)
     assert len(Store(tmp_path / "s.jsonl")) == 0
 
@@ -175,27 +216,53 @@ def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
     def compute(cell):
         return {"model": str(loaded)}
 
-    with pytest.raises(ConfigError, match=r"module-level function of a cell .*test_runner\..*compute.*"
-                                          r"base\.model_for\(cell\['model'\]\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"module-level function of a cell .*test_runner\..*compute.*"
+        r"base\.model_for\(cell\['model'\]\)",
+    ):
         sweep(Store(tmp_path / "s.jsonl"), CELLS, compute, workers=2)
     with pytest.raises(ConfigError, match="module-level function"):
         sweep(Store(tmp_path / "s.jsonl"), CELLS, lambda c: {}, workers=2)
     assert not (tmp_path / "s.jsonl").exists()
-    assert runner.measurement_name(kv_retrieval.measure_size) == "helpers.experiments.kv_retrieval:measure_size"
-    assert runner.measurement_name("helpers.protocol.shared:measure_layer") == "helpers.protocol.shared:measure_layer"
+    assert (
+        runner.measurement_name(kv_retrieval.measure_size)
+        == "helpers.experiments.kv_retrieval:measure_size"
+    )
+    assert (
+        runner.measurement_name("helpers.protocol.shared:measure_layer")
+        == "helpers.protocol.shared:measure_layer"
+    )
 
 
 # The chapters' measurements: module-level functions of a cell, each can be sent to a worker.
-MEASUREMENTS = [minimal.measure_depths, layer_removal.measure_removals, head_screen.measure_screen,
-                head_zeroing.measure_conditions, attention_maps.measure_maps, distilled.measure_teacher_layer,
-                hybrid_swap.measure_swap, hybrid_models.measure_condition, hybrid_models.measure_as_is,
-                masking.measure_conditions, kv_retrieval.measure_size, shared.measure_screen, shared.measure_layer,
-                beyond_mmlu.measure_ranking, robustness.measure_kinds, robustness.measure_cut,
-                robustness.measure_patching, robustness.measure_clean,
-                roles.measure_behaviour, retrieval_aware.measure]
+MEASUREMENTS = [
+    minimal.measure_depths,
+    layer_removal.measure_removals,
+    head_screen.measure_screen,
+    head_zeroing.measure_conditions,
+    attention_maps.measure_maps,
+    distilled.measure_teacher_layer,
+    hybrid_swap.measure_swap,
+    hybrid_models.measure_condition,
+    hybrid_models.measure_as_is,
+    masking.measure_conditions,
+    kv_retrieval.measure_size,
+    shared.measure_screen,
+    shared.measure_layer,
+    beyond_mmlu.measure_ranking,
+    robustness.measure_kinds,
+    robustness.measure_cut,
+    robustness.measure_patching,
+    robustness.measure_clean,
+    roles.measure_behaviour,
+    retrieval_aware.measure,
+]
 
 
-@pytest.mark.parametrize("measure", MEASUREMENTS, ids=lambda m: f"{m.__module__.rpartition('.')[2]}.{m.__name__}")
+@pytest.mark.parametrize(
+    "measure", MEASUREMENTS, ids=lambda m: f"{m.__module__.rpartition('.')[2]}.{m.__name__}"
+)
 def test_every_chapters_measurement_can_be_sent_to_a_worker(measure):
     assert runner.measurement_name(measure) == f"{measure.__module__}:{measure.__name__}"
     assert runner.measurement(runner.measurement_name(measure)) is measure
@@ -206,24 +273,45 @@ def test_a_benchmark_made_again_from_its_spec_holds_the_same_items_in_order():
     gives its items again: for each kind, on a toy and on the CPU profile's letter set, and for
     a part of a seeded split of a part."""
     smol = "smollm2-135m-instruct"  # its items need no model: only a segments function reads the tokenizer
-    made = [bm.kv(TOY, None, 4, 6, seed=2), bm.kv(smol, None, 4, 6, seed=2, query="repeat"),
-            bm.letter_mcq(TOY, None, "cpu", 6, seed=1), bm.letter_mcq(smol, None, "cpu", 6, seed=1, k_shot=1),
-            *bm.knowledge(TOY, "cpu", 5), *bm.knowledge(smol, "cpu", 5, seed=4)]
+    made = [
+        bm.kv(TOY, None, 4, 6, seed=2),
+        bm.kv(smol, None, 4, 6, seed=2, query="repeat"),
+        bm.letter_mcq(TOY, None, "cpu", 6, seed=1),
+        bm.letter_mcq(smol, None, "cpu", 6, seed=1, k_shot=1),
+        *bm.knowledge(TOY, "cpu", 5),
+        *bm.knowledge(smol, "cpu", 5, seed=4),
+    ]
     every = bm.letter_mcq(smol, None, "cpu", 40, seed=1)
     check = bm.part(every, 10, 30, shuffle="split-1")
-    made += [check, bm.part(check, 0, 5), bm.part(bm.kv(smol, None, 4, 9), 3), bm.twins(check),
-             bm.letter_mcq(smol, None, "cpu", 6, seed=1, permuted=True)]
+    made += [
+        check,
+        bm.part(check, 0, 5),
+        bm.part(bm.kv(smol, None, 4, 9), 3),
+        bm.twins(check),
+        bm.letter_mcq(smol, None, "cpu", 6, seed=1, permuted=True),
+    ]
     for b in made:
         again = bm.from_spec(json.loads(json.dumps(b.spec)), None)
-        assert (again.name, again.role, again.items) == (b.name, b.role, b.items) and again.spec == b.spec
+        assert (again.name, again.role, again.items) == (
+            b.name,
+            b.role,
+            b.items,
+        ) and again.spec == b.spec
     # the seeded split: disjoint consecutive ranges, each in the whole's order; not the whole's first items
     screen = bm.part(every, 0, 10, shuffle="split-1")
     assert not set(screen.items) & set(check.items) and len(set(screen.items + check.items)) == 30
-    assert check.items == [it for it in every.items if it in check.items] and check.items != every.items[10:30]
+    assert (
+        check.items == [it for it in every.items if it in check.items]
+        and check.items != every.items[10:30]
+    )
     assert bm.part(check, 0, 5).items == check.items[:5]
-    assert bm.from_spec(bm.kv(TOY, None, 4, 6, seed=3).spec, None).items != made[0].items  # the seed is in the spec
-    assert [c.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:") in m.pairs[0][0]
-            for m, c in zip(check.items, bm.twins(check).items)] == [True] * 20  # the twins of the very items
+    assert (
+        bm.from_spec(bm.kv(TOY, None, 4, 6, seed=3).spec, None).items != made[0].items
+    )  # the seed is in the spec
+    assert [
+        c.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:") in m.pairs[0][0]
+        for m, c in zip(check.items, bm.twins(check).items)
+    ] == [True] * 20  # the twins of the very items
     with pytest.raises(ConfigError, match="kind is one of kv, mcq, knowledge, twins, part"):
         bm.from_spec({"kind": "mmlu"}, None)
 
@@ -242,7 +330,9 @@ def test_a_bad_worker_count_is_refused_before_any_work(workers):
         kv_retrieval.Config.for_profile("cpu", smoke=True, model=TOY, workers=workers)
 
 
-def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads_each_once(monkeypatch):
+def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads_each_once(
+    monkeypatch,
+):
     """A paper model is never loaded twice in one process: `model_for` hands a measurement the
     copy the chapter holds; with none held (a Ray worker), it loads one and keeps it."""
     from helpers import models
@@ -258,7 +348,9 @@ def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads
     for cache in ("_held_models", "_kept"):  # the fakes below go with the test
         monkeypatch.setattr(base, cache, type(getattr(base, cache))())
     chapters = base.load("llama-3.2-3b-instruct")
-    assert base.model_for("llama-3.2-3b-instruct") is chapters and loads == ["llama-3.2-3b-instruct"]
+    assert base.model_for("llama-3.2-3b-instruct") is chapters and loads == [
+        "llama-3.2-3b-instruct"
+    ]
     del chapters  # the chapter done with it: a worker's own load, kept for its next cells
     kept = base.model_for("llama-3.2-3b-instruct")
     assert base.model_for("llama-3.2-3b-instruct") is kept and len(loads) == 2
@@ -267,11 +359,16 @@ def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads
     assert first() is None and len(loads) == 3
     # A measurement of two models (a swap) keeps both: its next cell loads nothing, the one before's goes.
     student, teacher = base.models_for("llamba-3b", "llama-3.2-3b-instruct")
-    assert base.models_for("llamba-3b", "llama-3.2-3b-instruct") == [student, teacher] and len(loads) == 5
+    assert (
+        base.models_for("llamba-3b", "llama-3.2-3b-instruct") == [student, teacher]
+        and len(loads) == 5
+    )
     assert set(base._kept) == {"llamba-3b", "llama-3.2-3b-instruct"}
 
 
-def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(monkeypatch, tmp_path):
+def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(
+    monkeypatch, tmp_path
+):
     """`shared.kv_ranking` (a screen cell, then one cell per swept layer) gives the table of
     `screen.rank_heads`, which sweeps the layers in one go on one engine."""
     from helpers import benchmarks as bm
@@ -282,8 +379,13 @@ def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(m
     loaded = base.load(TOY)
     ranking = shared.kv_ranking(loaded, "cpu", True)
     s = ranking.settings
-    engine = SweepEngine(loaded, loaded.tokenizer, bm.kv(loaded.name, loaded.tokenizer, s["pairs"], s["n"], s["seed"],
-                                                         s["query"], s["form"]).items)
+    engine = SweepEngine(
+        loaded,
+        loaded.tokenizer,
+        bm.kv(
+            loaded.name, loaded.tokenizer, s["pairs"], s["n"], s["seed"], s["query"], s["form"]
+        ).items,
+    )
     whole = rank_heads(engine, s["top"], alpha=s["alpha"], also=s["paper_layers"], progress=False)
     pd.testing.assert_frame_equal(ranking.table, whole, check_exact=True)
     assert ranking.table.acc.notna().sum() >= 2 and ranking.table.estimate.nunique() > 1
@@ -294,13 +396,20 @@ def test_rays_processes_left_by_a_killed_driver_are_found_and_a_running_clusters
     import subprocess
     import time
 
-    orphan = subprocess.Popen(["ray::DashboardAgent", "30"], executable="/bin/sleep")  # its parent: no raylet
-    raylet = subprocess.Popen(["raylet", "-c", "(exec -a ray::IDLE sleep 30) & wait"], executable="/bin/bash")
+    orphan = subprocess.Popen(
+        ["ray::DashboardAgent", "30"], executable="/bin/sleep"
+    )  # its parent: no raylet
+    raylet = subprocess.Popen(
+        ["raylet", "-c", "(exec -a ray::IDLE sleep 30) & wait"], executable="/bin/bash"
+    )
     try:
         for _ in range(100):
             names = {c for _, c in runner.leftovers()}
-            worker = [p for p in (int(d.name) for d in Path("/proc").glob("[0-9]*"))
-                      if runner._command(str(p)).startswith("ray::IDLE")]
+            worker = [
+                p
+                for p in (int(d.name) for d in Path("/proc").glob("[0-9]*"))
+                if runner._command(str(p)).startswith("ray::IDLE")
+            ]
             if "ray::DashboardAgent" in names and worker:
                 break
             time.sleep(0.02)

@@ -1,9 +1,16 @@
-import pytest
 import numpy as np
+import pytest
 import torch
 
 import helpers
-from helpers.segments import aggregate_pattern, gather_pattern, kv_segments, mass_by_role, mcq_segments, sharpness
+from helpers.segments import (
+    aggregate_pattern,
+    gather_pattern,
+    kv_segments,
+    mass_by_role,
+    mcq_segments,
+    sharpness,
+)
 
 
 def test_kv_segments(smol):
@@ -21,7 +28,9 @@ def test_kv_segments(smol):
 def test_mcq_segments(smol):
     item = helpers.load_mmlu("cpu", k=1)[0]
     seg = mcq_segments(smol.tokenizer, item.pairs[0][0], item.gold)
-    assert seg.segment.max() == 3 and [seg.labels[np.flatnonzero(seg.segment == s)[0]] for s in range(4)] == list("ABCD")
+    assert seg.segment.max() == 3 and [
+        seg.labels[np.flatnonzero(seg.segment == s)[0]] for s in range(4)
+    ] == list("ABCD")
 
 
 def test_patterns(smol):
@@ -42,8 +51,12 @@ def test_patterns(smol):
 
 
 def test_mass_and_sharpness():
-    seg = helpers.segments.Segments(list("abcdefg"), np.array([-1, 0, 0, 1, 1, -1, -1]),
-                                    ["other", "key", "end", "key", "end", "query", "query"], 1)
+    seg = helpers.segments.Segments(
+        list("abcdefg"),
+        np.array([-1, 0, 0, 1, 1, -1, -1]),
+        ["other", "key", "end", "key", "end", "query", "query"],
+        1,
+    )
     row = np.array([0.1, 0.1, 0.1, 0.2, 0.4, 0.05, 0.05])
     m = mass_by_role(row, seg)
     assert m["answer key"] == 0.2 and m["answer end"] == 0.4 and m["other segments"] == 0.2
@@ -62,7 +75,12 @@ def test_score_with_patterns(smol):
     same = score_with_patterns(smol, items, seg, lambda s: {(16, 0): causal_of(s)})
     assert np.array_equal(same.correct, plain.correct)
     # The final position of every head in layers 12-21 reading nothing: retrieval is gone.
-    cut = score_with_patterns(smol, items, seg, lambda s: {(l, h): no_final_row(s) for l in range(12, 22) for h in range(9)})
+    cut = score_with_patterns(
+        smol,
+        items,
+        seg,
+        lambda s: {(l, h): no_final_row(s) for l in range(12, 22) for h in range(9)},
+    )
     assert cut.acc < plain.acc
 
 

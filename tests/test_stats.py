@@ -30,15 +30,26 @@ def test_score_formats_with_its_interval_and_survives_json():
     assert s.brief == "68.0% [58.3, 76.3]"  # a table cell
     again = Score.from_json(s.to_json())
     assert (again.acc, again.n) == (s.acc, s.n) and np.array_equal(again.correct, s.correct)
-    assert again.margin is None and near_ties(again, 0.25) is None  # a score that saw no log-likelihoods
+    assert (
+        again.margin is None and near_ties(again, 0.25) is None
+    )  # a score that saw no log-likelihoods
 
 
 def test_margins_are_gold_minus_the_best_other_choice_and_count_near_ties():
-    items = [Item(pairs=[("q", " a"), ("q", " b"), ("q", " c")], gold=g) for g in (0, 2, 1)] + [Item(pairs=[("q", " a")], gold=0)]
-    lls = [np.array([-1.0, -1.1, -5.0]), np.array([-1.0, -2.0, -3.0]), np.array([-2.0, -0.5, -0.6]), np.array([-1.0])]
+    items = [Item(pairs=[("q", " a"), ("q", " b"), ("q", " c")], gold=g) for g in (0, 2, 1)] + [
+        Item(pairs=[("q", " a")], gold=0)
+    ]
+    lls = [
+        np.array([-1.0, -1.1, -5.0]),
+        np.array([-1.0, -2.0, -3.0]),
+        np.array([-2.0, -0.5, -0.6]),
+        np.array([-1.0]),
+    ]
     s = from_loglikelihoods(lls, items)
     assert s.correct.tolist() == [True, False, True, True]
-    np.testing.assert_allclose(s.margin, [0.1, -2.0, 0.1, math.inf])  # one choice: nothing to tie with
+    np.testing.assert_allclose(
+        s.margin, [0.1, -2.0, 0.1, math.inf]
+    )  # one choice: nothing to tie with
     assert near_ties(s, 0.25) == 2 and near_ties(s, 0.05) == 0 and near_ties(s, 2.5) == 3
     again = Score.from_json(s.to_json())
     np.testing.assert_allclose(again.margin, s.margin)
@@ -54,14 +65,16 @@ def test_a_subset_of_a_score_keeps_its_items_margins():
         part = s.subset(index)
         assert part.correct.tolist() == s.correct[index].tolist()
         np.testing.assert_array_equal(part.margin, s.margin[index])
-        assert (part.acc, part.lo, part.hi) == (lambda o: (o.acc, o.lo, o.hi))(Score.of(s.correct[index]))
+        assert (part.acc, part.lo, part.hi) == (lambda o: (o.acc, o.lo, o.hi))(
+            Score.of(s.correct[index])
+        )
     assert Score.of([True, False]).subset([1]).margin is None
 
 
 def test_mcnemar_counts_only_the_discordant_items():
     a = Score.of([1] * 10 + [0] * 10 + [1] * 5)
     b = Score.of([0] * 10 + [0] * 10 + [1] * 5)  # 10 items right under a only
-    assert mcnemar(a, b) == pytest.approx(2 / 2 ** 10)
+    assert mcnemar(a, b) == pytest.approx(2 / 2**10)
     assert mcnemar(a, a) == 1.0
     with pytest.raises(ValueError, match="different item sets"):
         mcnemar(a, score(3, 7))
@@ -73,7 +86,7 @@ def test_paired_interval_is_narrower_than_the_unpaired_one_when_items_agree():
     paired, unpaired = difference(a, b), difference(a, b, paired=False)
     assert paired.delta == unpaired.delta == pytest.approx(-0.10)
     assert paired.hi < 0 and (paired.hi - paired.lo) < (unpaired.hi - unpaired.lo)
-    assert unpaired.p is None and paired.p == pytest.approx(2 / 2 ** 10)
+    assert unpaired.p is None and paired.p == pytest.approx(2 / 2**10)
 
 
 def test_a_few_identical_outcomes_leave_a_wide_paired_interval():
@@ -92,12 +105,17 @@ def test_rank_correlation_known_answers_and_ties_as_scipy_ranks_them():
     from helpers.stats import rank_correlation
 
     rho, lo, hi = rank_correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5])  # sum d^2 = 4: 1 - 6*4/(5*24)
-    assert rho == pytest.approx(0.8) and (lo, hi) == (pytest.approx(-0.317, abs=2e-3), pytest.approx(0.987, abs=2e-3))
+    assert rho == pytest.approx(0.8) and (lo, hi) == (
+        pytest.approx(-0.317, abs=2e-3),
+        pytest.approx(0.987, abs=2e-3),
+    )
     assert rank_correlation([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1])[0] == pytest.approx(-1.0)
     scipy_stats = pytest.importorskip("scipy.stats")
     x, y = [0.3, 0.3, 0.5, 0.1, 0.9, 0.7, 0.7], [0.2, 0.4, 0.4, 0.1, 0.8, 0.9, 0.5]
     assert rank_correlation(x, y)[0] == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
-    assert all(map(math.isnan, rank_correlation([1, 2, 3], [1, 2, 3])))  # too few heads for an interval
+    assert all(
+        map(math.isnan, rank_correlation([1, 2, 3], [1, 2, 3]))
+    )  # too few heads for an interval
     assert all(map(math.isnan, rank_correlation([1, 1, 1, 1, 1], [1, 2, 3, 4, 5])))
 
 
@@ -107,10 +125,27 @@ def test_rankings_agree_by_top_k_overlap_and_rank_correlation():
     from helpers.protocol.shared import agreement
 
     def table(accs):
-        return pd.DataFrame([dict(layer=1, head=h, estimate=0.0, acc=a, lo=a, hi=a, n=100) for h, a in enumerate(accs)]
-                            ).sort_values("acc", kind="stable").reset_index(drop=True)
+        return (
+            pd.DataFrame(
+                [
+                    dict(layer=1, head=h, estimate=0.0, acc=a, lo=a, hi=a, n=100)
+                    for h, a in enumerate(accs)
+                ]
+            )
+            .sort_values("acc", kind="stable")
+            .reset_index(drop=True)
+        )
+
     a = table([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     same = agreement(a, a, 3)
-    assert same["overlap"] == 3 and same["rho"] == pytest.approx(1.0) and same["chance_overlap"] == pytest.approx(9 / 8)
+    assert (
+        same["overlap"] == 3
+        and same["rho"] == pytest.approx(1.0)
+        and same["chance_overlap"] == pytest.approx(9 / 8)
+    )
     reversed_ = agreement(a, table([0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]), 3)
-    assert reversed_["overlap"] == 0 and reversed_["rho"] == pytest.approx(-1.0) and reversed_["hi"] < 0
+    assert (
+        reversed_["overlap"] == 0
+        and reversed_["rho"] == pytest.approx(-1.0)
+        and reversed_["hi"] < 0
+    )

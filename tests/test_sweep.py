@@ -64,9 +64,14 @@ def test_the_torn_file_keeps_the_last_few_fragments_and_says_their_sizes(tmp_pat
     for k in range(1, 7):
         with path.open("a") as f:
             f.write(f'{{"cell": {{"x": {k}}}, "pad": "{"z" * 1000}')
-        with pytest.warns(RuntimeWarning, match=r"1 incomplete .*\(1,0\d\d bytes\).*keeps the last 3, [\d,]+ bytes now"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=r"1 incomplete .*\(1,0\d\d bytes\).*keeps the last 3, [\d,]+ bytes now",
+        ):
             Store(path)
-    assert [line[:16] for line in torn.read_text().splitlines()] == [f'{{"cell": {{"x": {k}' for k in (4, 5, 6)]
+    assert [line[:16] for line in torn.read_text().splitlines()] == [
+        f'{{"cell": {{"x": {k}' for k in (4, 5, 6)
+    ]
     assert [row["cell"] for row in lines(path)] == [{"x": 0}]
 
 
@@ -76,8 +81,11 @@ def test_a_torn_path_that_is_a_folder_is_named(tmp_path):
     (tmp_path / "s.jsonl.torn").mkdir()
     with path.open("a") as f:
         f.write('{"cell": {"x": 1}, "res')
-    with pytest.raises(StoreError, match=r"s\.jsonl\.torn: cannot set the store's torn lines aside \(it is a "
-                                         r"folder, not a file\): move it away"):
+    with pytest.raises(
+        StoreError,
+        match=r"s\.jsonl\.torn: cannot set the store's torn lines aside \(it is a "
+        r"folder, not a file\): move it away",
+    ):
         Store(path)
     assert path.read_text().endswith('"res')  # nothing repaired, nothing lost
 
@@ -103,8 +111,12 @@ CHILD = textwrap.dedent("""
 
 def test_a_writer_killed_mid_record_costs_only_the_torn_cell(tmp_path):
     path = tmp_path / "s.jsonl"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     try:
         said = child.stdout.readline()
         assert said == b"torn\n", child.stderr.read().decode()
@@ -118,7 +130,9 @@ def test_a_writer_killed_mid_record_costs_only_the_torn_cell(tmp_path):
     calls = []
     with pytest.warns(RuntimeWarning, match="1 incomplete"):
         store = Store(path)
-    rows = sweep(store, [{"x": x} for x in range(4)], lambda c: calls.append(c["x"]) or {"y": c["x"]})
+    rows = sweep(
+        store, [{"x": x} for x in range(4)], lambda c: calls.append(c["x"]) or {"y": c["x"]}
+    )
     assert calls == [3]
     assert [r["y"] for r in rows] == [0, 1, 2, 3]
     assert [row["cell"]["x"] for row in lines(path)] == [0, 1, 2, 3]
@@ -150,7 +164,9 @@ def test_a_last_record_missing_only_its_newline_is_kept(tmp_path):
     path.write_text(json.dumps({"cell": {"x": 1}, "result": {"y": 1}}))
     store = Store(path)
     store.put({"x": 2}, {"y": 2})
-    assert [row["cell"]["x"] for row in lines(path)] == [1, 2] and not (tmp_path / "s.jsonl.torn").exists()
+    assert [row["cell"]["x"] for row in lines(path)] == [1, 2] and not (
+        tmp_path / "s.jsonl.torn"
+    ).exists()
 
 
 def test_rows_of_a_fresh_run_equal_those_of_a_resumed_one(tmp_path):
@@ -160,15 +176,22 @@ def test_rows_of_a_fresh_run_equal_those_of_a_resumed_one(tmp_path):
     cells = [{"layer": np.int64(l)} for l in range(3)]
     run = lambda c: {"acc": np.float32(1 / 3) * c["layer"], "n": np.int64(10)}
     fresh = sweep(Store(path), cells, run)
-    resumed = sweep(Store(path), [{"layer": l} for l in range(3)], lambda c: pytest.fail("recomputed"))
-    assert [{k: r[k] for k in ("acc", "n")} for r in fresh] == [{k: r[k] for k in ("acc", "n")} for r in resumed]
+    resumed = sweep(
+        Store(path), [{"layer": l} for l in range(3)], lambda c: pytest.fail("recomputed")
+    )
+    assert [{k: r[k] for k in ("acc", "n")} for r in fresh] == [
+        {k: r[k] for k in ("acc", "n")} for r in resumed
+    ]
     assert type(fresh[1]["acc"]) is float and type(fresh[1]["n"]) is int
 
 
 def test_sweep_computes_a_repeated_cell_once(tmp_path):
     calls = []
-    rows = sweep(Store(tmp_path / "s.jsonl"), [{"x": 1}, {"x": 2}, {"x": 1}],
-                 lambda c: calls.append(c["x"]) or {"y": c["x"]})
+    rows = sweep(
+        Store(tmp_path / "s.jsonl"),
+        [{"x": 1}, {"x": 2}, {"x": 1}],
+        lambda c: calls.append(c["x"]) or {"y": c["x"]},
+    )
     assert calls == [1, 2] and [r["y"] for r in rows] == [1, 2, 1]
 
 
@@ -177,15 +200,19 @@ def test_what_the_store_cannot_keep_is_refused_before_anything_is_written(tmp_pa
     store = Store(path)
     store.put({"x": 1}, {"y": 1})
     before = path.read_bytes()
-    for cell, result, says in [([1], {"y": 1}, "dict of its settings"),
-                               ({"x": 2}, 0.5, "a result is a dict"),
-                               ({"x": 2}, {"y": object()}, "JSON values"),
-                               ({"x": object()}, {"y": 1}, "JSON values")]:
+    for cell, result, says in [
+        ([1], {"y": 1}, "dict of its settings"),
+        ({"x": 2}, 0.5, "a result is a dict"),
+        ({"x": 2}, {"y": object()}, "JSON values"),
+        ({"x": object()}, {"y": 1}, "JSON values"),
+    ]:
         with pytest.raises(StoreError, match=says):
             store.put(cell, result)
     assert path.read_bytes() == before
     calls = []
-    with pytest.raises(StoreError, match="dict of its settings"):  # every cell checked before the first runs
+    with pytest.raises(
+        StoreError, match="dict of its settings"
+    ):  # every cell checked before the first runs
         sweep(store, [{"x": 5}, "x=6"], lambda c: calls.append(c) or {})
     assert calls == []
 
@@ -233,12 +260,22 @@ def two_writers(tmp_path, path):
     """Run WRITER twice at once on `path`; their rows and what they said on stderr."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     package = os.path.dirname(helpers.sweep.__file__)
-    children = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(tmp_path), me, package], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for me in ("a", "b")]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), str(tmp_path), me, package],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in ("a", "b")
+    ]
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"ready-{me}").exists() for me in ("a", "b")):
-            assert time.monotonic() < deadline and all(c.poll() is None for c in children), children[0].stderr.read()
+            assert time.monotonic() < deadline and all(c.poll() is None for c in children), (
+                children[0].stderr.read()
+            )
             time.sleep(0.005)
         (tmp_path / "go").touch()
         outs = [c.communicate(timeout=60) for c in children]
@@ -286,8 +323,11 @@ def test_a_results_path_that_is_a_file_is_a_store_error_naming_ga_results(tmp_pa
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("GA_RESULTS", str(blocker))
-    with pytest.raises(StoreError, match=r"s\.jsonl\.lock: cannot .*not-a-folder is a file, not a folder.*set GA_RESULTS to a writable "
-                                         r"folder \(GA_RESULTS=.*not-a-folder\)"):
+    with pytest.raises(
+        StoreError,
+        match=r"s\.jsonl\.lock: cannot .*not-a-folder is a file, not a folder.*set GA_RESULTS to a writable "
+        r"folder \(GA_RESULTS=.*not-a-folder\)",
+    ):
         Store(blocker / "s.jsonl")
 
 
@@ -298,11 +338,19 @@ def tiny_disk(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    mounted = subprocess.run([*sudo, "mount", "-t", "tmpfs", "-o", "size=256k,mode=1777", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        [*sudo, "mount", "-t", "tmpfs", "-o", "size=256k,mode=1777", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here to fill a disk: {mounted.stderr.strip()}")
-    yield disk, lambda options: subprocess.run([*sudo, "mount", "-o", f"remount,{options}", str(disk)], check=True)
+    yield (
+        disk,
+        lambda options: subprocess.run(
+            [*sudo, "mount", "-o", f"remount,{options}", str(disk)], check=True
+        ),
+    )
     subprocess.run([*sudo, "umount", str(disk)], check=True)
 
 
@@ -312,13 +360,16 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     cells = [{"x": x} for x in range(30)]
     run = lambda c: calls.append(c["x"]) or {"y": c["x"], "pad": "z" * 20_000}
     calls = []
-    with pytest.raises(StoreError, match=r"s\.jsonl: cannot append .*No space left on device.*GA_RESULTS="):
+    with pytest.raises(
+        StoreError, match=r"s\.jsonl: cannot append .*No space left on device.*GA_RESULTS="
+    ):
         sweep(Store(disk / "s.jsonl"), cells, run)
     kept = [row["cell"]["x"] for row in lines(disk / "s.jsonl")]  # every line a whole record
     assert 0 < len(kept) < 30 and kept == list(range(len(kept))) and calls == kept + [len(kept)]
 
     # On a full disk a sidecar that needs no change is not written; one that does keeps its old text.
     from helpers.protocol import base
+
     m1, m2 = (type("Loaded", (), {"name": name, "revision": "r"}) for name in ("m1", "m2"))
     base.open_store("made_up", "cpu", "part", [m1])
     sidecar = next((disk / "made_up").glob("*.models.json"))
@@ -328,7 +379,9 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
             os.write(filler, b"0" * 4096)
     os.close(filler)
     base.open_store("made_up", "cpu", "part", [m1])
-    with pytest.raises(StoreError, match=r"\.models\.json: cannot write the store's sidecar .*No space left"):
+    with pytest.raises(
+        StoreError, match=r"\.models\.json: cannot write the store's sidecar .*No space left"
+    ):
         base.open_store("made_up", "cpu", "part", [m1, m2])
     assert json.loads(sidecar.read_text()) == {"m1": "r"} and not list(disk.glob("made_up/*.tmp"))
     os.unlink(disk / "filler")
@@ -338,16 +391,23 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     rows = sweep(Store(disk / "s.jsonl"), cells, run)
     assert calls == list(range(len(kept), 30))
     fresh = sweep(Store(tmp_path / "fresh.jsonl"), cells, run)
-    assert rows == fresh and (disk / "s.jsonl").read_bytes() == (tmp_path / "fresh.jsonl").read_bytes()
+    assert (
+        rows == fresh and (disk / "s.jsonl").read_bytes() == (tmp_path / "fresh.jsonl").read_bytes()
+    )
 
     remount("ro")
-    with pytest.raises(StoreError, match=r"other\.jsonl: cannot add a record: this process cannot write its folder.*GA_RESULTS"):
+    with pytest.raises(
+        StoreError,
+        match=r"other\.jsonl: cannot add a record: this process cannot write its folder.*GA_RESULTS",
+    ):
         Store(disk / "other.jsonl").put({"x": 1}, {"y": 1})
     # Complete results on a read-only disk are read as they are (the lock file was opened to write)
     calls = []
     assert sweep(Store(disk / "s.jsonl"), cells, run) == rows and calls == []
     assert base.open_store("made_up", "cpu", "part", [m1]) is not None
-    with pytest.raises(StoreError, match=r"s\.jsonl: cannot add a record: this process cannot write its folder"):
+    with pytest.raises(
+        StoreError, match=r"s\.jsonl: cannot add a record: this process cannot write its folder"
+    ):
         sweep(Store(disk / "s.jsonl"), cells + [{"x": 30}], run)
     assert calls == []  # refused before the missing cell was computed
 
@@ -361,8 +421,17 @@ def test_a_stale_view_never_writes_a_cell_twice(tmp_path):
     mine.put({"x": 1}, {"by": "mine"})
     assert len(lines(path)) == 1 and mine[{"x": 1}] == {"by": "theirs"}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-c", "import sys; from helpers.sweep import Store; "
-                    "Store(sys.argv[1]).put({'x': 2}, {'by': 'other process'})", str(path)], env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from helpers.sweep import Store; "
+            "Store(sys.argv[1]).put({'x': 2}, {'by': 'other process'})",
+            str(path),
+        ],
+        env=env,
+        check=True,
+    )
     mine.put({"x": 2}, {"by": "mine"})
     assert [r["result"]["by"] for r in lines(path)] == ["theirs", "other process"]
 
@@ -373,7 +442,9 @@ def test_a_lock_file_deleted_while_held_stops_the_writer_with_the_fix(tmp_path):
     store = Store(path)
     with store.lock():
         (tmp_path / "s.jsonl.lock").unlink()
-        with pytest.raises(StoreError, match=r"s\.jsonl\.lock.*deleted or replaced.*never delete a \.lock"):
+        with pytest.raises(
+            StoreError, match=r"s\.jsonl\.lock.*deleted or replaced.*never delete a \.lock"
+        ):
             store.put({"x": 1}, {"y": 1})
     assert not path.exists() or lines(path) == []
     store.put({"x": 1}, {"y": 1})  # a lock taken afresh is the one on disk
@@ -382,7 +453,11 @@ def test_a_lock_file_deleted_while_held_stops_the_writer_with_the_fix(tmp_path):
 def test_a_second_process_is_stopped_when_the_first_ones_lock_file_vanishes(tmp_path):
     path = tmp_path / "s.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import sys, time
         from pathlib import Path
         from helpers.sweep import Store
@@ -392,7 +467,13 @@ def test_a_second_process_is_stopped_when_the_first_ones_lock_file_vanishes(tmp_
             while not Path(sys.argv[1] + ".go").exists():
                 time.sleep(0.01)
             store.put({"x": 1}, {"by": "first"})
-        """), str(path)], env=env, stderr=subprocess.PIPE, text=True)
+        """),
+            str(path),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "s.jsonl.held").exists():
@@ -410,10 +491,15 @@ def test_a_second_process_is_stopped_when_the_first_ones_lock_file_vanishes(tmp_
 
 def test_a_store_with_crlf_line_ends_is_read_as_it_is(tmp_path):
     path = tmp_path / "s.jsonl"
-    path.write_bytes(b'{"cell": {"x": 1}, "result": {"y": 1}}\r\n{"cell": {"x": 2}, "result": {"y": 2}}\r\n')
+    path.write_bytes(
+        b'{"cell": {"x": 1}, "result": {"y": 1}}\r\n{"cell": {"x": 2}, "result": {"y": 2}}\r\n'
+    )
     before = path.read_bytes()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing set aside, nothing rewritten
         store = Store(path)
     assert len(store) == 2 and store[{"x": 2}] == {"y": 2} and path.read_bytes() == before
-    assert sweep(store, [{"x": 1}, {"x": 2}], lambda c: 1 / 0) == [{"x": 1, "y": 1}, {"x": 2, "y": 2}]
+    assert sweep(store, [{"x": 1}, {"x": 2}], lambda c: 1 / 0) == [
+        {"x": 1, "y": 1},
+        {"x": 2, "y": 2},
+    ]

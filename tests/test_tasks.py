@@ -4,12 +4,10 @@ task YAMLs, run offline on local rows."""
 import json
 
 import pytest
-
-from helpers import tasks
-from helpers import paths
-from helpers.errors import ConfigError
-
 from lmeval import requests, task
+
+from helpers import paths, tasks
+from helpers.errors import ConfigError
 
 
 def fixture_rows(name):
@@ -21,9 +19,15 @@ def test_mmlu_prompt_is_lm_evals(tmp_path, k):
     rows = [r for r in fixture_rows("mmlu.jsonl") if r["subject"] == "high_school_chemistry"]
     test = [r for r in rows if r["split"] == "test"]
     dev = [r for r in rows if r["split"] == "dev"]
-    t = task("mmlu/default/_default_template_yaml", {"test": test, "dev": dev}, tmp_path,
-             task="fixture_mmlu", test_split="test", fewshot_split="dev",
-             description=tasks.mmlu_description("high_school_chemistry"))
+    t = task(
+        "mmlu/default/_default_template_yaml",
+        {"test": test, "dev": dev},
+        tmp_path,
+        task="fixture_mmlu",
+        test_split="test",
+        fewshot_split="dev",
+        description=tasks.mmlu_description("high_school_chemistry"),
+    )
     ours = tasks.mmlu_items(test, dev, k)
     for doc, item in zip(test[:5], ours):
         assert list(item.pairs) == requests(t, doc, k)
@@ -33,7 +37,10 @@ def test_mmlu_prompt_is_lm_evals(tmp_path, k):
 
 def test_mmlu_needs_enough_dev_rows():
     rows = fixture_rows("mmlu.jsonl")
-    with pytest.raises(ConfigError, match=r"k_shot=5, but subject '.+' has \d solved examples \(dev rows\): set k_shot to at most \d"):
+    with pytest.raises(
+        ConfigError,
+        match=r"k_shot=5, but subject '.+' has \d solved examples \(dev rows\): set k_shot to at most \d",
+    ):
         tasks.mmlu_items(rows[:1], rows[:2], k=5)
 
 
@@ -47,21 +54,60 @@ def test_the_letter_sets_size_and_most_shots_are_read_from_data_without_a_model(
 
 
 KNOWLEDGE_DOCS = {
-    "arc_easy": ("arc/arc_easy.yaml", {"id": "x", "question": "Which gas do plants absorb?",
-                 "choices": {"text": ["oxygen", "carbon dioxide", "helium"], "label": ["A", "B", "C"]},
-                 "answerKey": "B"}),
-    "piqa": ("piqa/piqa.yaml", {"goal": "To dry wet hair,", "sol1": "use a towel.", "sol2": "use a spoon.",
-             "label": 0}),
-    "openbookqa": ("openbookqa/openbookqa.yaml", {"id": "y", "question_stem": "The moon orbits",
-                   "choices": {"text": ["the Earth", "a comet", "Mars", "a cloud"], "label": ["A", "B", "C", "D"]},
-                   "answerKey": "A"}),
-    "hellaswag": ("hellaswag/hellaswag.yaml", {"ind": 1, "activity_label": "Baking cookies",
-                  "ctx_a": "A man mixes flour and sugar in a bowl.", "ctx_b": "he",
-                  "ctx": "", "endings": ["puts the tray in the oven [title] then waits.", "eats the bowl.",
-                                          "paints the wall.", "sings a song."],
-                  "source_id": "s", "split": "val", "split_type": "indomain", "label": "0"}),
-    "winogrande": ("winogrande/default.yaml", {"sentence": "The cup fell off the table because _ was wobbly.",
-                   "option1": "the cup", "option2": "the table", "answer": "2"}),
+    "arc_easy": (
+        "arc/arc_easy.yaml",
+        {
+            "id": "x",
+            "question": "Which gas do plants absorb?",
+            "choices": {"text": ["oxygen", "carbon dioxide", "helium"], "label": ["A", "B", "C"]},
+            "answerKey": "B",
+        },
+    ),
+    "piqa": (
+        "piqa/piqa.yaml",
+        {"goal": "To dry wet hair,", "sol1": "use a towel.", "sol2": "use a spoon.", "label": 0},
+    ),
+    "openbookqa": (
+        "openbookqa/openbookqa.yaml",
+        {
+            "id": "y",
+            "question_stem": "The moon orbits",
+            "choices": {
+                "text": ["the Earth", "a comet", "Mars", "a cloud"],
+                "label": ["A", "B", "C", "D"],
+            },
+            "answerKey": "A",
+        },
+    ),
+    "hellaswag": (
+        "hellaswag/hellaswag.yaml",
+        {
+            "ind": 1,
+            "activity_label": "Baking cookies",
+            "ctx_a": "A man mixes flour and sugar in a bowl.",
+            "ctx_b": "he",
+            "ctx": "",
+            "endings": [
+                "puts the tray in the oven [title] then waits.",
+                "eats the bowl.",
+                "paints the wall.",
+                "sings a song.",
+            ],
+            "source_id": "s",
+            "split": "val",
+            "split_type": "indomain",
+            "label": "0",
+        },
+    ),
+    "winogrande": (
+        "winogrande/default.yaml",
+        {
+            "sentence": "The cup fell off the table because _ was wobbly.",
+            "option1": "the cup",
+            "option2": "the table",
+            "answer": "2",
+        },
+    ),
 }
 
 
@@ -84,7 +130,10 @@ def test_cpu_knowledge_is_the_letter_sets_facts_in_arcs_prompt_drawn_as_mmlu_is(
     item = tasks.load_knowledge("cpu")[tasks.CPU_KNOWLEDGE][0]
     assert item.pairs[item.gold] == ("Question: What is the capital of Russia?\nAnswer:", " Moscow")
     for fact, mcq in zip(cloze, letters):  # the same facts, item by item
-        assert fact.pairs[0][0].split("\n")[0].removeprefix("Question: ") in mcq.pairs[0][0] and fact.gold == mcq.gold
+        assert (
+            fact.pairs[0][0].split("\n")[0].removeprefix("Question: ") in mcq.pairs[0][0]
+            and fact.gold == mcq.gold
+        )
 
 
 def test_unknown_knowledge_task_lists_known():
@@ -112,10 +161,18 @@ def test_kv_item_format():
     spaced = tasks.kv_items(4, 1, seed=0, form="spaced")[0]
     assert spaced.pairs[0][0] == ctx and [c for _, c in spaced.pairs] == [f" {v}" for v in values]
     trailing = tasks.kv_items(4, 1, seed=0, form="trailing")[0]
-    assert trailing.verbatim and trailing.pairs[0][0] == ctx + " " and trailing.pairs[0][1] == values[0]
+    assert (
+        trailing.verbatim
+        and trailing.pairs[0][0] == ctx + " "
+        and trailing.pairs[0][1] == values[0]
+    )
     repeat = tasks.kv_items(4, 1, seed=0, query="repeat")[0]
-    assert repeat.pairs[0][0].endswith(f"\n{keys[repeat.gold]}:") and repeat.pairs[0][1] == values[0]
-    with pytest.raises(ValueError, match="unknown KV form 'spaces'; use one of 'released', 'spaced', 'trailing'"):
+    assert (
+        repeat.pairs[0][0].endswith(f"\n{keys[repeat.gold]}:") and repeat.pairs[0][1] == values[0]
+    )
+    with pytest.raises(
+        ValueError, match="unknown KV form 'spaces'; use one of 'released', 'spaced', 'trailing'"
+    ):
         tasks.kv_items(4, 1, form="spaces")
 
 
@@ -132,7 +189,9 @@ def test_fixture_subsets_are_seeded():
 
 
 def letter_rows():
-    return [json.loads(l) for l in (paths.data() / "letters" / "letters.jsonl").read_text().splitlines()]
+    return [
+        json.loads(l) for l in (paths.data() / "letters" / "letters.jsonl").read_text().splitlines()
+    ]
 
 
 @pytest.mark.parametrize("k", [0, 5])
@@ -141,14 +200,32 @@ def test_letters_set_is_in_lm_evals_mmlu_and_arc_prompts(tmp_path, k):
     subject = "elementary_mathematics"
     test = [r for r in rows if r["subject"] == subject and r["split"] == "test"]
     dev = [r for r in rows if r["subject"] == subject and r["split"] == "dev"]
-    mmlu = task("mmlu/default/_default_template_yaml", {"test": test, "dev": dev}, tmp_path,
-                task="letters_mmlu", test_split="test", fewshot_split="dev", description=tasks.mmlu_description(subject))
+    mmlu = task(
+        "mmlu/default/_default_template_yaml",
+        {"test": test, "dev": dev},
+        tmp_path,
+        task="letters_mmlu",
+        test_split="test",
+        fewshot_split="dev",
+        description=tasks.mmlu_description(subject),
+    )
     letters, cloze = tasks.load_letters(k=k)
     every_test = [r for r in rows if r["split"] == "test"]
-    arc_docs = {"test": [{"id": r["id"], "question": r["question"], "answerKey": "ABCD"[r["answer"]],
-                          "choices": {"text": r["choices"], "label": list("ABCD")}} for r in test]}
+    arc_docs = {
+        "test": [
+            {
+                "id": r["id"],
+                "question": r["question"],
+                "answerKey": "ABCD"[r["answer"]],
+                "choices": {"text": r["choices"], "label": list("ABCD")},
+            }
+            for r in test
+        ]
+    }
     (tmp_path / "arc").mkdir()
-    arc = task("arc/arc_easy.yaml", arc_docs, tmp_path / "arc", task="letters_cloze", test_split="test")
+    arc = task(
+        "arc/arc_easy.yaml", arc_docs, tmp_path / "arc", task="letters_cloze", test_split="test"
+    )
     for doc, arc_doc in list(zip(test, arc_docs["test"]))[:5]:
         i = every_test.index(doc)
         assert list(letters[i].pairs) == requests(mmlu, doc, k) and letters[i].gold == doc["answer"]
@@ -157,9 +234,15 @@ def test_letters_set_is_in_lm_evals_mmlu_and_arc_prompts(tmp_path, k):
 
 def test_letters_set_pairs_each_question_with_its_cloze_and_is_big_enough():
     letters, cloze = tasks.load_letters()
-    assert len(letters) == len(cloze) >= 700  # head zeroing: a screen of 100 and a check of 500, disjoint
+    assert (
+        len(letters) == len(cloze) >= 700
+    )  # head zeroing: a screen of 100 and a check of 500, disjoint
     for mcq, fact in zip(letters, cloze):
-        assert mcq.gold == fact.gold and fact.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:") in mcq.pairs[0][0]
+        assert (
+            mcq.gold == fact.gold
+            and fact.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:")
+            in mcq.pairs[0][0]
+        )
     sub_letters, sub_cloze = tasks.load_letters(n=50, seed=3)
     assert [c.pairs for c in sub_cloze] == [cloze[letters.index(m)].pairs for m in sub_letters]
     golds = [it.gold for it in letters]
@@ -173,5 +256,9 @@ def test_letters_generator_rebuilds_the_committed_file(tmp_path):
 
     for name in ("make_letters.py", "facts.json"):
         shutil.copy(paths.data() / "letters" / name, tmp_path / name)
-    subprocess.run([sys.executable, str(tmp_path / "make_letters.py")], check=True, capture_output=True)
-    assert (tmp_path / "letters.jsonl").read_bytes() == (paths.data() / "letters" / "letters.jsonl").read_bytes()
+    subprocess.run(
+        [sys.executable, str(tmp_path / "make_letters.py")], check=True, capture_output=True
+    )
+    assert (tmp_path / "letters.jsonl").read_bytes() == (
+        paths.data() / "letters" / "letters.jsonl"
+    ).read_bytes()

@@ -8,7 +8,14 @@ import pytest
 
 from helpers import book
 from helpers import verdicts as v
-from helpers.stats import Score, TaskMean, difference, difference_in_differences, mean_difference, mean_of
+from helpers.stats import (
+    Score,
+    TaskMean,
+    difference,
+    difference_in_differences,
+    mean_difference,
+    mean_of,
+)
 
 
 def right(n: int, *ranges: tuple[int, int]) -> Score:
@@ -24,6 +31,7 @@ def verdict(outcome: str, kind: str = v.CLAIM) -> v.Verdict:
 
 
 # --- a page's outcome ---------------------------------------------------------------------------
+
 
 def test_one_testable_claim_of_four_does_not_make_a_page_reproduced():
     page = [verdict(v.REPRODUCED)] + [verdict(v.NOT_TESTABLE)] * 3
@@ -50,13 +58,22 @@ def headline(outcome: str) -> v.Verdict:
 
 def test_a_page_follows_its_headline_claims():
     # The headline fails; the claims that depend on it hold: the page is not reproduced, not "partly".
-    assert v.overall([headline(v.NOT_REPRODUCED), verdict(v.REPRODUCED), verdict(v.REPRODUCED)]) == v.NOT_REPRODUCED
+    assert (
+        v.overall([headline(v.NOT_REPRODUCED), verdict(v.REPRODUCED), verdict(v.REPRODUCED)])
+        == v.NOT_REPRODUCED
+    )
     assert v.overall([headline(v.INCONCLUSIVE), verdict(v.REPRODUCED)]) == v.INCONCLUSIVE
     assert v.overall([headline(v.NOT_TESTABLE), verdict(v.REPRODUCED)]) == v.NOT_TESTABLE
     # The headline holds: a dependent claim that fails makes the page partly reproduced.
     assert v.overall([headline(v.REPRODUCED), verdict(v.NOT_REPRODUCED)]) == v.PARTLY
-    assert v.overall([headline(v.REPRODUCED), verdict(v.REPRODUCED), verdict(v.NOT_TESTABLE)]) == v.REPRODUCED
-    assert v.overall([headline(v.REPRODUCED), headline(v.NOT_REPRODUCED), verdict(v.REPRODUCED)]) == v.PARTLY
+    assert (
+        v.overall([headline(v.REPRODUCED), verdict(v.REPRODUCED), verdict(v.NOT_TESTABLE)])
+        == v.REPRODUCED
+    )
+    assert (
+        v.overall([headline(v.REPRODUCED), headline(v.NOT_REPRODUCED), verdict(v.REPRODUCED)])
+        == v.PARTLY
+    )
     # Without headlines the old agreement rule stands.
     assert v.overall([verdict(v.NOT_REPRODUCED), verdict(v.REPRODUCED)]) == v.PARTLY
 
@@ -64,10 +81,18 @@ def test_a_page_follows_its_headline_claims():
 def test_a_dependent_claim_is_judged_only_where_its_premise_holds():
     calls = []
     decide = lambda: calls.append(1) or (v.REPRODUCED, "kept")
-    outcome, evidence = v.gated((v.NOT_REPRODUCED, "G zeroed: -1 point"), "zeroing G does not hurt the task", decide)
+    outcome, evidence = v.gated(
+        (v.NOT_REPRODUCED, "G zeroed: -1 point"), "zeroing G does not hurt the task", decide
+    )
     assert outcome == v.NOT_TESTABLE and "does not hurt" in evidence and not calls
-    assert v.gated((v.INCONCLUSIVE, "..."), "zeroing G may not hurt the task", decide)[0] == v.NOT_TESTABLE
-    assert v.gated((v.REPRODUCED, "G zeroed: -30 points"), "unused", decide) == (v.REPRODUCED, "kept") and calls
+    assert (
+        v.gated((v.INCONCLUSIVE, "..."), "zeroing G may not hurt the task", decide)[0]
+        == v.NOT_TESTABLE
+    )
+    assert (
+        v.gated((v.REPRODUCED, "G zeroed: -30 points"), "unused", decide) == (v.REPRODUCED, "kept")
+        and calls
+    )
 
 
 def test_a_check_is_not_one_of_the_papers_claims():
@@ -79,10 +104,20 @@ def test_a_check_is_not_one_of_the_papers_claims():
 
 
 def test_the_books_summary_shows_checks_apart_from_the_papers_claims():
-    pages = {"book/toy_zoo": {"overall": v.REPRODUCED, "subject": "the zoo", "tested": "1 of 1 check testable",
-                              "verdicts": [verdict(v.REPRODUCED, v.CHECK).__dict__ | {"claim": "records equal"}]},
-             "book/kv": {"overall": v.NOT_TESTABLE, "subject": "smollm2", "tested": "1 of 4 claims testable",
-                         "verdicts": [verdict(v.REPRODUCED).__dict__ | {"claim": "accuracy falls"}]}}
+    pages = {
+        "book/toy_zoo": {
+            "overall": v.REPRODUCED,
+            "subject": "the zoo",
+            "tested": "1 of 1 check testable",
+            "verdicts": [verdict(v.REPRODUCED, v.CHECK).__dict__ | {"claim": "records equal"}],
+        },
+        "book/kv": {
+            "overall": v.NOT_TESTABLE,
+            "subject": "smollm2",
+            "tested": "1 of 4 claims testable",
+            "verdicts": [verdict(v.REPRODUCED).__dict__ | {"claim": "accuracy falls"}],
+        },
+    }
     table = book.summary_table(pages)
     zoo = next(line for line in table.splitlines() if "toy_zoo" in line)
     kv = next(line for line in table.splitlines() if "book/kv" in line)
@@ -91,6 +126,7 @@ def test_the_books_summary_shows_checks_apart_from_the_papers_claims():
 
 
 # --- parts of a claim ---------------------------------------------------------------------------
+
 
 def test_a_universal_claim_needs_every_part():
     parts = [v.REPRODUCED] * 53 + [v.NOT_REPRODUCED]
@@ -104,12 +140,17 @@ def test_a_universal_claim_needs_every_part():
 
 # --- collapses: paired, and the clean interval --------------------------------------------------
 
+
 def test_collapses_reads_the_paired_loss_against_the_clean_interval():
     clean = right(100, (0, 70))
     assert v.collapses(clean, right(100, (0, 26)), 0.25)[0] == v.REPRODUCED
     assert v.collapses(clean, right(100, (0, 68)), 0.25)[0] == v.NOT_REPRODUCED
-    assert v.collapses(clean, right(100, (0, 47)), 0.25)[0] == v.INCONCLUSIVE  # loss [14, 31] straddles 18-27
-    assert v.collapses(right(100, (0, 27)), right(100, (0, 20)), 0.25)[0] == v.NOT_TESTABLE  # clean at chance
+    assert (
+        v.collapses(clean, right(100, (0, 47)), 0.25)[0] == v.INCONCLUSIVE
+    )  # loss [14, 31] straddles 18-27
+    assert (
+        v.collapses(right(100, (0, 27)), right(100, (0, 20)), 0.25)[0] == v.NOT_TESTABLE
+    )  # clean at chance
     # 14 of 20 -> 4 of 20: the ablated interval lies below the point line (47.5%), but the clean
     # interval [48, 86] puts the line anywhere from 37% to 55%: the paired loss cannot tell
     few_clean, few_ablated = right(20, (0, 14)), right(20, (0, 4))
@@ -128,11 +169,16 @@ def test_collapses_is_paired_on_the_items():
 
 # --- kept: an equivalence test ----------------------------------------------------------------------
 
+
 def test_a_loss_the_interval_cannot_tell_from_the_margin_is_inconclusive_not_a_failure():
     ref = right(200, (0, 120))
     other = right(200, (12, 122))  # 12 items lost, 2 gained: -5.0 [-8.7, -1.3]
     d = difference(ref, other)
-    assert (round(100 * d.delta, 1), round(100 * d.lo, 1), round(100 * d.hi, 1)) == (-5.0, -8.7, -1.3)
+    assert (round(100 * d.delta, 1), round(100 * d.lo, 1), round(100 * d.hi, 1)) == (
+        -5.0,
+        -8.7,
+        -1.3,
+    )
     assert v.kept(ref, other, 0.25)[0] == v.INCONCLUSIVE
 
 
@@ -141,7 +187,9 @@ def test_kept_only_when_the_whole_interval_clears_the_margin():
     other = right(1000, (35, 705))  # a 3-point loss, interval [-4.3, -1.8]: inside 5 points
     assert v.kept(ref, other, 0.25)[0] == v.REPRODUCED
     ref = right(200, (0, 160))
-    assert v.kept(ref, right(200, (0, 100)), 0.25)[0] == v.NOT_REPRODUCED  # -30 points: all below -5
+    assert (
+        v.kept(ref, right(200, (0, 100)), 0.25)[0] == v.NOT_REPRODUCED
+    )  # -30 points: all below -5
     assert v.kept(ref, Score.of(ref.correct.copy()), 0.25)[0] == v.REPRODUCED
     assert v.kept(*(Score.of([1, 1, 0, 1]), Score.of([1, 0, 0, 1])), 0.0)[0] == v.INCONCLUSIVE
     assert v.kept(right(100, (0, 27)), right(100, (0, 27)), 0.25)[0] == v.NOT_TESTABLE
@@ -152,10 +200,13 @@ def test_falls_and_below_are_paired():
     same = Score.of(clean.correct.copy())
     assert v.falls(clean, same, 0.1)[0] == v.NOT_REPRODUCED
     assert v.falls(clean, right(200, (0, 50)), 0.1)[0] == v.REPRODUCED
-    assert v.below(clean, right(200, (8, 83)))[0] == v.INCONCLUSIVE  # 8 lost, 3 gained: -2.5 [-5.9, +0.9]
+    assert (
+        v.below(clean, right(200, (8, 83)))[0] == v.INCONCLUSIVE
+    )  # 8 lost, 3 gained: -2.5 [-5.9, +0.9]
 
 
 # --- a bottleneck must beat the random controls -------------------------------------------------------
+
 
 def test_a_head_no_more_harmful_than_random_heads_is_not_a_bottleneck():
     clean, head = right(200, (0, 140)), right(200, (0, 50))
@@ -164,27 +215,47 @@ def test_a_head_no_more_harmful_than_random_heads_is_not_a_bottleneck():
     as_harmful = harmless + [Score.of(head.correct.copy())]  # one draw does as much as the head
     outcome, evidence = v.beats_controls(clean, head, as_harmful, 0.25)
     assert outcome == v.NOT_REPRODUCED and "3 draws" in evidence  # not "partly"
-    assert v.beats_controls(clean, right(200, (0, 138)), harmless, 0.25)[0] == v.NOT_REPRODUCED  # no collapse
+    assert (
+        v.beats_controls(clean, right(200, (0, 138)), harmless, 0.25)[0] == v.NOT_REPRODUCED
+    )  # no collapse
     assert v.beats_controls(clean, head, [], 0.25)[0] == v.INCONCLUSIVE  # nothing to beat
     assert v.beats_controls(right(200, (0, 52)), head, harmless, 0.25)[0] == v.NOT_TESTABLE
 
 
 def test_a_fall_beyond_random_controls_needs_a_fall_and_every_control_above_it():
     # Table 2's claim on a generative task: lower, and lower than random heads; not "to chance".
-    clean, top = right(100, (0, 60)), right(100, (0, 50))  # 10 points lower: far from exact match's 0
+    clean, top = (
+        right(100, (0, 60)),
+        right(100, (0, 50)),
+    )  # 10 points lower: far from exact match's 0
     harmless = [Score.of(clean.correct.copy()), right(100, (0, 58))]
     assert v.falls_beyond_controls(clean, top, harmless, 0.05)[0] == v.REPRODUCED
-    assert v.beats_controls(clean, top, harmless, 0.05)[0] == v.NOT_REPRODUCED  # not most of the way to 0
-    outcome, evidence = v.falls_beyond_controls(clean, top, harmless + [Score.of(top.correct.copy())], 0.05)
-    assert outcome == v.NOT_REPRODUCED and "3 draws" in evidence  # a draw as harmful as the top heads
-    assert v.falls_beyond_controls(clean, Score.of(clean.correct.copy()), harmless, 0.05)[0] == v.NOT_REPRODUCED
+    assert (
+        v.beats_controls(clean, top, harmless, 0.05)[0] == v.NOT_REPRODUCED
+    )  # not most of the way to 0
+    outcome, evidence = v.falls_beyond_controls(
+        clean, top, harmless + [Score.of(top.correct.copy())], 0.05
+    )
+    assert (
+        outcome == v.NOT_REPRODUCED and "3 draws" in evidence
+    )  # a draw as harmful as the top heads
+    assert (
+        v.falls_beyond_controls(clean, Score.of(clean.correct.copy()), harmless, 0.05)[0]
+        == v.NOT_REPRODUCED
+    )
     assert v.falls_beyond_controls(clean, top, [], 0.05)[0] == v.INCONCLUSIVE  # nothing to beat
     # the floor: a clean score whose interval does not clear it cannot test the claim
-    assert v.falls_beyond_controls(right(100, (0, 4)), right(100), harmless, 0.05)[0] == v.NOT_TESTABLE
-    assert v.falls_beyond_controls(right(100, (0, 12)), right(100), [right(100, (0, 12))], 0.05)[0] == v.REPRODUCED
+    assert (
+        v.falls_beyond_controls(right(100, (0, 4)), right(100), harmless, 0.05)[0] == v.NOT_TESTABLE
+    )
+    assert (
+        v.falls_beyond_controls(right(100, (0, 12)), right(100), [right(100, (0, 12))], 0.05)[0]
+        == v.REPRODUCED
+    )
 
 
 # --- "X kept while Y falls": a difference in differences -----------------------------------------------
+
 
 def test_kept_while_falls_needs_x_kept_and_y_falling_further():
     mmlu, mmlu_cut = right(400, (0, 260)), right(400, (2, 260))  # kept: -0.5 points
@@ -193,8 +264,13 @@ def test_kept_while_falls_needs_x_kept_and_y_falling_further():
     outcome, evidence = v.kept_while_falls(mmlu, mmlu_cut, know, know_kept, 0.25)
     assert outcome == v.NOT_REPRODUCED and "change minus" in evidence  # knowledge does not fall
     both_fall = right(400, (0, 180))
-    assert v.kept_while_falls(mmlu, both_fall, know, know_fell, 0.25)[0] == v.NOT_REPRODUCED  # MMLU not kept
-    assert v.kept_while_falls(right(400, (0, 100)), mmlu_cut, know, know_fell, 0.3)[0] == v.NOT_TESTABLE
+    assert (
+        v.kept_while_falls(mmlu, both_fall, know, know_fell, 0.25)[0] == v.NOT_REPRODUCED
+    )  # MMLU not kept
+    assert (
+        v.kept_while_falls(right(400, (0, 100)), mmlu_cut, know, know_fell, 0.3)[0]
+        == v.NOT_TESTABLE
+    )
 
 
 def test_kept_while_falls_needs_the_second_measure_to_fall():
@@ -221,6 +297,7 @@ def test_the_difference_in_differences_pairs_within_each_task_only():
 
 # --- knowledge: the unweighted mean over tasks ---------------------------------------------------------
 
+
 def test_knowledge_is_the_unweighted_mean_over_tasks_as_the_release_computes_it():
     big, small = right(1000, (0, 900)), right(100, (0, 30))
     k = TaskMean((big, small), (0.5, 0.25))
@@ -236,7 +313,9 @@ def test_knowledge_differences_are_paired_within_each_task():
     b = TaskMean((right(100, (0, 60)),), (0.25,))
     one = difference(a.tasks[0], b.tasks[0])
     d = mean_difference(a, b)
-    assert (d.delta, d.lo, d.hi) == pytest.approx((one.delta, one.lo, one.hi))  # one task: its own difference
+    assert (d.delta, d.lo, d.hi) == pytest.approx(
+        (one.delta, one.lo, one.hi)
+    )  # one task: its own difference
     two_a = TaskMean((right(100, (0, 80)), right(100, (0, 50))), (0.25, 0.5))
     two_b = TaskMean((right(100, (0, 60)), right(100, (0, 50))), (0.25, 0.5))
     d2 = mean_difference(two_a, two_b)
@@ -249,20 +328,28 @@ def test_knowledge_differences_are_paired_within_each_task():
 
 # --- a missing role is an outcome ----------------------------------------------------------------
 
+
 def test_harmful_heads_that_are_not_gather_or_aggregate_are_another_mechanism():
-    outcome, evidence = v.another_mechanism("Gather", "the best is a previous-token head (L16H0)", measured=True)
+    outcome, evidence = v.another_mechanism(
+        "Gather", "the best is a previous-token head (L16H0)", measured=True
+    )
     assert outcome == v.NOT_REPRODUCED and evidence.startswith("another mechanism")
     assert v.another_mechanism("Gather", "single SSM channels", measured=False)[0] == v.NOT_TESTABLE
-    outcome, evidence = v.another_mechanism("Gather", "the best is 0.46 [0.31, 0.62]", measured=True, sure=False)
+    outcome, evidence = v.another_mechanism(
+        "Gather", "the best is 0.46 [0.31, 0.62]", measured=True, sure=False
+    )
     assert outcome == v.INCONCLUSIVE and "reaches the line" in evidence
 
 
 # --- a ranking is read past the chance and ceiling checks ------------------------------------------
 
+
 def test_a_ranking_needs_a_model_above_chance_and_a_head_that_moves_it():
     clean = right(200, (0, 180))
     assert v.ranking_readable(clean, (0.40, 0.33, 0.47), 0.125) == (True, "")
-    readable, why = v.ranking_readable(clean, (0.90, 0.85, 0.93), 0.125)  # the top head leaves 90%: ties
+    readable, why = v.ranking_readable(
+        clean, (0.90, 0.85, 0.93), 0.125
+    )  # the top head leaves 90%: ties
     assert not readable and why.startswith("no single head moves it")
     readable, why = v.ranking_readable(right(200, (0, 26)), (0.10, 0.06, 0.15), 0.125)
     assert not readable and "at chance" in why

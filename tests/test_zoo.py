@@ -14,9 +14,9 @@ from helpers import synthetic, zoo
 def test_kv_gold_is_the_value_on_the_queried_line():
     b = synthetic.kv(50, 6, np.random.default_rng(0))
     for i in range(len(b)):
-        ids = b.ids[i, :int(b.at[i]) + 1].tolist()
+        ids = b.ids[i, : int(b.at[i]) + 1].tolist()
         key = ids[-3:-1]
-        lines = [ids[1 + 5 * j: 6 + 5 * j] for j in range(6)]
+        lines = [ids[1 + 5 * j : 6 + 5 * j] for j in range(6)]
         (line,) = [l for l in lines if l[:2] == key]
         assert line[3] == int(b.target[i]) and [l[3] for l in lines] == b.choices[i].tolist()
 
@@ -35,7 +35,7 @@ def test_mcq_gold_option_is_the_only_unmarked_one():
     for i, item in enumerate(synthetic.items(b)):
         seg = synthetic.segments(item)
         assert seg.target == int(b.gold[i])
-        ids = b.ids[i, :len(seg)].numpy()
+        ids = b.ids[i, : len(seg)].numpy()
         marked = [bool(np.isin(ids[seg.segment == s], synthetic.MARKS).any()) for s in range(5)]
         assert marked == [s != int(b.gold[i]) for s in range(5)]
         letters = [ids[seg.segment == s][0] for s in range(5)]
@@ -59,7 +59,7 @@ def test_toy_items_tokenize_back_to_the_batch_and_score_an_oracle_perfectly():
     items = synthetic.items(b)
     tok = synthetic.tokenizer()
     for i, item in enumerate(items):
-        assert tok.encode(item.pairs[0][0]) == b.ids[i, :int(b.at[i]) + 1].tolist()
+        assert tok.encode(item.pairs[0][0]) == b.ids[i, : int(b.at[i]) + 1].tolist()
         assert [tok.encode(c) for _, c in item.pairs] == [[int(t)] for t in b.choices[i]]
 
     class Oracle(torch.nn.Module):
@@ -75,14 +75,20 @@ def test_toy_items_tokenize_back_to_the_batch_and_score_an_oracle_perfectly():
 
         def forward(self, input_ids):
             # A row of pads only fills a batch to its fixed height (`packing.batches`): any token will do.
-            rows = torch.tensor([self.gold.get(tuple(r[r != synthetic.PAD].tolist()), 0) for r in input_ids])
-            hidden = torch.nn.functional.one_hot(rows, synthetic.VOCAB_SIZE).float()[:, None].expand(-1, input_ids.shape[1], -1)
+            rows = torch.tensor(
+                [self.gold.get(tuple(r[r != synthetic.PAD].tolist()), 0) for r in input_ids]
+            )
+            hidden = (
+                torch.nn.functional.one_hot(rows, synthetic.VOCAB_SIZE)
+                .float()[:, None]
+                .expand(-1, input_ids.shape[1], -1)
+            )
             return type("Out", (), {"last_hidden_state": hidden})
 
         def get_output_embeddings(self):
             return torch.nn.Identity()
 
-    key = lambda i: tuple(b.ids[i, :int(b.at[i]) + 1].tolist())
+    key = lambda i: tuple(b.ids[i, : int(b.at[i]) + 1].tolist())
     oracle = Oracle({key(i): int(b.target[i]) for i in range(len(b))})
     assert helpers.score(oracle, tok, items).acc == 1.0
     wrong = [helpers.Item(it.pairs, (it.gold + 1) % 4) for it in items]
@@ -124,8 +130,11 @@ def test_student_starts_from_its_teacher_and_distills_end_to_end(tmp_path):
     teacher, student = zoo.load("toy-transformer", tmp_path), zoo.load("toy-student", tmp_path)
     t, s = teacher.model.model, student.model.backbone
     assert torch.equal(s.layers[1].mlp.down_proj.weight, t.layers[1].mlp.down_proj.weight)
-    assert torch.equal(s.embedding.weight[:synthetic.VOCAB_SIZE], t.embed_tokens.weight)
-    assert not torch.equal(s.layers[0].mixer.in_proj.weight, zoo.build_model(zoo.recipe("toy-student")).backbone.layers[0].mixer.in_proj.weight)
+    assert torch.equal(s.embedding.weight[: synthetic.VOCAB_SIZE], t.embed_tokens.weight)
+    assert not torch.equal(
+        s.layers[0].mixer.in_proj.weight,
+        zoo.build_model(zoo.recipe("toy-student")).backbone.layers[0].mixer.in_proj.weight,
+    )
     b = synthetic.mcq(4, 3, np.random.default_rng(0))
     with helpers.swap_layers(student, teacher, list(range(zoo.TEACHER_LAYERS))):
         swapped = student.model(input_ids=b.ids).logits
@@ -141,8 +150,14 @@ def test_shipped_checkpoint_reproduces_its_recorded_accuracies(name):
     # Bit-equal on the machine that trained it; another CPU's kernels may round differently and
     # flip a near-tie, so allow two examples of 500 per cell (a wrong checkpoint misses by far more).
     assert now.keys() == rec["final"].keys()
-    assert all(abs(now[k] - rec["final"][k]) <= 2 / rec["n_final"] + 1e-12 for k in now), (now, rec["final"])
-    assert json.loads((zoo.checkpoints() / f"{name}.json").read_text())["config"] == zoo.recipe(name).config
+    assert all(abs(now[k] - rec["final"][k]) <= 2 / rec["n_final"] + 1e-12 for k in now), (
+        now,
+        rec["final"],
+    )
+    assert (
+        json.loads((zoo.checkpoints() / f"{name}.json").read_text())["config"]
+        == zoo.recipe(name).config
+    )
 
 
 def test_every_recipe_is_a_loadable_model_name_and_a_missing_checkpoint_names_the_fix(tmp_path):
@@ -162,18 +177,27 @@ def test_kept_heads_compute_the_teachers_attention_with_the_other_heads_zeroed()
     inputs, _, _ = zoo.teacher_states(teacher.model, ids)
     for layer, heads in kept.items():
         seen = {}
-        hook = t.layers[layer].self_attn.register_forward_hook(lambda m, a, out: seen.update(out=out[0]))
-        with helpers.zero_heads(teacher, {layer: [h for h in range(4) if h not in heads]}), torch.no_grad():
+        hook = t.layers[layer].self_attn.register_forward_hook(
+            lambda m, a, out: seen.update(out=out[0])
+        )
+        with (
+            helpers.zero_heads(teacher, {layer: [h for h in range(4) if h not in heads]}),
+            torch.no_grad(),
+        ):
             teacher.model(input_ids=ids)
         hook.remove()
         norm = t.layers[layer].input_layernorm
-        norm = norm[0] if isinstance(norm, torch.nn.Sequential) else norm  # the convolution is the kept heads'
+        norm = (
+            norm[0] if isinstance(norm, torch.nn.Sequential) else norm
+        )  # the convolution is the kept heads'
         with torch.no_grad():
             mine = student.backbone.layers[layer].attention(norm(inputs[layer]))
         assert torch.allclose(mine, seen["out"], atol=1e-5)
         assert not torch.allclose(mine, torch.zeros_like(mine))
     # The other layers have no attention, and the mixers start as a plain student's.
-    assert [l for l, b in enumerate(student.backbone.layers) if b.attention is not None] == sorted(kept)
+    assert [l for l, b in enumerate(student.backbone.layers) if b.attention is not None] == sorted(
+        kept
+    )
     torch.manual_seed(0)
     plain = zoo.build_model(zoo.recipe("toy-student")).state_dict()
     assert all(torch.equal(w, student.state_dict()[k]) for k, w in plain.items())
@@ -182,8 +206,9 @@ def test_kept_heads_compute_the_teachers_attention_with_the_other_heads_zeroed()
 def test_the_head_rules_rank_a_planted_head_first_and_random_draws_differ(monkeypatch):
     teacher = helpers.load("toy-transformer")
     layer, head, d = 1, 2, teacher.model.config.head_dim
-    keep = lambda by, draw=0: zoo.choose_heads(teacher, zoo.Recipe("x", "", "llamba", {}, 0, keep=1, keep_by=by,
-                                                                     draw=draw), seed=0)
+    keep = lambda by, draw=0: zoo.choose_heads(
+        teacher, zoo.Recipe("x", "", "llamba", {}, 0, keep=1, keep_by=by, draw=draw), seed=0
+    )
     site = teacher.model.model.layers[layer].self_attn.o_proj
 
     def planted_loss(model, batch):  # a loss that only the planted head's output lowers
@@ -191,15 +216,20 @@ def test_the_head_rules_rank_a_planted_head_first_and_random_draws_differ(monkey
         hook = site.register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
         model(input_ids=batch.ids)
         hook.remove()
-        return -seen["x"][..., head * d:(head + 1) * d].norm()
+        return -seen["x"][..., head * d : (head + 1) * d].norm()
 
-    def planted_maps(model, ids, layers):  # every head on the first token, the planted one everywhere
+    def planted_maps(
+        model, ids, layers
+    ):  # every head on the first token, the planted one everywhere
         maps = {}
         for l in layers:
             m = torch.zeros(ids.shape[0], 4, ids.shape[1], ids.shape[1])
             m[..., 0] = 1
             if l == layer:
-                m[:, head] = torch.tril(torch.ones(ids.shape[1], ids.shape[1])) / torch.arange(1, ids.shape[1] + 1)[:, None]
+                m[:, head] = (
+                    torch.tril(torch.ones(ids.shape[1], ids.shape[1]))
+                    / torch.arange(1, ids.shape[1] + 1)[:, None]
+                )
             maps[l] = m
         return maps
 
@@ -225,5 +255,7 @@ def test_a_hybrid_that_keeps_heads_builds_loads_and_records_them(tmp_path):
     for l, hs in kept.items():
         d = teacher.config.head_dim
         rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in hs])
-        assert torch.equal(hybrid.model.backbone.layers[l].attention.attn.q_proj.weight,
-                           teacher.layers[l].self_attn.q_proj.weight[rows])
+        assert torch.equal(
+            hybrid.model.backbone.layers[l].attention.attn.q_proj.weight,
+            teacher.layers[l].self_attn.q_proj.weight[rows],
+        )

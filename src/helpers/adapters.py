@@ -61,23 +61,35 @@ class Adapter:
     # layers); the engine makes them only then.
     reads_embeddings = False
 
-    def run_layer(self, block: nn.Module, hidden: torch.Tensor, positions: torch.Tensor | None = None,
-                  allowed: torch.Tensor | None = None, embeddings: torch.Tensor | None = None) -> torch.Tensor:
+    def run_layer(
+        self,
+        block: nn.Module,
+        hidden: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
+        embeddings: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run one of this family's blocks on a residual stream, outside its own model (a
         transplanted layer in `swap_layers`, the layers above an ablation in `engine`).
         Attention families also take token `positions` [rows, T] and which keys each query may
         read, `allowed` [rows, T, T] (default: causal). Hybrid layers that read the token
         embeddings again beside the stream (Zamba2) take them as `embeddings` [rows, T, width]."""
         if allowed is not None:
-            raise InterventionError(f"{self.family} layers read their input in order; they cannot take a packed mask")
+            raise InterventionError(
+                f"{self.family} layers read their input in order; they cannot take a packed mask"
+            )
         return self.layer_output(block(hidden))
 
     def check_layer(self, layer: int) -> int:
         """The layer as a Python int, if this view of the model has it."""
         index = as_index(layer)
         if index is None or not 0 <= index < self.n_layers:
-            problem = "is out of range" if index is not None else "is not a layer index (an integer)"
-            raise InterventionError(f"layer {layer!r} {problem}: this {self.family} model has layers 0..{self.n_layers - 1}")
+            problem = (
+                "is out of range" if index is not None else "is not a layer index (an integer)"
+            )
+            raise InterventionError(
+                f"layer {layer!r} {problem}: this {self.family} model has layers 0..{self.n_layers - 1}"
+            )
         return index
 
     def check_layers(self, layers, what: str, increasing: bool = True) -> list[int]:
@@ -93,8 +105,10 @@ class Adapter:
         if twice:
             raise InterventionError(f"{what}: layer(s) {twice} listed more than once in {given}")
         if increasing and checked != sorted(checked):
-            raise InterventionError(f"{what} takes layers in increasing order (they run in the model's order): "
-                                    f"got {given}, write {sorted(checked)}")
+            raise InterventionError(
+                f"{what} takes layers in increasing order (they run in the model's order): "
+                f"got {given}, write {sorted(checked)}"
+            )
         return checked
 
     def _slot(self, layer: int) -> nn.Module:
@@ -112,8 +126,10 @@ class Adapter:
         that model's block: its heads are reached through the donor's adapter."""
         donor = self.donor_of(layer)
         if donor is not None:
-            raise InterventionError(f"layer {layer} of this {self.family} model is swapped in from a {donor.family} "
-                                    f"model (swap_layers): reach its heads through that model's adapter")
+            raise InterventionError(
+                f"layer {layer} of this {self.family} model is swapped in from a {donor.family} "
+                f"model (swap_layers): reach its heads through that model's adapter"
+            )
         return self._slot(layer)
 
     # --- heads ------------------------------------------------------------------------------------
@@ -132,7 +148,9 @@ class Adapter:
         return False
 
     def attention(self, layer: int) -> nn.Module:
-        raise InterventionError(f"layer {layer} of this {self.family} model has no attention module")
+        raise InterventionError(
+            f"layer {layer} of this {self.family} model has no attention module"
+        )
 
     def mixer(self, layer: int) -> nn.Module:
         """The sequence mixer of the layer (attention or SSM)."""
@@ -140,21 +158,25 @@ class Adapter:
 
     def hidden_attention(self, layer: int, mixer_input: torch.Tensor) -> torch.Tensor:
         """alpha [batch, heads, T, T] of an SSM layer's heads, given the mixer's input."""
-        raise InterventionError(f"this {self.family} model has no hidden attention for layer {layer}")
+        raise InterventionError(
+            f"this {self.family} model has no hidden attention for layer {layer}"
+        )
 
     def ssm_site(self, layer: int) -> nn.Module:
         """The module whose input carries each SSM head's output, in head order, `head_dim`
         channels per head (where `masked_heads_output` is written back)."""
         raise InterventionError(f"this {self.family} model has no SSM heads in layer {layer}")
 
-    def masked_heads_output(self, layer: int, mixer_input: torch.Tensor, heads: list[int],
-                            allowed: torch.Tensor) -> torch.Tensor:
+    def masked_heads_output(
+        self, layer: int, mixer_input: torch.Tensor, heads: list[int], allowed: torch.Tensor
+    ) -> torch.Tensor:
         """What `ssm_site` receives for these heads [batch, T, heads * head_dim] when their
         hidden attention is multiplied by `allowed` ([T, T] or [heads, T, T])."""
         return self.masked_mixer_output(self.mixer(layer), mixer_input, heads, allowed)
 
-    def masked_mixer_output(self, mixer: nn.Module, mixer_input: torch.Tensor, heads: list[int],
-                            allowed: torch.Tensor) -> torch.Tensor:
+    def masked_mixer_output(
+        self, mixer: nn.Module, mixer_input: torch.Tensor, heads: list[int], allowed: torch.Tensor
+    ) -> torch.Tensor:
         """`masked_heads_output` of the layer this mixer belongs to. `mask_attention` finds the
         mixer once, on entry, so that layers removed inside its block do not move it."""
         raise InterventionError(f"this {self.family} model has no hidden attention")
@@ -170,25 +192,36 @@ class Adapter:
         layer = self.check_layer(layer)
         listed = [heads] if as_index(heads) is not None else _as_list(heads)
         if listed is None:
-            raise InterventionError(f"the {self.head_kind}s of layer {layer} are a {self.head_kind} index or a list "
-                                    f"of them, got {heads!r}")
+            raise InterventionError(
+                f"the {self.head_kind}s of layer {layer} are a {self.head_kind} index or a list "
+                f"of them, got {heads!r}"
+            )
         if not listed:
             return []
         n = self.n_heads(layer)
         indices = [as_index(h) for h in listed]
         bad = [h for h, i in zip(listed, indices) if i is None or not 0 <= i < n]
         if bad:
-            problem = "out of range" if all(as_index(h) is not None for h in bad) else "not valid (indices are integers)"
+            problem = (
+                "out of range"
+                if all(as_index(h) is not None for h in bad)
+                else "not valid (indices are integers)"
+            )
             raise InterventionError(
                 f"{self.head_kind} {bad} {problem}: layer {layer} of this {self.family} model has "
-                f"{self.head_kind}s 0..{n - 1}")
+                f"{self.head_kind}s 0..{n - 1}"
+            )
         twice = sorted({i for i in indices if indices.count(i) > 1})
         if twice:
-            raise InterventionError(f"{self.head_kind}(s) {twice} of layer {layer} listed more than once")
+            raise InterventionError(
+                f"{self.head_kind}(s) {twice} of layer {layer} listed more than once"
+            )
         return indices
 
 
-def positions_and_mask(hidden: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None):
+def positions_and_mask(
+    hidden: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None
+):
     """Token positions [rows, T] (default 0..T-1) and the additive attention mask [rows, 1, T, T]
     that `allowed` gives (default causal): eager, SDPA and our own attention function all read an
     additive mask the same way."""
@@ -224,8 +257,9 @@ class LlamaAdapter(Adapter):
     def run_layer(self, block, hidden, positions=None, allowed=None, embeddings=None):
         # A Llama block needs its model's rotary embeddings and an explicit mask.
         positions, mask, rotary = self.pass_inputs(hidden, positions, allowed)
-        return self.layer_output(block(hidden, attention_mask=mask, position_ids=positions,
-                                       position_embeddings=rotary))
+        return self.layer_output(
+            block(hidden, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+        )
 
     def pass_inputs(self, hidden, positions, allowed) -> tuple:
         """The positions, additive mask and rotary embeddings every layer of one pass reads: made
@@ -234,12 +268,22 @@ class LlamaAdapter(Adapter):
         hands each layer the same `positions` and `allowed` objects; the last pass's are kept
         with them, so that the same objects (and the same stream shape, dtype and grad mode) mean
         the same inputs."""
-        key = (hidden.shape[:2], hidden.dtype, hidden.device, torch.is_inference_mode_enabled(),
-               torch.is_grad_enabled())
+        key = (
+            hidden.shape[:2],
+            hidden.dtype,
+            hidden.device,
+            torch.is_inference_mode_enabled(),
+            torch.is_grad_enabled(),
+        )
         last = getattr(self, "_pass", None)
         if last is None or last[0] is not positions or last[1] is not allowed or last[2] != key:
             full, mask = positions_and_mask(hidden, positions, allowed)
-            self._pass = (positions, allowed, key, (full, mask, self.model.base_model.rotary_emb(hidden, position_ids=full)))
+            self._pass = (
+                positions,
+                allowed,
+                key,
+                (full, mask, self.model.base_model.rotary_emb(hidden, position_ids=full)),
+            )
         return self._pass[3]
 
     def n_heads(self, layer: int) -> int:
@@ -302,7 +346,9 @@ class Mamba2Adapter(SSMAdapter):
         t, alpha = self._terms_and_alpha(mixer, mixer_input)
         x = t["x"][:, :, heads].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
         alpha = alpha[:, heads] * allowed.to(x.dtype)
-        return (torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x).flatten(-2)
+        return (
+            torch.einsum("bhts,bshp->bthp", alpha, x) + mixer.D[heads, None].to(x.dtype) * x
+        ).flatten(-2)
 
 
 class MambaAdapter(SSMAdapter):
@@ -319,8 +365,10 @@ class MambaAdapter(SSMAdapter):
         size = as_index(group)
         if size is None or size < 1 or channels % size:
             divisors = [d for d in range(1, channels + 1) if channels % d == 0]
-            raise InterventionError(f"group={group!r}: a channel group must divide this {self.family} model's "
-                                    f"{channels} channels per layer; valid groups: {divisors}")
+            raise InterventionError(
+                f"group={group!r}: a channel group must divide this {self.family} model's "
+                f"{channels} channels per layer; valid groups: {divisors}"
+            )
         self.group = size
         if size > 1:
             self.head_kind = "channel group"
@@ -349,7 +397,10 @@ class MambaAdapter(SSMAdapter):
         if allowed.dim() == 3:  # one pattern per head: repeat it over the head's channels
             allowed = allowed.repeat_interleave(self.group, dim=0)
         x = t["x"][..., channels].to(alpha.dtype)  # alpha is float32 at least (see helpers.ssm)
-        y = torch.einsum("bcts,bsc->btc", alpha * allowed.to(x.dtype), x) + mixer.D[channels].to(x.dtype) * x
+        y = (
+            torch.einsum("bcts,bsc->btc", alpha * allowed.to(x.dtype), x)
+            + mixer.D[channels].to(x.dtype) * x
+        )
         return y * torch.nn.functional.silu(t["z"][..., channels].to(x.dtype))
 
 
@@ -400,7 +451,11 @@ class Zamba2Adapter(Mamba2Adapter):
     def hybrid_layers(self) -> list[int]:
         """The hybrid layers' positions in the block list as it stands (with layers removed, a
         hybrid layer's position, not its index in the full model)."""
-        return [l for l in range(self.n_layers) if self.donor_of(l) is None and hasattr(self.block(l), "shared_transformer")]
+        return [
+            l
+            for l in range(self.n_layers)
+            if self.donor_of(l) is None and hasattr(self.block(l), "shared_transformer")
+        ]
 
     def is_attention(self, layer: int) -> bool:
         return self.check_layer(layer) in self.hybrid_layers
@@ -410,7 +465,8 @@ class Zamba2Adapter(Mamba2Adapter):
             self.block(layer)  # a swapped-in layer says so
             raise InterventionError(
                 f"layer {layer} of this zamba2 model is a Mamba layer without attention; its attention "
-                f"layers are {self.hybrid_layers}; for its Mamba heads use adapter.mamba_heads()")
+                f"layers are {self.hybrid_layers}; for its Mamba heads use adapter.mamba_heads()"
+            )
         return self.block(layer).shared_transformer.self_attn
 
     def run_layer(self, block, hidden, positions=None, allowed=None, embeddings=None):
@@ -418,16 +474,37 @@ class Zamba2Adapter(Mamba2Adapter):
         # embeddings (a hybrid layer's shared block reads them beside the stream), its own index
         # (which picks the shared block's per-layer adapters), the Mamba and attention masks.
         if allowed is not None:
-            raise InterventionError("zamba2 layers read their input in order; they cannot take a packed mask")
-        index = next((i for i, b in enumerate(self.layers) if b is block), None)  # a Mamba layer needs none
-        if hasattr(getattr(block, "layer", block), "shared_transformer") and (embeddings is None or index is None):
-            raise InterventionError("a zamba2 hybrid layer reads the token embeddings beside the stream and its "
-                                    "shared block's adapters by its index: it runs only within its own model "
-                                    "(its Mamba layers can be transplanted)")
+            raise InterventionError(
+                "zamba2 layers read their input in order; they cannot take a packed mask"
+            )
+        index = next(
+            (i for i, b in enumerate(self.layers) if b is block), None
+        )  # a Mamba layer needs none
+        if hasattr(getattr(block, "layer", block), "shared_transformer") and (
+            embeddings is None or index is None
+        ):
+            raise InterventionError(
+                "a zamba2 hybrid layer reads the token embeddings beside the stream and its "
+                "shared block's adapters by its index: it runs only within its own model "
+                "(its Mamba layers can be transplanted)"
+            )
         positions, mask = positions_and_mask(hidden, positions, None)
-        rotary = self.model.base_model.rotary_emb(hidden, position_ids=positions) if self.model.config.use_mem_rope else None
-        return self.layer_output(block(hidden, embeddings, index, None, mask, position_embeddings=rotary,
-                                       position_ids=positions))
+        rotary = (
+            self.model.base_model.rotary_emb(hidden, position_ids=positions)
+            if self.model.config.use_mem_rope
+            else None
+        )
+        return self.layer_output(
+            block(
+                hidden,
+                embeddings,
+                index,
+                None,
+                mask,
+                position_embeddings=rotary,
+                position_ids=positions,
+            )
+        )
 
     def mixer(self, layer: int) -> nn.Module:
         block = self.block(layer)  # a hybrid layer runs its Mamba block after the shared attention
@@ -450,8 +527,14 @@ class Zamba2Adapter(Mamba2Adapter):
         # transformers passes each layer its position in the block list, and a hybrid layer looks
         # its shared block's adapters and cache slot up by it: keep each layer's own index (the
         # full model's, when the list is already a subset).
-        return nn.ModuleList([self.layers[i] if isinstance(self.layers[i], OwnIndex) else OwnIndex(self.layers[i], i)
-                              for i in indices])
+        return nn.ModuleList(
+            [
+                self.layers[i]
+                if isinstance(self.layers[i], OwnIndex)
+                else OwnIndex(self.layers[i], i)
+                for i in indices
+            ]
+        )
 
     def mamba_heads(self) -> "Zamba2MambaAdapter":
         return Zamba2MambaAdapter(self.model)
@@ -495,7 +578,9 @@ ADAPTERS: dict[str, type[Adapter]] = {
 def adapter_for(model: nn.Module) -> Adapter:
     kind = getattr(getattr(model, "config", None), "model_type", None)
     if kind not in ADAPTERS:
-        raise InterventionError(f"no adapter for model_type {kind!r}; known: {', '.join(sorted(ADAPTERS))}")
+        raise InterventionError(
+            f"no adapter for model_type {kind!r}; known: {', '.join(sorted(ADAPTERS))}"
+        )
     return ADAPTERS[kind](model)
 
 
@@ -507,18 +592,23 @@ def unwrap(model_or_loaded) -> tuple[nn.Module, Adapter]:
     if isinstance(adapter, Adapter):
         return adapter.model, adapter
     if not isinstance(model_or_loaded, nn.Module):
-        raise InterventionError(f"expected a model, a Loaded bundle (helpers.load) or an Adapter, "
-                                f"got {type(model_or_loaded).__name__}")
+        raise InterventionError(
+            f"expected a model, a Loaded bundle (helpers.load) or an Adapter, "
+            f"got {type(model_or_loaded).__name__}"
+        )
     return model_or_loaded, adapter_for(model_or_loaded)
 
 
 def _as_list(values) -> list | None:
     """`values` as a list, or None for what is not a list of indices: a single value, None, text,
     a mapping."""
-    if values is None or isinstance(values, (str, bytes, Mapping)) or getattr(values, "ndim", None) == 0:
+    if (
+        values is None
+        or isinstance(values, (str, bytes, Mapping))
+        or getattr(values, "ndim", None) == 0
+    ):
         return None
     try:
         return list(values)
     except TypeError:
         return None
-

@@ -34,15 +34,20 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     record = getattr(module, "_helpers_record", None)
     allowed = getattr(module, "_helpers_allowed", None)
     if record is None and allowed is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     key = repeat_kv(key, query.shape[1] // key.shape[1])
     value = repeat_kv(value, query.shape[1] // value.shape[1])
-    scores = (query @ key.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    scores = (query @ key.transpose(2, 3)) * (
+        scaling if scaling is not None else query.shape[-1] ** -0.5
+    )
     t, s = scores.shape[-2:]
     visible = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(s - t)
     if attention_mask is not None:
-        visible = visible & (attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0)
+        visible = visible & (
+            attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        )
     if allowed is not None:
         _check_length(allowed, t, s)
         visible = visible & allowed.to(scores.device)
@@ -59,8 +64,10 @@ def _check_length(allowed: torch.Tensor, queries: int, keys: int) -> None:
     T = allowed.shape[-1]
     if (queries, keys) != (T, T):
         input_T = f"T={keys}" if queries == keys else f"{queries} queries over {keys} keys"
-        raise InterventionError(f"mask_attention's mask is for T={T} tokens, but the input has {input_T}: "
-                                f"build the mask for the input's length")
+        raise InterventionError(
+            f"mask_attention's mask is for T={T} tokens, but the input has {input_T}: "
+            f"build the mask for the input's length"
+        )
 
 
 AttentionInterface.register(IMPLEMENTATION, _attention)
@@ -96,15 +103,28 @@ def _attached(adapter, layer: int, name: str, value):
 
 def _check_ids(model, input_ids) -> torch.Tensor:
     """Token ids [batch, T] inside the model's vocabulary."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point() \
-            or input_ids.dtype == torch.bool or 0 in input_ids.shape:
-        shape = list(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise InterventionError(f"input_ids must be an integer tensor [batch, T] with T >= 1, got {shape} "
-                                "(for one sequence of ids use ids[None])")
+    if (
+        not isinstance(input_ids, torch.Tensor)
+        or input_ids.dim() != 2
+        or input_ids.is_floating_point()
+        or input_ids.dtype == torch.bool
+        or 0 in input_ids.shape
+    ):
+        shape = (
+            list(input_ids.shape)
+            if isinstance(input_ids, torch.Tensor)
+            else type(input_ids).__name__
+        )
+        raise InterventionError(
+            f"input_ids must be an integer tensor [batch, T] with T >= 1, got {shape} "
+            "(for one sequence of ids use ids[None])"
+        )
     vocab = model.get_input_embeddings().num_embeddings
     if input_ids.min() < 0 or input_ids.max() >= vocab:
-        raise InterventionError(f"token ids must be in 0..{vocab - 1} (this model's vocabulary), "
-                                f"got {input_ids.min().item()}..{input_ids.max().item()}")
+        raise InterventionError(
+            f"token ids must be in 0..{vocab - 1} (this model's vocabulary), "
+            f"got {input_ids.min().item()}..{input_ids.max().item()}"
+        )
     return input_ids
 
 
@@ -122,10 +142,21 @@ def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[in
     with ExitStack() as stack:
         for l in layers:
             if adapter.is_attention(l):
-                stack.enter_context(_attached(adapter, l, "_helpers_record",
-                                              lambda p, l=l: maps.__setitem__(l, p.float())))
-        stack.enter_context(hooked(adapter, {(MIXER, l): partial(taps.__setitem__, l)
-                                             for l in layers if not adapter.is_attention(l)}))
+                stack.enter_context(
+                    _attached(
+                        adapter, l, "_helpers_record", lambda p, l=l: maps.__setitem__(l, p.float())
+                    )
+                )
+        stack.enter_context(
+            hooked(
+                adapter,
+                {
+                    (MIXER, l): partial(taps.__setitem__, l)
+                    for l in layers
+                    if not adapter.is_attention(l)
+                },
+            )
+        )
         stack.enter_context(_routed(model))
         model(input_ids=input_ids.to(next(model.parameters()).device))
     for l, u in taps.items():
@@ -136,14 +167,26 @@ def attention_maps(model, input_ids: torch.Tensor, layers: list[int]) -> dict[in
 def _check_mask(allowed, n_heads: int) -> torch.Tensor:
     """A [T, T] pattern for every head or one [T, T] pattern per head, of booleans (or 0/1)."""
     if not isinstance(allowed, torch.Tensor):
-        raise InterventionError(f"the mask must be a torch tensor [T, T] or [heads, T, T], got {type(allowed).__name__}")
-    if allowed.dim() not in (2, 3) or allowed.shape[-1] != allowed.shape[-2] or allowed.shape[-1] == 0:
-        raise InterventionError(f"the mask must be [T, T] or [heads, T, T] with T >= 1 (row t: what query t may "
-                                f"read), got shape {list(allowed.shape)}")
+        raise InterventionError(
+            f"the mask must be a torch tensor [T, T] or [heads, T, T], got {type(allowed).__name__}"
+        )
+    if (
+        allowed.dim() not in (2, 3)
+        or allowed.shape[-1] != allowed.shape[-2]
+        or allowed.shape[-1] == 0
+    ):
+        raise InterventionError(
+            f"the mask must be [T, T] or [heads, T, T] with T >= 1 (row t: what query t may "
+            f"read), got shape {list(allowed.shape)}"
+        )
     if allowed.dim() == 3 and allowed.shape[0] != n_heads:
-        raise InterventionError(f"a [heads, T, T] mask needs one pattern per head: {n_heads}, not {allowed.shape[0]}")
+        raise InterventionError(
+            f"a [heads, T, T] mask needs one pattern per head: {n_heads}, not {allowed.shape[0]}"
+        )
     if allowed.dtype != torch.bool and not ((allowed == 0) | (allowed == 1)).all():
-        raise InterventionError("the mask must hold booleans (or 0 and 1): True where a head may attend")
+        raise InterventionError(
+            "the mask must hold booleans (or 0 and 1): True where a head may attend"
+        )
     return allowed
 
 
@@ -172,7 +215,9 @@ def mask_attention(model, layer: int, heads: list[int], allowed: torch.Tensor):
 def _masked_attention(model, adapter: Adapter, layer: int, heads: list[int], allowed: torch.Tensor):
     heads = adapter.check_heads(layer, heads)  # again, against the model as it stands on entry
     full = torch.ones(adapter.n_heads(layer), *allowed.shape[-2:], dtype=torch.bool)
-    full[heads] = allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
+    full[heads] = (
+        allowed.bool() if allowed.dim() == 3 else allowed.bool().expand(len(heads), -1, -1)
+    )
     full = _with_earlier(adapter, layer, full)
     with _attached(adapter, layer, "_helpers_allowed", full), _routed(model):
         yield model
@@ -185,11 +230,15 @@ def _with_earlier(adapter: Adapter, layer: int, full: torch.Tensor) -> torch.Ten
     if earlier is None:
         return full
     if earlier.shape[-1] != full.shape[-1]:
-        raise InterventionError(f"layer {layer} already has a mask for T={earlier.shape[-1]} tokens; "
-                                f"this one is for T={full.shape[-1]}: masks used together must be for one length")
+        raise InterventionError(
+            f"layer {layer} already has a mask for T={earlier.shape[-1]} tokens; "
+            f"this one is for T={full.shape[-1]}: masks used together must be for one length"
+        )
     if earlier.dim() == full.dim() == 4 and earlier.shape[0] != full.shape[0]:
-        raise InterventionError(f"layer {layer} already has a mask for a batch of {earlier.shape[0]} rows; "
-                                f"this one is for {full.shape[0]}: per-row masks used together must be for one batch")
+        raise InterventionError(
+            f"layer {layer} already has a mask for a batch of {earlier.shape[0]} rows; "
+            f"this one is for {full.shape[0]}: per-row masks used together must be for one batch"
+        )
     return full & earlier  # [heads, T, T] with [batch, heads, T, T]: per row
 
 
@@ -223,11 +272,15 @@ def mask_last_row(model, length: int, layers: list[int] | None = None):
     model, adapter = unwrap(model)
     T = as_index(length)
     if T is None or T < 1:
-        raise InterventionError(f"length must be a positive integer (the inputs' token count), got {length!r}")
+        raise InterventionError(
+            f"length must be a positive integer (the inputs' token count), got {length!r}"
+        )
     if layers is None:
         layers = [l for l in range(adapter.n_layers) if adapter.is_attention(l)]
         if not layers:
-            raise InterventionError(f"this {adapter.family} model has no attention layers for mask_last_row to mask")
+            raise InterventionError(
+                f"this {adapter.family} model has no attention layers for mask_last_row to mask"
+            )
     layers = adapter.check_layers(layers, "mask_last_row", increasing=False)
     for l in layers:
         adapter.attention(l)  # raises, naming the attention layers, for a layer without attention
@@ -260,20 +313,30 @@ def mask_final_rows(model, lengths, layers: list[int] | None = None, width: int 
     layers = adapter.check_layers(layers, "mask_final_rows", increasing=False)
     for l in layers:
         adapter.attention(l)  # raises, naming the attention layers, for a layer without attention
-    given = list(lengths) if isinstance(lengths, (list, tuple, range)) or getattr(lengths, "ndim", 0) == 1 else None
+    given = (
+        list(lengths)
+        if isinstance(lengths, (list, tuple, range)) or getattr(lengths, "ndim", 0) == 1
+        else None
+    )
     indices = [as_index(n) for n in given or []]
     if not given or any(i is None or i < 1 for i in indices):
-        raise InterventionError(f"mask_final_rows takes each row's token count, a non-empty list of positive "
-                                f"integers, got {lengths!r}")
+        raise InterventionError(
+            f"mask_final_rows takes each row's token count, a non-empty list of positive "
+            f"integers, got {lengths!r}"
+        )
     lengths = torch.tensor(indices, dtype=torch.long)
     T = int(lengths.max()) if width is None else width
     if T < int(lengths.max()):
-        raise InterventionError(f"mask_final_rows: a row of {int(lengths.max())} tokens in a batch {T} wide")
+        raise InterventionError(
+            f"mask_final_rows: a row of {int(lengths.max())} tokens in a batch {T} wide"
+        )
     allowed = torch.ones(len(lengths), T, T, dtype=torch.bool)  # [batch, T, T]
     allowed[torch.arange(len(lengths)), lengths - 1] = False
     with ExitStack() as stack:
         for l in layers:
-            full = allowed[:, None].expand(-1, adapter.n_heads(l), -1, -1)  # [batch, heads, T, T], a view
+            full = allowed[:, None].expand(
+                -1, adapter.n_heads(l), -1, -1
+            )  # [batch, heads, T, T], a view
             full = _with_earlier(adapter, l, full)
             stack.enter_context(_attached(adapter, l, "_helpers_allowed", full))
         stack.enter_context(_routed(model))

@@ -39,7 +39,9 @@ class Benchmark:
     role: str  # RETRIEVAL (the answer is in the prompt) or KNOWLEDGE (in the weights)
     items: list[Item] = field(repr=False)
     segments: Callable[[Item], Segments] | None = field(default=None, repr=False, compare=False)
-    spec: dict | None = field(default=None, repr=False, compare=False)  # what makes it again: `from_spec`
+    spec: dict | None = field(
+        default=None, repr=False, compare=False
+    )  # what makes it again: `from_spec`
 
     @property
     def kind(self) -> str | None:
@@ -68,18 +70,35 @@ def _rng(*seed: int) -> np.random.Generator:
     return np.random.default_rng(list(seed))
 
 
-def kv(model: str, tokenizer, pairs: int, n: int, seed: int = 0, query: str = "paper",
-       form: str = "released") -> Benchmark:
+def kv(
+    model: str,
+    tokenizer,
+    pairs: int,
+    n: int,
+    seed: int = 0,
+    query: str = "paper",
+    form: str = "released",
+) -> Benchmark:
     """KV retrieval with `pairs` keys: the release's prompt (`tasks.kv_items`; `query` picks the
     question's form, `form` how the value follows it, `tasks.KV_FORMS`), or the zoo's token task
     for a toy model (two-token keys; no query forms)."""
     name = f"KV retrieval ({pairs} keys)"
     spec = dict(kind=KV, model=model, pairs=pairs, n=n, seed=seed, query=query, form=form)
     if _toy(model):
-        return Benchmark(name, RETRIEVAL, synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))), synthetic.segments,
-                         spec)
-    return Benchmark(name, RETRIEVAL, tasks.kv_items(pairs, n, seed=seed, query=query, form=form),
-                     lambda item: kv_segments(tokenizer, item.pairs[0][0]), spec)
+        return Benchmark(
+            name,
+            RETRIEVAL,
+            synthetic.items(synthetic.kv(n, pairs, _rng(seed, pairs))),
+            synthetic.segments,
+            spec,
+        )
+    return Benchmark(
+        name,
+        RETRIEVAL,
+        tasks.kv_items(pairs, n, seed=seed, query=query, form=form),
+        lambda item: kv_segments(tokenizer, item.pairs[0][0]),
+        spec,
+    )
 
 
 TOY_MCQ_SIZE = 500  # the zoo's letter MCQ when no n is asked for
@@ -94,32 +113,67 @@ def letter_mcq_size(model: str, profile: str) -> int | None:
     return tasks.letter_set_size() if profile == "cpu" else None
 
 
-def letter_mcq(model: str, tokenizer, profile: str, n: int | None, seed: int = 0, k_shot: int = 0,
-               options: int = 4, permuted: bool = False) -> Benchmark:
+def letter_mcq(
+    model: str,
+    tokenizer,
+    profile: str,
+    n: int | None,
+    seed: int = 0,
+    k_shot: int = 0,
+    options: int = 4,
+    permuted: bool = False,
+) -> Benchmark:
     """Answer-letter selection: MMLU in lm-eval's prompt (`k_shot` solved examples; the CPU
     profile's fixture set or `cais/mmlu`; `permuted`: each question's options moved round,
     `tasks.permute_options`), or the zoo's letter MCQ with `options` options."""
-    spec = dict(kind=MCQ, model=model, profile=profile, n=n, seed=seed, k_shot=k_shot, options=options,
-                **({"permuted": True} if permuted else {}))
+    spec = dict(
+        kind=MCQ,
+        model=model,
+        profile=profile,
+        n=n,
+        seed=seed,
+        k_shot=k_shot,
+        options=options,
+        **({"permuted": True} if permuted else {}),
+    )
     if _toy(model) and permuted:
-        raise ConfigError("the toy letter MCQ has no permuted form: its letters are drawn at random already")
+        raise ConfigError(
+            "the toy letter MCQ has no permuted form: its letters are drawn at random already"
+        )
     if _toy(model):
-        return Benchmark(f"letter MCQ ({options} options)", RETRIEVAL,
-                         synthetic.items(synthetic.mcq(n or TOY_MCQ_SIZE, options, _rng(seed, 100 + options))), synthetic.segments,
-                         spec)
+        return Benchmark(
+            f"letter MCQ ({options} options)",
+            RETRIEVAL,
+            synthetic.items(synthetic.mcq(n or TOY_MCQ_SIZE, options, _rng(seed, 100 + options))),
+            synthetic.segments,
+            spec,
+        )
     with quiet():  # datasets' cache messages
         items = tasks.load_mmlu(profile, k=k_shot, n=n, seed=seed, permuted=permuted)
-    return Benchmark(f"MMLU ({k_shot}-shot{', options moved' if permuted else ''})", RETRIEVAL, items, lambda item: mcq_segments(tokenizer, item.pairs[0][0], item.gold),
-                     spec)
+    return Benchmark(
+        f"MMLU ({k_shot}-shot{', options moved' if permuted else ''})",
+        RETRIEVAL,
+        items,
+        lambda item: mcq_segments(tokenizer, item.pairs[0][0], item.gold),
+        spec,
+    )
 
 
 def knowledge(model: str, profile: str, n: int | None, seed: int = 0) -> list[Benchmark]:
     """Knowledge tasks: the six of the released code (paper profiles), the CPU profile's cloze
     fixtures, or the zoo's fact table for a toy model."""
-    spec = lambda task: dict(kind=KNOWLEDGE, model=model, profile=profile, n=n, seed=seed, task=task)
+    spec = lambda task: dict(
+        kind=KNOWLEDGE, model=model, profile=profile, n=n, seed=seed, task=task
+    )
     if _toy(model):
-        return [Benchmark("knowledge", KNOWLEDGE, synthetic.items(synthetic.knowledge(n or 500, _rng(seed, 1000))),
-                          spec=spec("knowledge"))]
+        return [
+            Benchmark(
+                "knowledge",
+                KNOWLEDGE,
+                synthetic.items(synthetic.knowledge(n or 500, _rng(seed, 1000))),
+                spec=spec("knowledge"),
+            )
+        ]
     with quiet():  # datasets' cache messages
         sets = tasks.load_knowledge(profile, n=n, seed=seed)
     return [Benchmark(name, KNOWLEDGE, items, spec=spec(name)) for name, items in sets.items()]
@@ -154,7 +208,9 @@ def knowledge_of(letters: Benchmark, n: int | None, seed: int = 0) -> list[Bench
     return knowledge(spec["model"], spec["profile"], n, seed)
 
 
-def part(b: Benchmark, start: int, stop: int | None = None, shuffle: str | None = None) -> Benchmark:
+def part(
+    b: Benchmark, start: int, stop: int | None = None, shuffle: str | None = None
+) -> Benchmark:
     """Items `start:stop` of `b` (same name, role and segments), in their order in `b`; with
     `shuffle`, of its items shuffled by `random.Random(shuffle)` (a split into disjoint parts:
     the same `shuffle`, consecutive ranges)."""
@@ -162,7 +218,11 @@ def part(b: Benchmark, start: int, stop: int | None = None, shuffle: str | None 
     if shuffle is not None:
         random.Random(shuffle).shuffle(order)
     picked = order[start:stop] if shuffle is None else sorted(order[start:stop])
-    spec = None if b.spec is None else dict(kind="part", of=b.spec, start=start, stop=stop, shuffle=shuffle)
+    spec = (
+        None
+        if b.spec is None
+        else dict(kind="part", of=b.spec, start=start, stop=stop, shuffle=shuffle)
+    )
     return Benchmark(b.name, b.role, [b.items[i] for i in picked], b.segments, spec)
 
 
@@ -171,8 +231,10 @@ def from_spec(spec: dict, tokenizer) -> Benchmark:
     items in the same order. `tokenizer` is the one its segments are found with (the items do
     not depend on it). The last few are kept: a sweep's cells on one benchmark make it once."""
     if not isinstance(spec, dict) or spec.get("kind") not in _MAKERS:
-        raise ConfigError(f"a benchmark spec is a dict whose kind is one of {', '.join(_MAKERS)} (a Benchmark's "
-                          f"`spec`, put in a cell as it is), got {spec!r}")
+        raise ConfigError(
+            f"a benchmark spec is a dict whose kind is one of {', '.join(_MAKERS)} (a Benchmark's "
+            f"`spec`, put in a cell as it is), got {spec!r}"
+        )
     # A kept benchmark's segments hold its tokenizer, so the id is not reused while it is kept.
     key = (json.dumps(spec, sort_keys=True), id(tokenizer))
     if key not in _made:
@@ -194,16 +256,30 @@ def _knowledge_tasks(model: str, profile: str, n: int | None, seed: int) -> tupl
 
 
 def _knowledge_task(s: dict, tokenizer) -> Benchmark:
-    found = [b for b in _knowledge_tasks(s["model"], s["profile"], s["n"], s["seed"]) if b.name == s["task"]]
+    found = [
+        b
+        for b in _knowledge_tasks(s["model"], s["profile"], s["n"], s["seed"])
+        if b.name == s["task"]
+    ]
     if not found:
-        raise ConfigError(f"no knowledge task {s['task']!r} for {s['model']} on the {s['profile']} profile")
+        raise ConfigError(
+            f"no knowledge task {s['task']!r} for {s['model']} on the {s['profile']} profile"
+        )
     return found[0]
 
 
 _MAKERS = {
     KV: lambda s, tok: kv(s["model"], tok, s["pairs"], s["n"], s["seed"], s["query"], s["form"]),
-    MCQ: lambda s, tok: letter_mcq(s["model"], tok, s["profile"], s["n"], s["seed"], s["k_shot"], s["options"],
-                                   s.get("permuted", False)),
+    MCQ: lambda s, tok: letter_mcq(
+        s["model"],
+        tok,
+        s["profile"],
+        s["n"],
+        s["seed"],
+        s["k_shot"],
+        s["options"],
+        s.get("permuted", False),
+    ),
     KNOWLEDGE: _knowledge_task,
     "twins": lambda s, tok: twins(from_spec(s["of"], tok)),
     "part": lambda s, tok: part(from_spec(s["of"], tok), s["start"], s["stop"], s["shuffle"]),

@@ -40,11 +40,14 @@ from . import paths, provenance
 
 ROOT = paths.repository()
 BOOK = ROOT / "book"
-REHEARSAL_BANNER = ("Rehearsal: the paper profile on random weights, executed on CPU in {dtype}. These pages test "
-                    "the code path; their numbers are not results.")
+REHEARSAL_BANNER = (
+    "Rehearsal: the paper profile on random weights, executed on CPU in {dtype}. These pages test "
+    "the code path; their numbers are not results."
+)
 
 
 # --- the sources --------------------------------------------------------------------------------
+
 
 def toc_pages() -> list[str]:
     """Pages in `_toc.yml` order, as paths without suffix relative to the root."""
@@ -93,10 +96,17 @@ def set_repository(url: str) -> list[Path]:
     """Write `url` into `_config.yml` (keeping the rest of the file as written) and into the
     files that copy it; returns the files changed."""
     if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
-        raise SystemExit(f"--repository takes a GitHub address, https://github.com/OWNER/NAME, not {url!r}")
+        raise SystemExit(
+            f"--repository takes a GitHub address, https://github.com/OWNER/NAME, not {url!r}"
+        )
     config = ROOT / "_config.yml"
     text = config.read_text()
-    new = re.sub(r"(?m)^(repository:\n(?:[ \t]+.*\n)*?[ \t]+url:[ \t]*)\S+", lambda m: m.group(1) + url, text, count=1)
+    new = re.sub(
+        r"(?m)^(repository:\n(?:[ \t]+.*\n)*?[ \t]+url:[ \t]*)\S+",
+        lambda m: m.group(1) + url,
+        text,
+        count=1,
+    )
     changed = [config] if new != text else []
     config.write_text(new)
     assert repository_url() == url, "could not find repository: url: in _config.yml"
@@ -110,7 +120,9 @@ def sync_url_copies(url: str) -> list[Path]:
         path = ROOT / name
         text = path.read_text()
         if not pattern.search(text):
-            raise SystemExit(f"{name} has no place for the repository's address ({pattern.pattern}): restore it")
+            raise SystemExit(
+                f"{name} has no place for the repository's address ({pattern.pattern}): restore it"
+            )
         new = pattern.sub(lambda m: m.group(1) + url, text, count=1)
         if new != text:
             path.write_text(new)
@@ -154,7 +166,9 @@ def sync(repository: str | None = None) -> list[Path]:
     pre = set_repository(repository) if repository else []
 
     def cells(nb):
-        return [(c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in nb.cells]
+        return [
+            (c.cell_type, c.source.strip(), sorted(c.metadata.get("tags", []))) for c in nb.cells
+        ]
 
     written, cell = sync_url_copies(repository_url()), colab_cell(repository_url())
     for md in chapters():
@@ -173,6 +187,7 @@ def sync(repository: str | None = None) -> list[Path]:
 
 
 # --- executing ----------------------------------------------------------------------------------
+
 
 @contextmanager
 def environment(**values: str):
@@ -201,7 +216,9 @@ def echoed(log: Path):
             while not stop.is_set():
                 line = f.readline()
                 if line:
-                    sys.stderr.write("    " + line.split("\r")[-1] if "\r" in line else "    " + line)
+                    sys.stderr.write(
+                        "    " + line.split("\r")[-1] if "\r" in line else "    " + line
+                    )
                 else:
                     time.sleep(0.5)
 
@@ -250,10 +267,14 @@ def kernel_peak():
         thread.join(timeout=2)
 
 
-MMAP_THRESHOLD = 32 << 20  # bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
+MMAP_THRESHOLD = (
+    32 << 20
+)  # bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
 
 
-def execute(md: Path, output: Path, parameters: dict | None = None, record: Path | None = None) -> Path:
+def execute(
+    md: Path, output: Path, parameters: dict | None = None, record: Path | None = None
+) -> Path:
     """Execute one chapter with papermill into `output`; the chapter writes its verdicts and
     provenance to `record` (see `helpers.page.verdict`), its progress to a log beside `output`."""
     import jupytext
@@ -264,7 +285,11 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
         transport = "ipc"  # over TCP, ipykernel 7 warns in the terminal about every chapter
 
     nb = jupytext.read(md)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     output.parent.mkdir(parents=True, exist_ok=True)
     record = record or output.with_suffix(".record.json")
     log = output.with_suffix(".log")
@@ -273,12 +298,28 @@ def execute(md: Path, output: Path, parameters: dict | None = None, record: Path
     # own ceiling for it), buffers above it are returned at once. Not lower: at 1 MB every engine
     # batch's tensors were fresh zeroed pages, and the KV ranking's sweep and screen took 1.9 times
     # as long, five times the page faults, for a peak 15% lower (benchmarks/malloc.py).
-    malloc = {} if "MALLOC_MMAP_THRESHOLD_" in os.environ else {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
-    with environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record), **malloc), echoed(log), kernel_peak() as peak:
-        papermill.execute_notebook(nb, str(output), parameters=parameters or {}, cwd=str(ROOT),
-                                   kernel_name="python3", progress_bar=False,
-                                   kernel_manager_class=LocalKernelManager)
-    if record.exists():  # the kernel's peak joins the page's provenance (the Runs page, the build's line)
+    malloc = (
+        {}
+        if "MALLOC_MMAP_THRESHOLD_" in os.environ
+        else {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+    )
+    with (
+        environment(GA_PROGRESS=str(log), GA_PAGE_RECORD=str(record), **malloc),
+        echoed(log),
+        kernel_peak() as peak,
+    ):
+        papermill.execute_notebook(
+            nb,
+            str(output),
+            parameters=parameters or {},
+            cwd=str(ROOT),
+            kernel_name="python3",
+            progress_bar=False,
+            kernel_manager_class=LocalKernelManager,
+        )
+    if (
+        record.exists()
+    ):  # the kernel's peak joins the page's provenance (the Runs page, the build's line)
         rec = json.loads(record.read_text())
         rec["provenance"]["peak_rss_gb"] = round(peak["bytes"] / 1024**3, 2)
         record.write_text(json.dumps(rec, indent=1))
@@ -307,21 +348,33 @@ def execute_all(pages: list[Path], out: Path, parameters: dict) -> dict[Path, Pa
         target = out / "executed" / md.relative_to(ROOT).with_suffix(".ipynb")
         stamp = target.with_suffix(".key")
         k = key(md, parameters)
-        left = sum(times.get(p.stem, 0) for p in pages[i - 1:])
+        left = sum(times.get(p.stem, 0) for p in pages[i - 1 :])
         prefix = f"[{i}/{len(pages)}] {name}"
         if target.exists() and stamp.exists() and stamp.read_text() == k:
             print(f"{prefix}: unchanged since its last execution, not executed again", flush=True)
         else:
-            print(f"{prefix}: executing (elapsed {_clock(time.perf_counter() - start)}"
-                  + (f", about {_clock(left)} left by the last build's times)" if left else ")"), flush=True)
+            print(
+                f"{prefix}: executing (elapsed {_clock(time.perf_counter() - start)}"
+                + (f", about {_clock(left)} left by the last build's times)" if left else ")"),
+                flush=True,
+            )
             t = time.perf_counter()
             stamp.unlink(missing_ok=True)
             execute(md, target, parameters)
             times[name] = round(time.perf_counter() - t)
             stamp.write_text(k)
             times_file.write_text(json.dumps(times, indent=1))
-            peak = records({md: target}).get(str(md.relative_to(ROOT).with_suffix("")), {}).get("provenance", {}).get("peak_rss_gb")
-            print(f"{prefix}: done in {_clock(times[name])}" + (f", peak memory {peak:.1f} GB" if peak else ""), flush=True)
+            peak = (
+                records({md: target})
+                .get(str(md.relative_to(ROOT).with_suffix("")), {})
+                .get("provenance", {})
+                .get("peak_rss_gb")
+            )
+            print(
+                f"{prefix}: done in {_clock(times[name])}"
+                + (f", peak memory {peak:.1f} GB" if peak else ""),
+                flush=True,
+            )
         executed[md] = target
     return executed
 
@@ -331,6 +384,7 @@ def _clock(seconds: float) -> str:
 
 
 # --- staging and rendering ----------------------------------------------------------------------
+
 
 def records(executed: dict[Path, Path]) -> dict[str, dict]:
     """What each executed chapter recorded (verdicts, provenance), by page."""
@@ -350,28 +404,58 @@ def summary_table(pages: dict[str, dict]) -> str:
     cell = lambda text: html.escape(text).replace("|", "&#124;")  # inside a markdown table row
     for page, rec in pages.items():
         said = [dict(kind="claim") | v for v in rec["verdicts"]]
-        claims = [f"{cell(v['claim'])}: <em>{v['outcome']}</em>" for v in said if v["kind"] == "claim"]
-        checks = [f"check: {cell(v['claim'])}: <em>{v['outcome']}</em>" for v in said if v["kind"] != "claim"]
-        outcome = f"**{rec['overall']}**" if claims or not checks else f"check: **{rec['overall']}**"
+        claims = [
+            f"{cell(v['claim'])}: <em>{v['outcome']}</em>" for v in said if v["kind"] == "claim"
+        ]
+        checks = [
+            f"check: {cell(v['claim'])}: <em>{v['outcome']}</em>"
+            for v in said
+            if v["kind"] != "claim"
+        ]
+        outcome = (
+            f"**{rec['overall']}**" if claims or not checks else f"check: **{rec['overall']}**"
+        )
         tested = f", {rec['tested']}" if rec.get("tested") else ""
         # open, but folded on a phone (_static/ga.js), where the unfolded table is many screens long
-        folded = (f'<details class="ga-claims" open><summary>{len(claims) + len(checks)} '
-                  f'{"claim" if len(claims) + len(checks) == 1 else "claims"}</summary>{"; ".join(claims + checks)}</details>')
+        folded = (
+            f'<details class="ga-claims" open><summary>{len(claims) + len(checks)} '
+            f"{'claim' if len(claims) + len(checks) == 1 else 'claims'}</summary>{'; '.join(claims + checks)}</details>"
+        )
         rows.append(f"| {{doc}}`/{page}` | {outcome} ({rec['subject']}{tested}) | {folded} |")
     return "\n".join(rows)
 
 
-RUN_FIELDS = ("chapter", "profile", "date", "device", "cuda", "driver", "dtype", "models", "quantization",
-              "datasets", "kernels", "versions", "commit", "dirty", "code", "wall_s", "peak_rss_gb")
+RUN_FIELDS = (
+    "chapter",
+    "profile",
+    "date",
+    "device",
+    "cuda",
+    "driver",
+    "dtype",
+    "models",
+    "quantization",
+    "datasets",
+    "kernels",
+    "versions",
+    "commit",
+    "dirty",
+    "code",
+    "wall_s",
+    "peak_rss_gb",
+)
 
 
 def run_rows(pages: dict[str, dict]) -> list[dict]:
     """One flat row per chapter of what its run recorded (the Runs page's CSV and JSON)."""
+
     def text(value):
         return "; ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
 
-    return [{"chapter": page, **{f: text(rec["provenance"].get(f, "")) for f in RUN_FIELDS[1:]}}
-            for page, rec in pages.items()]
+    return [
+        {"chapter": page, **{f: text(rec["provenance"].get(f, "")) for f in RUN_FIELDS[1:]}}
+        for page, rec in pages.items()
+    ]
 
 
 def write_runs(pages: dict[str, dict], folder: Path) -> tuple[Path, Path]:
@@ -389,13 +473,17 @@ def write_runs(pages: dict[str, dict], folder: Path) -> tuple[Path, Path]:
 
 # The CPU book's link to the paper-profile book, which book.yml publishes at /paper/ (a relative
 # link: it works wherever the site is served).
-PAPER_BOOK_LINK = ('<p>The same book on the paper\'s models, executed on a GPU by the <code>paper</code> workflow: '
-                   '<a href="../paper/index.html">the paper-profile book</a>.</p>')
+PAPER_BOOK_LINK = (
+    "<p>The same book on the paper's models, executed on a GPU by the <code>paper</code> workflow: "
+    '<a href="../paper/index.html">the paper-profile book</a>.</p>'
+)
 
 
 def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
-    rows = ["| chapter | run time | peak memory | profile | date (UTC) | models (revision) | device | torch, transformers | commit | code version |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| chapter | run time | peak memory | profile | date (UTC) | models (revision) | device | torch, transformers | commit | code version |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for page, rec in pages.items():
         p = rec["provenance"]
         models = "; ".join(f"{k} ({v})" for k, v in p.get("models", {}).items())
@@ -403,13 +491,19 @@ def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
         versions = p.get("versions", {})
         libraries = ", ".join(versions[k] for k in ("torch", "transformers") if k in versions)
         memory = f"{p['peak_rss_gb']:.1f} GB" if p.get("peak_rss_gb") else "-"
-        rows.append(f"| {{doc}}`/{page}` | {p.get('wall_s', 0):.0f} s | {memory} | {p.get('profile', '')} | {p.get('date', '-')} | "
-                    f"{models} | {p.get('device', '')} | {libraries} | {commit} | {p.get('code', '')} |")
-    text = ("# Runs\n\nHow each chapter of this rendering was made: its run time (the chapter's run, without the "
-            "notebook around it) and its kernel's peak resident memory, its profile, date, models, device, library "
-            "versions and the commit of the code. Each chapter's page has the full record in its "
-            "\"How this page was made\" block. Download every record: {download}`runs.csv <runs.csv>` (one row "
-            "per chapter), {download}`runs.json <runs.json>` (each chapter's whole record).\n\n" + "\n".join(rows) + "\n")
+        rows.append(
+            f"| {{doc}}`/{page}` | {p.get('wall_s', 0):.0f} s | {memory} | {p.get('profile', '')} | {p.get('date', '-')} | "
+            f"{models} | {p.get('device', '')} | {libraries} | {commit} | {p.get('code', '')} |"
+        )
+    text = (
+        "# Runs\n\nHow each chapter of this rendering was made: its run time (the chapter's run, without the "
+        "notebook around it) and its kernel's peak resident memory, its profile, date, models, device, library "
+        "versions and the commit of the code. Each chapter's page has the full record in its "
+        '"How this page was made" block. Download every record: {download}`runs.csv <runs.csv>` (one row '
+        "per chapter), {download}`runs.json <runs.json>` (each chapter's whole record).\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
     if profile == "cpu":
         text += "\n" + PAPER_BOOK_LINK + "\n"
     return text
@@ -418,15 +512,31 @@ def runs_page(pages: dict[str, dict], profile: str = "cpu") -> str:
 def paper_banner(pages: dict[str, dict]) -> str:
     """The paper-profile book's banner: the GPU, the date and the commit its chapters ran on."""
     provenance = [rec["provenance"] for rec in pages.values()]
-    devices = sorted({p.get("device", "") for p in provenance if p.get("device")}) or ["an unrecorded device"]
+    devices = sorted({p.get("device", "") for p in provenance if p.get("device")}) or [
+        "an unrecorded device"
+    ]
     dates = sorted(p["date"][:10] for p in provenance if p.get("date"))
-    commits = sorted({p.get("commit", "") + ("+changes" if p.get("dirty") else "") for p in provenance if p.get("commit")})
-    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else "an unrecorded date")
-    return (f"The paper profile: the paper's models, executed on {', '.join(devices)} on {when}, "
-            f"commit {', '.join(commits) or 'unrecorded'}.")
+    commits = sorted(
+        {
+            p.get("commit", "") + ("+changes" if p.get("dirty") else "")
+            for p in provenance
+            if p.get("commit")
+        }
+    )
+    when = (
+        dates[0]
+        if dates and dates[0] == dates[-1]
+        else (f"{dates[0]} to {dates[-1]}" if dates else "an unrecorded date")
+    )
+    return (
+        f"The paper profile: the paper's models, executed on {', '.join(devices)} on {when}, "
+        f"commit {', '.join(commits) or 'unrecorded'}."
+    )
 
 
-def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile: str = "cpu") -> Path:
+def stage(
+    executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile: str = "cpu"
+) -> Path:
     """A copy of the book sources with executed notebooks in place of the chapters' `.md`, the
     verdict summary added to the first page, and the Runs page written."""
     if stage_dir.exists():
@@ -445,7 +555,9 @@ def stage(executed: dict[Path, Path], stage_dir: Path, banner: str = "", profile
         target = (stage_dir / page).with_suffix(".md")
         target.parent.mkdir(parents=True, exist_ok=True)
         if md in executed:
-            staged_notebook(executed[md], target.with_suffix(".ipynb"), run_stores(pages.get(page, {})))
+            staged_notebook(
+                executed[md], target.with_suffix(".ipynb"), run_stores(pages.get(page, {}))
+            )
         elif page == toc[0]:
             target.write_text(md.read_text().replace("<!-- verdicts -->", summary_table(pages)))
         elif md.name == "runs.md":
@@ -500,9 +612,12 @@ def staged_notebook(executed: Path, target: Path, stores: list[Path] = ()) -> No
         with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
             for path in stores:
                 z.write(path, f"{path.parent.name}/{path.name}")
-        cells.append(nbformat.v4.new_markdown_cell(
-            f"The numbers of this page, as the run stored them (`results/{stores[0].parent.name}/`, one JSON record "
-            f"per measured cell): {{download}}`{archive.name} <{archive.name}>`."))
+        cells.append(
+            nbformat.v4.new_markdown_cell(
+                f"The numbers of this page, as the run stored them (`results/{stores[0].parent.name}/`, one JSON record "
+                f"per measured cell): {{download}}`{archive.name} <{archive.name}>`."
+            )
+        )
     nb.cells = cells
     nbformat.write(nb, target)
 
@@ -513,12 +628,18 @@ def render(stage_dir: Path, out: Path) -> Path:
     script = Path(sys.executable).with_name("jupyter-book")
     # the console script beside this Python, else its entry point run by this Python (a venv
     # that sees the packages of another through a .pth file has no script of its own)
-    jb = [str(script)] if script.exists() else [sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
+    jb = (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
+    )
     cmd = [*jb, "build", str(stage_dir), "-W", "-n", "--keep-going"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     (out / "jupyter-book.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise SystemExit(f"jupyter-book failed (log: {out / 'jupyter-book.log'}):\n{(done.stdout + done.stderr)[-4000:]}")
+        raise SystemExit(
+            f"jupyter-book failed (log: {out / 'jupyter-book.log'}):\n{(done.stdout + done.stderr)[-4000:]}"
+        )
     print(f"rendered with Jupyter Book (log: {out / 'jupyter-book.log'})", flush=True)
     html = out / "html"
     if html.exists():
@@ -529,8 +650,15 @@ def render(stage_dir: Path, out: Path) -> Path:
 
 # --- the whole build ----------------------------------------------------------------------------
 
-def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, out: Path | None = None,
-          pages: list[Path] | None = None, check: bool = True) -> Path:
+
+def build(
+    profile: str = "cpu",
+    smoke: bool = False,
+    rehearsal: bool = False,
+    out: Path | None = None,
+    pages: list[Path] | None = None,
+    check: bool = True,
+) -> Path:
     """Execute (what changed), render and check the book (`check=False`: no browser check);
     returns the HTML folder."""
     from .bookcheck import check_html
@@ -540,12 +668,18 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
     parameters = {"profile": profile, "smoke": smoke}
     with rehearsal_hub(out) if rehearsal else _nothing() as dtype:
         executed = execute_all(pages, out, parameters)
-    banner = REHEARSAL_BANNER.format(dtype=dtype) if rehearsal else (paper_banner(records(executed)) if profile != "cpu" else "")
+    banner = (
+        REHEARSAL_BANNER.format(dtype=dtype)
+        if rehearsal
+        else (paper_banner(records(executed)) if profile != "cpu" else "")
+    )
     html = render(stage(executed, out / "stage", banner, profile), out)
     if not check:
         print(f"book: {html / 'index.html'} (the rendered-page check was skipped: --no-check)")
         return html
-    problems = check_html(html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed], out / "screenshots")
+    problems = check_html(
+        html, [str(md.relative_to(ROOT).with_suffix("")) for md in executed], out / "screenshots"
+    )
     if problems:
         raise SystemExit("rendered book check failed:\n  " + "\n  ".join(problems))
     print(f"book: {html / 'index.html'}; screenshots of every page in {out / 'screenshots'}")
@@ -555,7 +689,11 @@ def build(profile: str = "cpu", smoke: bool = False, rehearsal: bool = False, ou
 def output_folder(profile: str = "cpu", rehearsal: bool = False) -> Path:
     """Where `build` writes: `_build` for the CPU book, `_build/<profile>[-rehearsal]` otherwise
     (`executed/`, `html/`, `screenshots/` inside; `python -m helpers.book where` prints it)."""
-    return ROOT / ("_build" if profile == "cpu" and not rehearsal else f"_build/{profile}{'-rehearsal' if rehearsal else ''}")
+    return ROOT / (
+        "_build"
+        if profile == "cpu" and not rehearsal
+        else f"_build/{profile}{'-rehearsal' if rehearsal else ''}"
+    )
 
 
 @contextmanager
@@ -580,8 +718,12 @@ def rehearsal_hub(out: Path):
 
     from .models import paper_dtype
 
-    dtype = os.environ.get("GA_DTYPE") or str(paper_dtype(torch.device("cuda"))).removeprefix("torch.")
-    with environment(HF_HOME=str(hub), HF_HUB_OFFLINE="1", GA_DEVICE="cpu", GA_DTYPE=dtype, OMP_NUM_THREADS="1"):
+    dtype = os.environ.get("GA_DTYPE") or str(paper_dtype(torch.device("cuda"))).removeprefix(
+        "torch."
+    )
+    with environment(
+        HF_HOME=str(hub), HF_HUB_OFFLINE="1", GA_DEVICE="cpu", GA_DTYPE=dtype, OMP_NUM_THREADS="1"
+    ):
         yield dtype
 
 
@@ -590,21 +732,46 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m helpers.book", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    y = sub.add_parser("sync", help="write the repository's address, the Colab cells and book/*.ipynb from book/*.md")
-    y.add_argument("--repository", metavar="URL", default=None,
-                   help="set the repository's address first (https://github.com/OWNER/NAME): _config.yml, "
-                        "CITATION.cff, the Cite page, every chapter's Colab cell")
+    y = sub.add_parser(
+        "sync",
+        help="write the repository's address, the Colab cells and book/*.ipynb from book/*.md",
+    )
+    y.add_argument(
+        "--repository",
+        metavar="URL",
+        default=None,
+        help="set the repository's address first (https://github.com/OWNER/NAME): _config.yml, "
+        "CITATION.cff, the Cite page, every chapter's Colab cell",
+    )
     b = sub.add_parser("build", help="execute every chapter, render HTML, check it in a browser")
-    b.add_argument("--profile", choices=PROFILES, default="cpu", help="the models and data the chapters run")
+    b.add_argument(
+        "--profile", choices=PROFILES, default="cpu", help="the models and data the chapters run"
+    )
     b.add_argument("--smoke", action="store_true", help="tiny sizes (what CI runs)")
-    b.add_argument("--rehearsal", action="store_true",
-                   help="run against a mini-hub of random-weight paper models on CPU (the paper profiles' rehearsal)")
-    b.add_argument("--out", type=Path, default=None, help="build folder (default _build, or _build/<profile>...)")
-    b.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip the rendered-page check in headless Chrome(ium) (e.g. where no browser is installed)")
+    b.add_argument(
+        "--rehearsal",
+        action="store_true",
+        help="run against a mini-hub of random-weight paper models on CPU (the paper profiles' rehearsal)",
+    )
+    b.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="build folder (default _build, or _build/<profile>...)",
+    )
+    b.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip the rendered-page check in headless Chrome(ium) (e.g. where no browser is installed)",
+    )
     w = sub.add_parser("where", help="print the build folder `build` writes for these arguments")
     w.add_argument("--profile", choices=PROFILES, default="cpu")
-    w.add_argument("--smoke", action="store_true", help="accepted for symmetry: the folder does not depend on it")
+    w.add_argument(
+        "--smoke",
+        action="store_true",
+        help="accepted for symmetry: the folder does not depend on it",
+    )
     w.add_argument("--rehearsal", action="store_true")
     return p
 
@@ -621,13 +788,18 @@ def main(argv: list[str] | None = None) -> None:
         offline = offline_by_default(args.profile)
         os.environ["HF_HUB_OFFLINE"] = "1" if offline else "0"
         if args.profile != "cpu" and not args.rehearsal:
-            print(f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}", flush=True)
+            print(
+                f"Hugging Face hub: {'offline (HF_HUB_OFFLINE=1)' if offline else 'online'}",
+                flush=True,
+            )
     if args.command == "sync":
         for path in sync(args.repository):
             print(f"wrote {path.relative_to(ROOT)}")
     else:
         if args.rehearsal and args.profile == "cpu":
-            raise SystemExit("--rehearsal rehearses a paper profile: add --profile paper or --profile paper-3b")
+            raise SystemExit(
+                "--rehearsal rehearses a paper profile: add --profile paper or --profile paper-3b"
+            )
         build(args.profile, args.smoke, args.rehearsal, args.out, check=args.check)
 
 

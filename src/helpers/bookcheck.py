@@ -90,8 +90,12 @@ return {rawTable, stderr, errors, images: images.length, broken, uncaptioned, ti
 
 def browser_paths() -> tuple[str | None, str | None]:
     """The Chrome binary and chromedriver to use; None leaves the choice to Selenium Manager."""
-    binary = os.environ.get("GA_CHROME") or shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = os.environ.get("GA_CHROMEDRIVER") or (shutil.which("chromedriver") if binary else None)
+    binary = (
+        os.environ.get("GA_CHROME") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
+    driver_path = os.environ.get("GA_CHROMEDRIVER") or (
+        shutil.which("chromedriver") if binary else None
+    )
     return binary, driver_path
 
 
@@ -102,27 +106,43 @@ def driver(scheme: str = "light"):
         from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        raise SystemExit("the rendered-page check needs selenium (the `book` extra: pip install 'ga-companion[book]'); "
-                         "or skip the check with `python -m helpers.book build --no-check`") from None
+        raise SystemExit(
+            "the rendered-page check needs selenium (the `book` extra: pip install 'ga-companion[book]'); "
+            "or skip the check with `python -m helpers.book build --no-check`"
+        ) from None
 
     opts = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-                 f"--blink-settings=preferredColorScheme={0 if scheme == 'dark' else 1}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--blink-settings=preferredColorScheme={0 if scheme == 'dark' else 1}",
+    ):
         opts.add_argument(flag)
     binary, driver_path = browser_paths()
     if binary:
         opts.binary_location = binary
     try:
-        browser = webdriver.Chrome(service=Service(driver_path) if driver_path else Service(), options=opts)
+        browser = webdriver.Chrome(
+            service=Service(driver_path) if driver_path else Service(), options=opts
+        )
     except WebDriverException as e:
         raise SystemExit(
             f"the rendered-page check found no usable Chrome or Chromium ({e.msg or e}): install Debian's "
             "`chromium chromium-driver` or Google Chrome, set GA_CHROME (and GA_CHROMEDRIVER) to one, or skip "
-            "the check with `python -m helpers.book build --no-check` (`make book BOOK_FLAGS=--no-check`)") from None
+            "the check with `python -m helpers.book build --no-check` (`make book BOOK_FLAGS=--no-check`)"
+        ) from None
     # What the theme reads to follow the reader's setting (before any page's scripts run).
-    browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
-                            {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+    )
     return browser
 
 
@@ -132,7 +152,9 @@ def problems_of(page: str, found: dict, chapter: bool, width: str) -> list[str]:
     if found["rawTable"]:
         out.append(f"{where}: a markdown table shows as raw text")
     if found["stderr"]:
-        out.append(f"{where}: {len(found['stderr'])} output(s) on stderr, e.g. {found['stderr'][0]!r}")
+        out.append(
+            f"{where}: {len(found['stderr'])} output(s) on stderr, e.g. {found['stderr'][0]!r}"
+        )
     if found["errors"]:
         out.append(f"{where}: a cell shows an error: {found['errors'][0]!r}")
     if found["broken"]:
@@ -140,13 +162,17 @@ def problems_of(page: str, found: dict, chapter: bool, width: str) -> list[str]:
     if found["uncaptioned"]:
         out.append(f"{where}: figure(s) without a caption: {', '.join(found['uncaptioned'])}")
     if found.get("tiny"):
-        out.append(f"{where}: figure text below {MIN_FIGURE_TEXT_PX} px: {', '.join(found['tiny'])}")
+        out.append(
+            f"{where}: figure text below {MIN_FIGURE_TEXT_PX} px: {', '.join(found['tiny'])}"
+        )
     if chapter and not found["images"]:
         out.append(f"{where}: no figure")
     if chapter and not found["verdict"]:
         out.append(f"{where}: no verdict box")
     if found["sideways"]:
-        out.append(f"{where}: the page scrolls sideways; widest: {', '.join(found['wide']) or 'unknown'}")
+        out.append(
+            f"{where}: the page scrolls sideways; widest: {', '.join(found['wide']) or 'unknown'}"
+        )
     if found.get("low"):
         out.append(f"{where}: text below {MIN_CONTRAST}:1 contrast: {'; '.join(found['low'])}")
     return out
@@ -157,9 +183,14 @@ def check_html(html: Path, chapters: list[str], screenshots: Path) -> list[str]:
     dark one, save a screenshot of each, and return the problems found (chapters are also checked
     for a figure and a verdict box; text contrast in both schemes)."""
     screenshots.mkdir(parents=True, exist_ok=True)
-    pages = sorted(str(p.relative_to(html).with_suffix("")) for p in html.rglob("*.html")
-                   if not p.name.startswith(("genindex", "search")) and "_static" not in p.parts and p.name != "index.html"
-                   and "paper" not in p.relative_to(html).parts[:1])
+    pages = sorted(
+        str(p.relative_to(html).with_suffix(""))
+        for p in html.rglob("*.html")
+        if not p.name.startswith(("genindex", "search"))
+        and "_static" not in p.parts
+        and p.name != "index.html"
+        and "paper" not in p.relative_to(html).parts[:1]
+    )
     missing = [c for c in chapters if c not in pages]
     problems = [f"{c}: no rendered page" for c in missing]
     for scheme in SCHEMES:
@@ -173,12 +204,18 @@ def check_html(html: Path, chapters: list[str], screenshots: Path) -> list[str]:
                     found = browser.execute_script(PROBE, FIGURE_TEXT_PX, MIN_FIGURE_TEXT_PX)
                     found.update(browser.execute_script(CONTRAST, MIN_CONTRAST))
                     if scheme == "dark" and found["scheme"] != "dark":
-                        problems.append(f"{page} ({width_name}): the dark scheme was asked for, the theme shows "
-                                        f"{found['scheme'] or 'no scheme'}")
-                    problems += problems_of(page, found, page in chapters, f"{width_name}, {scheme}")
+                        problems.append(
+                            f"{page} ({width_name}): the dark scheme was asked for, the theme shows "
+                            f"{found['scheme'] or 'no scheme'}"
+                        )
+                    problems += problems_of(
+                        page, found, page in chapters, f"{width_name}, {scheme}"
+                    )
                     browser.set_window_size(width, min(found["height"], 16000))
                     suffix = "" if scheme == "light" else "-dark"
-                    browser.save_screenshot(str(screenshots / f"{page.replace('/', '-')}-{width_name}{suffix}.png"))
+                    browser.save_screenshot(
+                        str(screenshots / f"{page.replace('/', '-')}-{width_name}{suffix}.png")
+                    )
                     browser.set_window_size(width, 900)
         finally:
             browser.quit()

@@ -17,21 +17,35 @@ from . import paths
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m helpers.cache", description=__doc__.split("\n\n")[0])
-    p.add_argument("--delete", metavar="WHAT", default=None,
-                   help="delete one model's files (its name, as listed), the copies the current code would not "
-                        "use (stale), or everything (all)")
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.cache", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--delete",
+        metavar="WHAT",
+        default=None,
+        help="delete one model's files (its name, as listed), the copies the current code would not "
+        "use (stale), or everything (all)",
+    )
     args = p.parse_args(argv)
     from .models import cached  # torch: only once the arguments are good
 
     rows = cached()
     print(f"{paths.cache_dir()} (GA_CACHE){':' if rows else ' holds nothing'}")
     for r in rows:
-        print(f"  {r['bytes'] / 2**30:6.2f} GB  {r['kind']:<22} {'' if r['current'] else '(stale) '}{r['path'].name}")
+        print(
+            f"  {r['bytes'] / 2**30:6.2f} GB  {r['kind']:<22} {'' if r['current'] else '(stale) '}{r['path'].name}"
+        )
     if args.delete:
-        doomed = [r for r in rows if args.delete in ("all", r["model"]) or (args.delete == "stale" and not r["current"])]
+        doomed = [
+            r
+            for r in rows
+            if args.delete in ("all", r["model"]) or (args.delete == "stale" and not r["current"])
+        ]
         if not doomed and args.delete not in ("all", "stale"):
-            raise SystemExit(f"nothing cached for {args.delete!r}: give a model's name as listed, stale or all")
+            raise SystemExit(
+                f"nothing cached for {args.delete!r}: give a model's name as listed, stale or all"
+            )
         for r in doomed:
             shutil.rmtree(r["path"]) if r["path"].is_dir() else r["path"].unlink()
             print(f"deleted {r['path'].name} ({r['bytes'] / 2**30:.2f} GB)")

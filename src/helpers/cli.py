@@ -29,8 +29,10 @@ COMMANDS = {
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    return "usage: ga-companion COMMAND [ARGS ...]  (ga-companion COMMAND --help)\n\ncommands:\n" + "".join(
-        f"  {name:<{width}}  {summary}\n" for name, summary in COMMANDS.items())
+    return (
+        "usage: ga-companion COMMAND [ARGS ...]  (ga-companion COMMAND --help)\n\ncommands:\n"
+        + "".join(f"  {name:<{width}}  {summary}\n" for name, summary in COMMANDS.items())
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     name, *rest = argv
     if name not in COMMANDS:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
-        print(usage() + f"\nga-companion: error: no command {name!r}{f' (did you mean {close[0]}?)' if close else ''}",
-              file=sys.stderr)
+        print(
+            usage()
+            + f"\nga-companion: error: no command {name!r}{f' (did you mean {close[0]}?)' if close else ''}",
+            file=sys.stderr,
+        )
         return 2
     return importlib.import_module(f"helpers.{name}").main(rest) or 0
 

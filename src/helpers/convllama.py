@@ -18,7 +18,7 @@ class ShortConv(nn.Module):
         self.conv = nn.Conv1d(width, width, kernel, groups=width, padding=kernel - 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+        return x + self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
 
 class ConvLlamaConfig(LlamaConfig):
@@ -26,7 +26,10 @@ class ConvLlamaConfig(LlamaConfig):
 
     def __init__(self, conv_kernel: int = 4, conv_layers: list[int] | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.conv_kernel, self.conv_layers = conv_kernel, [0] if conv_layers is None else list(conv_layers)
+        self.conv_kernel, self.conv_layers = (
+            conv_kernel,
+            [0] if conv_layers is None else list(conv_layers),
+        )
 
 
 class ConvLlamaForCausalLM(LlamaForCausalLM):
@@ -39,4 +42,6 @@ class ConvLlamaForCausalLM(LlamaForCausalLM):
         super().__init__(config)
         for i in config.conv_layers:
             layer = self.model.layers[i]
-            layer.input_layernorm = nn.Sequential(layer.input_layernorm, ShortConv(config.hidden_size, config.conv_kernel))
+            layer.input_layernorm = nn.Sequential(
+                layer.input_layernorm, ShortConv(config.hidden_size, config.conv_kernel)
+            )

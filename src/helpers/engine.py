@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from .progress import bar
 from .adapters import unwrap
 from .errors import InterventionError, as_index
 from .evaluate import from_loglikelihoods
@@ -42,6 +41,7 @@ from .heads import Head
 from .hooks import HEAD, hooked
 from .interventions import replaced_site, site_width
 from .packing import batches, default_batch_tokens, default_row_tokens, pack
+from .progress import bar
 from .stats import Score
 from .tasks import Item
 
@@ -49,27 +49,42 @@ from .tasks import Item
 class SweepEngine:
     """Exact scores of a model under head ablations on one evaluation set.
 
-        engine = SweepEngine(loaded, items)
-        engine.score({16: [0]})             # one ablation, any heads in any layers
-        engine.head_sweep(layers=[16, 17])  # every head of these layers, one at a time
+    engine = SweepEngine(loaded, items)
+    engine.score({16: [0]})             # one ablation, any heads in any layers
+    engine.head_sweep(layers=[16, 17])  # every head of these layers, one at a time
     """
 
-    def __init__(self, model, tokenizer, items: list[Item], batch_tokens: int | None = None,
-                 shared_rows: bool | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        items: list[Item],
+        batch_tokens: int | None = None,
+        shared_rows: bool | None = None,
+    ):
         self.model, self.adapter = unwrap(model)
         self.tokenizer, self.items = tokenizer, items
         self.device = next(self.model.parameters()).device
         shared = self.adapter.packs_candidates if shared_rows is None else shared_rows
         if shared and not self.adapter.packs_candidates:
-            raise InterventionError(f"{self.adapter.family} models cannot share rows between choices")
+            raise InterventionError(
+                f"{self.adapter.family} models cannot share rows between choices"
+            )
         self.batch_tokens = batch_tokens or default_batch_tokens(self.device)
-        self.rows, self.batches = batches(pack(items, tokenizer, shared, default_row_tokens(self.device)),
-                                          self.batch_tokens)
+        self.rows, self.batches = batches(
+            pack(items, tokenizer, shared, default_row_tokens(self.device)), self.batch_tokens
+        )
         self._residuals: dict[int, list[torch.Tensor]] = {}
         self._choices = np.cumsum([0] + [len(it.pairs) for it in items])
 
-    def run_layers(self, hidden: torch.Tensor, batch, layers, checkpoint: bool = False,
-                   slots: torch.Tensor | None = None) -> torch.Tensor:
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        batch,
+        layers,
+        checkpoint: bool = False,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run `layers` on a batch's residual stream, whose rows hold the batch's rows `slots`
         (default: each its own; see `slots`). With
         `checkpoint`, a gradient pass keeps only each layer's input and recomputes the layer's
@@ -82,12 +97,21 @@ class SweepEngine:
         positions = r.positions[rows, :T].to(dev)
         embeddings = None
         if self.adapter.reads_embeddings:
-            embeddings = self.embeddings(batch) if slots is None else self.embeddings(batch)[slots.to(dev)]
+            embeddings = (
+                self.embeddings(batch) if slots is None else self.embeddings(batch)[slots.to(dev)]
+            )
         for layer in layers:
             block = self.adapter.layers[layer]
             if checkpoint and torch.is_grad_enabled():
-                hidden = torch.utils.checkpoint.checkpoint(self.adapter.run_layer, block, hidden, positions, allowed,
-                                                           embeddings, use_reentrant=False)
+                hidden = torch.utils.checkpoint.checkpoint(
+                    self.adapter.run_layer,
+                    block,
+                    hidden,
+                    positions,
+                    allowed,
+                    embeddings,
+                    use_reentrant=False,
+                )
             else:
                 hidden = self.adapter.run_layer(block, hidden, positions, allowed, embeddings)
         return hidden
@@ -98,16 +122,25 @@ class SweepEngine:
         below; sweeps go upwards, so only the newest is kept (memory stays one stream)."""
         if layer not in self._residuals:
             below = max([l for l in self._residuals if l < layer], default=None)
-            start = [self._residuals[below][i] if below is not None else self.embeddings(b)
-                     for i, b in enumerate(self.batches)]
-            self._residuals = {layer: [self.run_layers(h, b, range(below or 0, layer)) for h, b in zip(start, self.batches)]}
+            start = [
+                self._residuals[below][i] if below is not None else self.embeddings(b)
+                for i, b in enumerate(self.batches)
+            ]
+            self._residuals = {
+                layer: [
+                    self.run_layers(h, b, range(below or 0, layer))
+                    for h, b in zip(start, self.batches)
+                ]
+            }
         return self._residuals[layer]
 
     def embeddings(self, batch) -> torch.Tensor:
         """The token embeddings of a batch's rows: the residual stream entering layer 0 (and what
         Zamba2's hybrid layers read again, `adapter.reads_embeddings`)."""
         with torch.no_grad():
-            return self.model.get_input_embeddings()(self.rows.ids[batch.rows, :batch.width].to(self.device))
+            return self.model.get_input_embeddings()(
+                self.rows.ids[batch.rows, : batch.width].to(self.device)
+            )
 
     def pair_loglikelihoods(self, hidden: torch.Tensor, i: int, copies: int = 1) -> torch.Tensor:
         """Per-pair log-likelihoods [copies, n_pairs] from the final-layer outputs of batch i
@@ -117,7 +150,13 @@ class SweepEngine:
         head = self.model.get_output_embeddings()
         out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
         for k in range(copies):
-            out[k].index_add_(0, b.pair, b.logprobs(hidden, head, offset=k * self.batches[i].n_real * b.width).double().cpu())
+            out[k].index_add_(
+                0,
+                b.pair,
+                b.logprobs(hidden, head, offset=k * self.batches[i].n_real * b.width)
+                .double()
+                .cpu(),
+            )
         return out
 
     def fits(self, i: int) -> int:
@@ -151,20 +190,30 @@ class SweepEngine:
         the rows by its own row. With `seen`, each call is recorded as `seen[layer]` =
         [(input, scaled input), ...], the scaled input requiring gradients (so that they can be
         taken with respect to it; gradients still flow through it from layers above)."""
+
         def scale_rows(x, scale, layer):
             m = scale.to(x.device, x.dtype)
             scaled = (x.unflatten(0, (len(m), -1)) * m[:, None, None, :]).flatten(0, 1)
             if seen is not None:
-                if not scaled.requires_grad:  # the lowest scaled site: nothing below needs gradients
+                if (
+                    not scaled.requires_grad
+                ):  # the lowest scaled site: nothing below needs gradients
                     scaled.requires_grad_(True)
                 seen.setdefault(layer, []).append((x.detach(), scaled))
             return scaled
 
-        with hooked(self.adapter, {(HEAD, layer): partial(scale_rows, scale=scale, layer=layer)
-                                   for layer, scale in scales.items()}):
+        with hooked(
+            self.adapter,
+            {
+                (HEAD, layer): partial(scale_rows, scale=scale, layer=layer)
+                for layer, scale in scales.items()
+            },
+        ):
             yield
 
-    def scaled_loglikelihoods(self, scales: dict[int, torch.Tensor], layers: list[int]) -> torch.Tensor:
+    def scaled_loglikelihoods(
+        self, scales: dict[int, torch.Tensor], layers: list[int]
+    ) -> torch.Tensor:
         """[copies, n_pairs] log-likelihoods with each layer's head-site input multiplied by
         `scales[layer]` ([copies, heads * head_dim]; see `scaling`). The copies share a batch's
         passes as far as its height holds them (`slots`), in the clean run's shapes, so that in
@@ -176,18 +225,27 @@ class SweepEngine:
             for k in range(0, copies, self.fits(i)):
                 chunk = slice(k, min(copies, k + self.fits(i)))
                 slots = self.slots(i, chunk.stop - k)
-                with self.scaling({layer: self.per_row(scale[chunk], i, 1.0) for layer, scale in scales.items()}):
-                    out[chunk] += self.pair_loglikelihoods(self.run_layers(h[slots], b, layers[start:], slots=slots), i,
-                                                           chunk.stop - k)
+                with self.scaling(
+                    {layer: self.per_row(scale[chunk], i, 1.0) for layer, scale in scales.items()}
+                ):
+                    out[chunk] += self.pair_loglikelihoods(
+                        self.run_layers(h[slots], b, layers[start:], slots=slots), i, chunk.stop - k
+                    )
         return out
 
     def layer_list(self, layers: list[int] | None) -> list[int]:
         """The layers the model runs: all by default, else these (checked)."""
         # The rule of keep_layers: in the model's order, none twice (a run cannot reorder layers).
-        return list(range(self.adapter.n_layers)) if layers is None else self.adapter.check_layers(layers, "the engine's layers")
+        return (
+            list(range(self.adapter.n_layers))
+            if layers is None
+            else self.adapter.check_layers(layers, "the engine's layers")
+        )
 
     @torch.inference_mode()
-    def loglikelihoods(self, ablations: list[dict[int, list[int]]], layers: list[int] | None = None) -> np.ndarray:
+    def loglikelihoods(
+        self, ablations: list[dict[int, list[int]]], layers: list[int] | None = None
+    ) -> np.ndarray:
         """[len(ablations), n_pairs] log-likelihoods, each ablation `{layer: [heads]}` applied
         alone, all run side by side. `layers`: the layers the model runs, in order (default all;
         a prefix is a pruned model, a gap a removed layer). Everything below the first ablated
@@ -196,11 +254,15 @@ class SweepEngine:
         if bad := [a for a in ablations if not isinstance(a, dict)]:
             raise InterventionError(f"an ablation is {{layer: [head, ...]}}, got {bad[0]!r}")
         # Checked before the emptiness test: a numpy array of heads has no truth value.
-        plans = [{l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
-                 for a in ablations]
+        plans = [
+            {l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
+            for a in ablations
+        ]
         ablated = sorted({l for p in plans for l in p})
         if set(ablated) - set(layers):
-            raise InterventionError(f"heads of layers {sorted(set(ablated) - set(layers))} are ablated but not run")
+            raise InterventionError(
+                f"heads of layers {sorted(set(ablated) - set(layers))} are ablated but not run"
+            )
         scales = {}
         for layer in ablated:
             keep = torch.ones(len(plans), self.adapter.n_heads(layer))
@@ -216,7 +278,9 @@ class SweepEngine:
         lls = [flat[a:b] for a, b in zip(self._choices[:-1], self._choices[1:])]
         return from_loglikelihoods(lls, self.items)
 
-    def score(self, ablation: dict[int, list[int]] | None = None, layers: list[int] | None = None) -> Score:
+    def score(
+        self, ablation: dict[int, list[int]] | None = None, layers: list[int] | None = None
+    ) -> Score:
         return self.score_loglikelihoods(self.loglikelihoods([ablation or {}], layers)[0])
 
     @torch.inference_mode()
@@ -226,20 +290,25 @@ class SweepEngine:
         n = self.adapter.n_layers
         checked = [as_index(d) for d in depths]
         if bad := [d for d, k in zip(depths, checked) if k is None or not 1 <= k <= n]:
-            raise InterventionError(f"score_by_depth takes depths 1..{n} (how many bottom layers the cut model keeps), "
-                                    f"got {bad}")
+            raise InterventionError(
+                f"score_by_depth takes depths 1..{n} (how many bottom layers the cut model keeps), "
+                f"got {bad}"
+            )
         out = {}
         for d in sorted(checked):
             flat = sum(self.pair_loglikelihoods(h, i)[0] for i, h in enumerate(self.residual(d)))
             out[d] = self.score_loglikelihoods(flat.numpy())
         return out
 
-    def layer_sweep(self, remove: list[int], layers: list[int] | None = None,
-                    progress: bool = True) -> dict[int, Score]:
+    def layer_sweep(
+        self, remove: list[int], layers: list[int] | None = None, progress: bool = True
+    ) -> dict[int, Score]:
         """Remove each of `remove` alone from the model that runs `layers` (default all)."""
         layers = list(range(self.adapter.n_layers)) if layers is None else list(layers)
-        return {l: self.score(layers=[k for k in layers if k != l])
-                for l in bar(sorted(remove), desc="layer removal", disable=not progress)}
+        return {
+            l: self.score(layers=[k for k in layers if k != l])
+            for l in bar(sorted(remove), desc="layer removal", disable=not progress)
+        }
 
     def score_each(self, ablations: dict, model_layers: list[int] | None = None) -> dict:
         """The score under each named ablation ({layer: [heads]}) in the model that runs
@@ -250,7 +319,9 @@ class SweepEngine:
         the same layer share passes (`loglikelihoods`); so do those of nearby layers, as many as
         every batch has room for, from the lowest of them (a small set: filler rows otherwise)."""
         layers = self.layer_list(model_layers)
-        start = lambda name: self.first_recomputed(layers, [l for l, hs in ablations[name].items() if len(hs)])
+        start = lambda name: self.first_recomputed(
+            layers, [l for l, hs in ablations[name].items() if len(hs)]
+        )
         room = min(self.fits(i) for i in range(len(self.batches)))
         groups: list[list[str]] = []
         for name in sorted(ablations, key=start):
@@ -260,28 +331,48 @@ class SweepEngine:
                 groups.append([name])
         out = {}
         for group in groups:
-            for name, ll in zip(group, self.loglikelihoods([ablations[n] for n in group], model_layers)):
+            for name, ll in zip(
+                group, self.loglikelihoods([ablations[n] for n in group], model_layers)
+            ):
                 out[name] = self.score_loglikelihoods(ll)
         return {name: out[name] for name in ablations}
 
-    def head_sweep(self, layers: list[int] | None = None, progress: bool = True,
-                   model_layers: list[int] | None = None) -> dict[Head, Score]:
+    def head_sweep(
+        self,
+        layers: list[int] | None = None,
+        progress: bool = True,
+        model_layers: list[int] | None = None,
+    ) -> dict[Head, Score]:
         """Zero each head of these layers alone (default: every layer with heads) in the model
         that runs `model_layers` (default all)."""
-        return {head: self.score_loglikelihoods(ll)
-                for head, ll in self.head_loglikelihoods(layers, progress, model_layers).items()}
+        return {
+            head: self.score_loglikelihoods(ll)
+            for head, ll in self.head_loglikelihoods(layers, progress, model_layers).items()
+        }
 
-    def head_loglikelihoods(self, layers: list[int] | None = None, progress: bool = True,
-                            model_layers: list[int] | None = None) -> dict[Head, np.ndarray]:
+    def head_loglikelihoods(
+        self,
+        layers: list[int] | None = None,
+        progress: bool = True,
+        model_layers: list[int] | None = None,
+    ) -> dict[Head, np.ndarray]:
         """`head_sweep` before its scoring: per head zeroed alone, its row of `loglikelihoods`,
         from which both the score (`score_loglikelihoods`) and the gold answer's margin (`margins`)
         are read."""
         layers = self.adapter.head_layers() if layers is None else sorted(layers)
         out = {}
-        with bar(total=sum(self.adapter.n_heads(l) for l in layers), desc="head sweep", disable=not progress) as meter:
-            for layer in layers:  # a layer's heads in one call, side by side where a batch has room (`slots`)
+        with bar(
+            total=sum(self.adapter.n_heads(l) for l in layers),
+            desc="head sweep",
+            disable=not progress,
+        ) as meter:
+            for layer in (
+                layers
+            ):  # a layer's heads in one call, side by side where a batch has room (`slots`)
                 heads = range(self.adapter.n_heads(layer))
-                for h, ll in zip(heads, self.loglikelihoods([{layer: [h]} for h in heads], model_layers)):
+                for h, ll in zip(
+                    heads, self.loglikelihoods([{layer: [h]} for h in heads], model_layers)
+                ):
                     out[Head(layer, h)] = ll
                 meter.update(len(heads))
         return out
@@ -290,8 +381,12 @@ class SweepEngine:
         """Per item: log-softmax of the gold choice over the choices' log-likelihoods, from one
         row of `loglikelihoods` (differentiable: the screen takes its gradient)."""
         flat = torch.as_tensor(flat)
-        return torch.stack([flat[a + it.gold] - torch.logsumexp(flat[a:z], 0)
-                            for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)])
+        return torch.stack(
+            [
+                flat[a + it.gold] - torch.logsumexp(flat[a:z], 0)
+                for a, z, it in zip(self._choices[:-1], self._choices[1:], self.items)
+            ]
+        )
 
     # --- mean and resample ablation: heads' outputs replaced, not zeroed ------------------------
 
@@ -325,14 +420,25 @@ class SweepEngine:
         masks and scored tokens' places): then its site inputs can stand in for ours batch by
         batch, position by position (a resample ablation)."""
         a, b = self.rows, other.rows
-        same = lambda x, y: (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape
-                                                           and bool((x == y).all()))
-        return all(same(getattr(a, f), getattr(b, f)) for f in ("lengths", "positions", "allowed", "row", "pos", "pair")) \
-            and a.ids.shape == b.ids.shape and self.batch_tokens == other.batch_tokens
+        same = lambda x, y: (
+            (x is None and y is None)
+            or (x is not None and y is not None and x.shape == y.shape and bool((x == y).all()))
+        )
+        return (
+            all(
+                same(getattr(a, f), getattr(b, f))
+                for f in ("lengths", "positions", "allowed", "row", "pos", "pair")
+            )
+            and a.ids.shape == b.ids.shape
+            and self.batch_tokens == other.batch_tokens
+        )
 
     @torch.inference_mode()
-    def replaced(self, ablations: list[dict[int, list[int]]], values: dict[int, torch.Tensor | list[torch.Tensor]]
-                 ) -> np.ndarray:
+    def replaced(
+        self,
+        ablations: list[dict[int, list[int]]],
+        values: dict[int, torch.Tensor | list[torch.Tensor]],
+    ) -> np.ndarray:
         """[len(ablations), n_pairs] log-likelihoods with each ablation's heads replaced, not
         zeroed (`interventions.replaced_site`): `values[layer]` is one vector [heads * head_dim]
         (zeros: zero ablation; `site_mean` of a reference set: mean ablation) or, per batch, a
@@ -340,8 +446,10 @@ class SweepEngine:
         layout, `same_layout`: resample ablation), in the full model, one after another (as in
         `scaled_loglikelihoods`)."""
         layers = self.layer_list(None)
-        plans = [{l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
-                 for a in ablations]
+        plans = [
+            {l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
+            for a in ablations
+        ]
         touched = sorted({l for p in plans for l in p})
         if missing := [l for l in touched if l not in values]:
             raise InterventionError(f"no replacement values for layer(s) {missing}")
@@ -354,10 +462,14 @@ class SweepEngine:
             v = values[layer]
             per_batch = isinstance(v, (list, tuple))
             if per_batch and len(v) != len(self.batches):
-                raise InterventionError(f"values[{layer}] holds {len(v)} batches, the engine has {len(self.batches)}")
+                raise InterventionError(
+                    f"values[{layer}] holds {len(v)} batches, the engine has {len(self.batches)}"
+                )
             widths = [t.shape[-1] for t in (v if per_batch else [v])]
             if any(w != site_width(self.adapter, layer) for w in widths):
-                raise InterventionError(f"values[{layer}] must end in the site's width {site_width(self.adapter, layer)}")
+                raise InterventionError(
+                    f"values[{layer}] must end in the site's width {site_width(self.adapter, layer)}"
+                )
         start = self.first_recomputed(layers, touched)
         out = torch.zeros(len(plans), self.rows.n_pairs, dtype=torch.float64)
         current = {}  # what the hooks apply in this pass: per layer, (keep [rows, 1, width], value)
@@ -366,24 +478,31 @@ class SweepEngine:
             keep, value = current[layer]
             return replaced_site(x, keep, value)
 
-        with hooked(self.adapter, {(HEAD, layer): partial(replace, layer=layer) for layer in touched}):
+        with hooked(
+            self.adapter, {(HEAD, layer): partial(replace, layer=layer) for layer in touched}
+        ):
             for i, (b, h) in enumerate(zip(self.batches, self.residual(start))):
                 for k in range(0, len(plans), self.fits(i)):
                     chunk = slice(k, min(len(plans), k + self.fits(i)))
                     slots = self.slots(i, chunk.stop - k)
                     for layer in touched:
                         v = values[layer]
-                        current[layer] = (self.per_row(keeps[layer][chunk], i, True)[:, None, :],
-                                          v[i][slots.to(v[i].device)] if isinstance(v, (list, tuple)) else v)
-                    out[chunk] += self.pair_loglikelihoods(self.run_layers(h[slots], b, layers[start:], slots=slots), i,
-                                                           chunk.stop - k)
+                        current[layer] = (
+                            self.per_row(keeps[layer][chunk], i, True)[:, None, :],
+                            v[i][slots.to(v[i].device)] if isinstance(v, (list, tuple)) else v,
+                        )
+                    out[chunk] += self.pair_loglikelihoods(
+                        self.run_layers(h[slots], b, layers[start:], slots=slots), i, chunk.stop - k
+                    )
         return out.numpy()
 
     def score_replaced(self, ablations: dict, values: dict) -> dict:
         """The score under each named ablation ({layer: [heads]}), its heads replaced by `values`
         (see `replaced`)."""
-        return {name: self.score_loglikelihoods(self.replaced([ablation], values)[0])
-                for name, ablation in ablations.items()}
+        return {
+            name: self.score_loglikelihoods(self.replaced([ablation], values)[0])
+            for name, ablation in ablations.items()
+        }
 
     # --- activation patching: heads' outputs taken from another run of the same layout ----------
 
@@ -395,12 +514,16 @@ class SweepEngine:
         ablations run `copies` side by side, lowest layer first, so that both engines' cached
         residual streams walk up the model once; only the layers the current ablation patches are held."""
         if not self.same_layout(source):
-            raise InterventionError("patching needs the source run's rows to line up with ours token by token "
-                                    "(`same_layout`): build the corrupted prompts with the clean prompts' layout")
+            raise InterventionError(
+                "patching needs the source run's rows to line up with ours token by token "
+                "(`same_layout`): build the corrupted prompts with the clean prompts' layout"
+            )
         names = sorted(ablations, key=lambda n: min(ablations[n], default=0))
         held: dict[int, list[torch.Tensor]] = {}
         out = {}
         for name in bar(names, desc="patching", disable=not progress):
-            held = {l: held[l] if l in held else source.site_inputs(l) for l in sorted(ablations[name])}
+            held = {
+                l: held[l] if l in held else source.site_inputs(l) for l in sorted(ablations[name])
+            }
             out[name] = self.replaced([ablations[name]], held)[0]
         return out

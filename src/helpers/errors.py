@@ -34,7 +34,11 @@ def as_index(value) -> int | None:
     Python ints, numpy integers and 0-d integer arrays or tensors count (a layer index read off a
     numpy array or a tensor is still an index); booleans do not: True would silently mean 1, and
     a list of booleans is a mask, not a list of indices. Duck-typed, so nothing is imported."""
-    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0 or "bool" in str(getattr(value, "dtype", "")):
+    if (
+        isinstance(value, bool)
+        or getattr(value, "ndim", 0) != 0
+        or "bool" in str(getattr(value, "dtype", ""))
+    ):
         return None
     try:
         return operator.index(value)

@@ -37,18 +37,26 @@ class Head(NamedTuple):
         if isinstance(value, str):
             m = re.fullmatch(r"\s*L(\d+)H(\d+)\s*", value)
             if not m:
-                raise ValueError(f"cannot read {value!r} as a head: write it as 'L16H22' or [16, 22]")
+                raise ValueError(
+                    f"cannot read {value!r} as a head: write it as 'L16H22' or [16, 22]"
+                )
             return cls(int(m[1]), int(m[2]))
         try:
             layer, head = value
         except (TypeError, ValueError):
-            raise ValueError(f"cannot read {value!r} as a head: write it as 'L16H22' or [16, 22]") from None
+            raise ValueError(
+                f"cannot read {value!r} as a head: write it as 'L16H22' or [16, 22]"
+            ) from None
         if any(isinstance(x, bool) for x in (layer, head)):
-            raise ValueError(f"cannot read {value!r} as a head: layer and head must be integers, not booleans")
+            raise ValueError(
+                f"cannot read {value!r} as a head: layer and head must be integers, not booleans"
+            )
         try:
             layer, head = operator.index(layer), operator.index(head)
         except TypeError:
-            raise ValueError(f"cannot read {value!r} as a head: layer and head must be integers") from None
+            raise ValueError(
+                f"cannot read {value!r} as a head: layer and head must be integers"
+            ) from None
         if layer < 0 or head < 0:
             raise ValueError(f"cannot read {value!r} as a head: layer and head are indices >= 0")
         return cls(layer, head)
@@ -64,6 +72,7 @@ def ablation(heads: Iterable[Head]) -> dict[int, list[int]]:
 
 # --- the ranking policy -----------------------------------------------------------------------
 
+
 def layers_to_sweep(estimate: dict[Head, float], top: int) -> list[int]:
     """The layers of the screen's `top` most harmful heads (lowest estimated change of the gold
     margin), and at least two layers: a Gather/Aggregate pair spans two."""
@@ -74,19 +83,38 @@ def layers_to_sweep(estimate: dict[Head, float], top: int) -> list[int]:
     return layers
 
 
-def ranking_table(estimate: dict[Head, float], exact: dict[Head, "Score"]) -> pd.DataFrame:
-    """One row per head: the exactly measured heads first, most harmful (lowest accuracy) first,
+def ranking_table(estimate: dict[Head, float], exact: dict) -> pd.DataFrame:
+    """One row per head (`exact`: each exactly measured head's `stats.Score`): the exactly measured heads first, most harmful (lowest accuracy) first,
     ties broken by the screen's estimate; `acc` is empty for heads not measured exactly, and
     `correct` holds which items each measured head's zeroing left right ('0110...'), so that its
     harm can be tested item by item against the clean run (`protocol.roles.harmful`)."""
     import pandas as pd
 
-    rows = [dict(layer=h.layer, head=h.head, estimate=e,
-                 **({"acc": exact[h].acc, "lo": exact[h].lo, "hi": exact[h].hi, "n": exact[h].n,
-                     "correct": exact[h].to_json()["correct"]} if h in exact else {}))
-            for h, e in estimate.items()]
-    table = pd.DataFrame(rows, columns=["layer", "head", "estimate", "acc", "lo", "hi", "n", "correct"])
-    return table.sort_values(["acc", "estimate"], na_position="last", kind="stable").reset_index(drop=True)
+    rows = [
+        dict(
+            layer=h.layer,
+            head=h.head,
+            estimate=e,
+            **(
+                {
+                    "acc": exact[h].acc,
+                    "lo": exact[h].lo,
+                    "hi": exact[h].hi,
+                    "n": exact[h].n,
+                    "correct": exact[h].to_json()["correct"],
+                }
+                if h in exact
+                else {}
+            ),
+        )
+        for h, e in estimate.items()
+    ]
+    table = pd.DataFrame(
+        rows, columns=["layer", "head", "estimate", "acc", "lo", "hi", "n", "correct"]
+    )
+    return table.sort_values(["acc", "estimate"], na_position="last", kind="stable").reset_index(
+        drop=True
+    )
 
 
 def measured(ranking: pd.DataFrame) -> list[Head]:
@@ -132,6 +160,14 @@ def assign_roles(measures: pd.DataFrame, order: list[Head] | None = None) -> dic
     order = [h for h in (order or [Head(*h) for h in measures.index]) if h in measures.index]
     value = lambda h, column: float(measures.loc[[h], column].iloc[0])
     roles["A"] = next((h for h in order if value(h, AGGREGATE_MEASURE) > LINE), None)
-    roles["G"] = next((h for h in order if h != roles["A"] and value(h, LOCAL_MEASURE) <= LOCAL
-                       and value(h, GATHER_MEASURE) > LINE), None)
+    roles["G"] = next(
+        (
+            h
+            for h in order
+            if h != roles["A"]
+            and value(h, LOCAL_MEASURE) <= LOCAL
+            and value(h, GATHER_MEASURE) > LINE
+        ),
+        None,
+    )
     return roles

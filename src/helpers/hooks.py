@@ -51,7 +51,10 @@ def _before(edit: Edit):
         new = edit(args[0] if args else kwargs["hidden_states"])
         if new is None:
             return None
-        return ((new,) + tuple(args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+        return (
+            ((new,) + tuple(args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+        )
+
     return hook
 
 
@@ -61,6 +64,7 @@ def _after(edit: Edit):
         if new is None:
             return None
         return new if isinstance(output, torch.Tensor) else (new,) + tuple(output[1:])
+
     return hook
 
 
@@ -75,7 +79,10 @@ def hooked(model, edits: Mapping[tuple[str, int], Edit]):
         for (site, layer), edit in edits.items():
             find, after = _MODULES[site]
             module = find(adapter, layer)
-            handle = (module.register_forward_hook(_after(edit), with_kwargs=True) if after
-                      else module.register_forward_pre_hook(_before(edit), with_kwargs=True))
+            handle = (
+                module.register_forward_hook(_after(edit), with_kwargs=True)
+                if after
+                else module.register_forward_pre_hook(_before(edit), with_kwargs=True)
+            )
             stack.callback(handle.remove)
         yield model

@@ -47,7 +47,9 @@ def _kept(adapter: Adapter, layers) -> list[int]:
 def _removed(adapter: Adapter, layers) -> list[int]:
     drop = adapter.check_layers(layers, "remove_layers")
     if len(drop) == adapter.n_layers:
-        raise InterventionError(f"remove_layers would remove all {adapter.n_layers} layers: keep at least one")
+        raise InterventionError(
+            f"remove_layers would remove all {adapter.n_layers} layers: keep at least one"
+        )
     return drop
 
 
@@ -78,15 +80,19 @@ def prune_top(model, n_kept: int):
     _, adapter = unwrap(model)
     n = as_index(n_kept)
     if n is None or not 1 <= n <= adapter.n_layers:
-        raise InterventionError(f"n_kept must be an integer in 1..{adapter.n_layers} (layers kept from the bottom), "
-                                f"got {n_kept!r}")
+        raise InterventionError(
+            f"n_kept must be an integer in 1..{adapter.n_layers} (layers kept from the bottom), "
+            f"got {n_kept!r}"
+        )
     return keep_layers(adapter, range(n))
 
 
 def _head_plan(adapter: Adapter, heads) -> dict[int, list[int]]:
     """{layer: heads} with every index checked, layers with no heads left out."""
     if not isinstance(heads, Mapping):
-        raise InterventionError(f"zero_heads takes {{layer: [{adapter.head_kind}, ...]}}, got {heads!r}")
+        raise InterventionError(
+            f"zero_heads takes {{layer: [{adapter.head_kind}, ...]}}, got {heads!r}"
+        )
     plan: dict[int, list[int]] = {}
     for layer, listed in heads.items():
         index = adapter.check_layer(layer)
@@ -142,10 +148,13 @@ def _check_swappable(host: Adapter, donor: Adapter, layers: list[int]) -> None:
     if host.width != donor.width:
         raise InterventionError(
             f"cannot swap layers between models of width {host.width} ({host.family}) "
-            f"and {donor.width} ({donor.family}): residual streams must match")
+            f"and {donor.width} ({donor.family}): residual streams must match"
+        )
     missing = [i for i in layers if i >= donor.n_layers]
     if missing:
-        raise InterventionError(f"the donor ({donor.family}) has layers 0..{donor.n_layers - 1}: it has no layer {missing}")
+        raise InterventionError(
+            f"the donor ({donor.family}) has layers 0..{donor.n_layers - 1}: it has no layer {missing}"
+        )
     for i in layers:  # each layer against the one it replaces
         ours, theirs = host.layers[i], donor.layers[i]
         here = (working_dtype(ours), next(ours.parameters()).device)
@@ -153,7 +162,8 @@ def _check_swappable(host: Adapter, donor: Adapter, layers: list[int]) -> None:
         if here != there:
             raise InterventionError(
                 f"cannot swap layer {i} from a {donor.family} model in {there[0]} on {there[1]} into a "
-                f"{host.family} model in {here[0]} on {here[1]}: load both alike")
+                f"{host.family} model in {here[0]} on {here[1]}: load both alike"
+            )
 
 
 def swap_layers(host, donor, layers: Iterable[int]):
@@ -174,13 +184,18 @@ def swap_layers(host, donor, layers: Iterable[int]):
 
     def swapped() -> nn.ModuleList:
         swap = checked(layers)
-        return nn.ModuleList([Transplant(donor_adapter.layers[i], donor_adapter) if i in swap else block
-                              for i, block in enumerate(host_adapter.layers)])
+        return nn.ModuleList(
+            [
+                Transplant(donor_adapter.layers[i], donor_adapter) if i in swap else block
+                for i, block in enumerate(host_adapter.layers)
+            ]
+        )
 
     return _layers_replaced(host_adapter, swapped)
 
 
 # --- replacing heads' outputs (mean and resample ablation) -------------------------------------
+
 
 def replaced_site(x: torch.Tensor, keep: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """A head site's input `x` [..., heads * head_dim] with the channels where `keep` is False
@@ -195,7 +210,9 @@ def site_width(adapter: Adapter, layer: int) -> int:
     return adapter.n_heads(layer) * adapter.head_dim(layer)
 
 
-def replace_heads(model, heads: Mapping[int, Iterable[int] | int], values: Mapping[int, torch.Tensor]):
+def replace_heads(
+    model, heads: Mapping[int, Iterable[int] | int], values: Mapping[int, torch.Tensor]
+):
     """Replace the output of these heads, `{layer: [head, ...]}`, where they enter the layer's
     output projection, by `values[layer]`: a vector of the site's width (heads x head_dim; only
     the named heads' channels are used: a mean ablation), or a tensor of the site input's own
@@ -204,29 +221,38 @@ def replace_heads(model, heads: Mapping[int, Iterable[int] | int], values: Mappi
     model, adapter = unwrap(model)
     plan = _head_plan(adapter, heads)
     if missing := [l for l in plan if l not in values]:
-        raise InterventionError(f"replace_heads: no replacement values for layer(s) {missing}; pass values={{layer: tensor}}")
+        raise InterventionError(
+            f"replace_heads: no replacement values for layer(s) {missing}; pass values={{layer: tensor}}"
+        )
     for layer in plan:
         width, value = site_width(adapter, layer), values[layer]
         if not isinstance(value, torch.Tensor) or value.shape[-1:] != (width,):
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise InterventionError(f"replace_heads: values[{layer}] must be a tensor whose last dimension is the site's "
-                                    f"width {width} ({adapter.n_heads(layer)} x {adapter.head_dim(layer)}), got {shape}")
+            raise InterventionError(
+                f"replace_heads: values[{layer}] must be a tensor whose last dimension is the site's "
+                f"width {width} ({adapter.n_heads(layer)} x {adapter.head_dim(layer)}), got {shape}"
+            )
     return _replaced(model, adapter, plan, values) if plan else nullcontext(model)
 
 
 @contextmanager
-def _replaced(model, adapter: Adapter, plan: dict[int, list[int]], values: Mapping[int, torch.Tensor]):
+def _replaced(
+    model, adapter: Adapter, plan: dict[int, list[int]], values: Mapping[int, torch.Tensor]
+):
     plan = _head_plan(adapter, plan)  # again, against the model as it stands on entry
 
     def replace(x, layer, keep):
         value = values[layer]
         if value.dim() > 1 and value.shape != x.shape:
-            raise InterventionError(f"replace_heads: values[{layer}] has shape {tuple(value.shape)} but the "
-                                    f"site's input has {tuple(x.shape)}: pass one vector or the input's shape")
+            raise InterventionError(
+                f"replace_heads: values[{layer}] has shape {tuple(value.shape)} but the "
+                f"site's input has {tuple(x.shape)}: pass one vector or the input's shape"
+            )
         return replaced_site(x, keep, value)
 
-    edits = {(HEAD, layer): partial(replace, layer=layer, keep=_kept_channels(adapter, layer, hs))
-             for layer, hs in plan.items()}
+    edits = {
+        (HEAD, layer): partial(replace, layer=layer, keep=_kept_channels(adapter, layer, hs))
+        for layer, hs in plan.items()
+    }
     with hooked(adapter, edits):
         yield model
-

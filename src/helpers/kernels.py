@@ -31,10 +31,14 @@ SKIP_BUILD = {"MAMBA_SKIP_CUDA_BUILD": "TRUE", "CAUSAL_CONV1D_SKIP_CUDA_BUILD": 
 # The packages and the versions pyproject's `gpu` extra pins (tests/test_environment.py checks).
 PACKAGES = {"mamba-ssm": "2.3.2.post1", "causal-conv1d": "1.7.0"}
 # A source build, where no wheel exists: nvcc from conda-forge, and about an hour.
-SOURCE_BUILD = ("conda install -c conda-forge cuda-nvcc, then MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE "
-                "pip install --no-build-isolation " + " ".join(f"{n}=={v}" for n, v in PACKAGES.items()))
-RELEASES = {"mamba-ssm": "https://github.com/state-spaces/mamba/releases/download",
-            "causal-conv1d": "https://github.com/Dao-AILab/causal-conv1d/releases/download"}
+SOURCE_BUILD = (
+    "conda install -c conda-forge cuda-nvcc, then MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE "
+    "pip install --no-build-isolation " + " ".join(f"{n}=={v}" for n, v in PACKAGES.items())
+)
+RELEASES = {
+    "mamba-ssm": "https://github.com/state-spaces/mamba/releases/download",
+    "causal-conv1d": "https://github.com/Dao-AILab/causal-conv1d/releases/download",
+}
 
 # What publish.yaml builds (read at mamba-ssm's tag v2.3.2.post1; causal-conv1d's workflow has the
 # same matrix): torch x CUDA toolkit x Python x C++ ABI, for Linux x86_64 and aarch64, less its
@@ -58,8 +62,14 @@ def _built(torch: str, cuda: int, abi: bool, plat: str) -> bool:
 
 
 RELEASE_MATRIX = frozenset(
-    (t, c, p, abi, plat) for t in TORCH for c in (11, 12, 13) for p in PYTHON for abi in (False, True)
-    for plat in PLATFORMS if _built(t, c, abi, plat))
+    (t, c, p, abi, plat)
+    for t in TORCH
+    for c in (11, 12, 13)
+    for p in PYTHON
+    for abi in (False, True)
+    for plat in PLATFORMS
+    if _built(t, c, abi, plat)
+)
 
 
 class NoPrebuiltWheel(RuntimeError):
@@ -70,8 +80,15 @@ def _major_minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def wheel_name(package: str, version: str, torch: str, cuda: str, python: str, cxx11abi: bool,
-               plat: str = "linux_x86_64") -> str:
+def wheel_name(
+    package: str,
+    version: str,
+    torch: str,
+    cuda: str,
+    python: str,
+    cxx11abi: bool,
+    plat: str = "linux_x86_64",
+) -> str:
     """The file name `setup.py` asks the release for: torch and Python as major.minor, CUDA as its
     major version only (setup.py maps 11.x to 11.8, 12.x to 12.3, 13.x to 13.0 and names the
     major), the ABI as TRUE/FALSE, e.g.
@@ -80,17 +97,27 @@ def wheel_name(package: str, version: str, torch: str, cuda: str, python: str, c
     if major not in (11, 12, 13):
         raise ValueError(f"CUDA version {cuda} not supported (setup.py knows 11, 12 and 13)")
     py = "cp" + "".join(python.split(".")[:2])
-    return (f"{package.replace('-', '_')}-{version}+cu{major}torch{_major_minor(torch)}"
-            f"cxx11abi{str(bool(cxx11abi)).upper()}-{py}-{py}-{plat}.whl")
+    return (
+        f"{package.replace('-', '_')}-{version}+cu{major}torch{_major_minor(torch)}"
+        f"cxx11abi{str(bool(cxx11abi)).upper()}-{py}-{py}-{plat}.whl"
+    )
 
 
 def wheel_url(package: str, version: str, **build) -> str:
     return f"{RELEASES[package]}/v{version}/{wheel_name(package, version, **build)}"
 
 
-def has_wheel(torch: str, cuda: str, python: str, cxx11abi: bool, plat: str = "linux_x86_64") -> bool:
+def has_wheel(
+    torch: str, cuda: str, python: str, cxx11abi: bool, plat: str = "linux_x86_64"
+) -> bool:
     """Whether the release workflow builds a wheel for this combination."""
-    key = (_major_minor(torch), int(cuda.split(".")[0]), ".".join(python.split(".")[:2]), bool(cxx11abi), plat)
+    key = (
+        _major_minor(torch),
+        int(cuda.split(".")[0]),
+        ".".join(python.split(".")[:2]),
+        bool(cxx11abi),
+        plat,
+    )
     return key in RELEASE_MATRIX
 
 
@@ -101,14 +128,16 @@ def check(torch: str, cuda: str | None, python: str, cxx11abi: bool, plat: str) 
         raise NoPrebuiltWheel(
             f"torch {torch} is a CPU build: mamba-ssm and causal-conv1d need a CUDA build of torch. Install "
             f"the GPU environment first (conda env create -f environment.yml), or skip the kernels: the "
-            "models fall back to their PyTorch paths.")
+            "models fall back to their PyTorch paths."
+        )
     if not has_wheel(torch, cuda, python, cxx11abi, plat):
         raise NoPrebuiltWheel(
             f"mamba-ssm {PACKAGES['mamba-ssm']} and causal-conv1d {PACKAGES['causal-conv1d']} publish no wheel for "
             f"torch {_major_minor(torch)}, CUDA {cuda}, Python {python}, cxx11abi {cxx11abi}, {plat}, so pip would "
             f"compile them. Install torch=={TORCH[-1]}.0 (environment.yml's pin; wheels exist for torch "
             f"{', '.join(TORCH)} with Python {', '.join(PYTHON)}), then `make gpu`; or build them from source: "
-            f"{SOURCE_BUILD}. Without them the SSM models run their PyTorch paths.")
+            f"{SOURCE_BUILD}. Without them the SSM models run their PyTorch paths."
+        )
     build = dict(torch=torch, cuda=cuda, python=python, cxx11abi=cxx11abi, plat=plat)
     return [wheel_url(name, version, **build) for name, version in PACKAGES.items()]
 
@@ -117,8 +146,13 @@ def this_machine() -> dict:
     """The installed torch's build, as setup.py reads it."""
     import torch
 
-    return dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
-                cxx11abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI), plat=f"linux_{platform.machine()}")
+    return dict(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        cxx11abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        plat=f"linux_{platform.machine()}",
+    )
 
 
 def importable() -> bool:
@@ -156,8 +190,12 @@ def import_error() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m helpers.kernels", description=__doc__.split("\n\n")[0])
-    p.add_argument("--installed", action="store_true", help="after pip: check that the fused kernels import")
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.kernels", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--installed", action="store_true", help="after pip: check that the fused kernels import"
+    )
     args = p.parse_args(argv)
     if args.installed:
         if error := import_error():
@@ -165,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"mamba-ssm / causal-conv1d do not import their kernels ({error}); the SSM models will run their "
                 f"PyTorch paths and each page says so. Where pip built them without their prebuilt wheel, `pip "
                 f"uninstall -y mamba-ssm causal-conv1d`, `pip cache remove mamba_ssm; pip cache remove causal_conv1d`, "
-                f"and build from source: {SOURCE_BUILD}.")
+                f"and build from source: {SOURCE_BUILD}."
+            )
         print("fused SSM kernels import: the SSM models run them on a GPU")
         return
     try:

@@ -31,10 +31,20 @@ from .ssm import segment_sum, wide
 class LlambaConfig(PretrainedConfig):
     model_type = "llamba"
 
-    def __init__(self, vocab_size: int = 128256, d_model: int = 4096, n_layer: int = 32,
-                 tie_embeddings: bool = False, pad_vocab_size_multiple: int = 8, lm_head_bias: bool = False,
-                 norm_epsilon: float = 1e-5, mlp_cfg: dict | None = None, ssm_cfg: dict | None = None,
-                 kept_attention: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        vocab_size: int = 128256,
+        d_model: int = 4096,
+        n_layer: int = 32,
+        tie_embeddings: bool = False,
+        pad_vocab_size_multiple: int = 8,
+        lm_head_bias: bool = False,
+        norm_epsilon: float = 1e-5,
+        mlp_cfg: dict | None = None,
+        ssm_cfg: dict | None = None,
+        kept_attention: dict | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         # A hybrid that keeps some of its teacher's attention heads beside the mixer (the
         # follow-up's retrieval-aware distillation; `KeptAttention`): {"heads": {layer: n}, the
@@ -43,10 +53,24 @@ class LlambaConfig(PretrainedConfig):
         self.vocab_size, self.d_model, self.n_layer = vocab_size, d_model, n_layer
         self.tie_embeddings, self.pad_vocab_size_multiple = tie_embeddings, pad_vocab_size_multiple
         self.lm_head_bias, self.norm_epsilon = lm_head_bias, norm_epsilon
-        self.mlp_cfg = {"intermediate_size": 14336, "bias": False, "act_fn": "silu", **(mlp_cfg or {})}
-        self.ssm_cfg = {"d_state": 64, "n_v_heads": 32, "n_qk_heads": 32, "expand": 1, "d_conv": 4,
-                        "chunk_size": 128, "activation": "identity", "bias": False, "conv_bias": True,
-                        **(ssm_cfg or {})}
+        self.mlp_cfg = {
+            "intermediate_size": 14336,
+            "bias": False,
+            "act_fn": "silu",
+            **(mlp_cfg or {}),
+        }
+        self.ssm_cfg = {
+            "d_state": 64,
+            "n_v_heads": 32,
+            "n_qk_heads": 32,
+            "expand": 1,
+            "d_conv": 4,
+            "chunk_size": 128,
+            "activation": "identity",
+            "bias": False,
+            "conv_bias": True,
+            **(ssm_cfg or {}),
+        }
         self._check_shapes()
 
     def _check_shapes(self) -> None:
@@ -54,19 +78,28 @@ class LlambaConfig(PretrainedConfig):
         model is built: each value head is d_inner / n_v_heads channels wide, and the value
         heads share B and C in n_qk_heads groups."""
         ssm = self.ssm_cfg
-        for name, value in [("d_model", self.d_model), ("n_layer", self.n_layer),
-                            *((f"ssm_cfg['{k}']", ssm[k]) for k in ("expand", "n_v_heads", "n_qk_heads", "d_state",
-                                                                     "chunk_size"))]:
+        for name, value in [
+            ("d_model", self.d_model),
+            ("n_layer", self.n_layer),
+            *(
+                (f"ssm_cfg['{k}']", ssm[k])
+                for k in ("expand", "n_v_heads", "n_qk_heads", "d_state", "chunk_size")
+            ),
+        ]:
             if as_index(value) is None or value < 1:
                 raise ConfigError(f"Llamba's {name} must be a positive integer, got {value!r}")
         d_inner, v, qk = ssm["expand"] * self.d_model, ssm["n_v_heads"], ssm["n_qk_heads"]
         if d_inner % v:
             valid = [h for h in range(1, d_inner + 1) if d_inner % h == 0]
-            raise ConfigError(f"Llamba's n_v_heads={v} must divide d_inner = expand * d_model = {d_inner} (each value "
-                              f"head is d_inner / n_v_heads channels); n_v_heads dividing {d_inner}: {valid}")
+            raise ConfigError(
+                f"Llamba's n_v_heads={v} must divide d_inner = expand * d_model = {d_inner} (each value "
+                f"head is d_inner / n_v_heads channels); n_v_heads dividing {d_inner}: {valid}"
+            )
         if v % qk:
-            raise ConfigError(f"Llamba's n_v_heads={v} must be a multiple of n_qk_heads={qk} (value heads share B and "
-                              f"C in n_qk_heads groups)")
+            raise ConfigError(
+                f"Llamba's n_v_heads={v} must be a multiple of n_qk_heads={qk} (value heads share B and "
+                f"C in n_qk_heads groups)"
+            )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -74,14 +107,18 @@ class LlambaConfig(PretrainedConfig):
         return (self.vocab_size + m - 1) // m * m
 
 
-def ssd_scan(x: torch.Tensor, log_decay: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int) -> torch.Tensor:
+def ssd_scan(
+    x: torch.Tensor, log_decay: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int
+) -> torch.Tensor:
     """y_t = C_t . h_t with h_t = exp(log_decay_t) h_{t-1} + B_t x_t^T, per head, in chunks:
     quadratic inside a chunk, a recurrence over chunk states between chunks.
     x [b, T, h, p]; log_decay [b, T, h]; B, C [b, T, h, n] -> y [b, T, h, p]."""
     b, T, h, p = x.shape
     pad = (-T) % chunk
     if pad:
-        x, log_decay, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, log_decay, B, C))
+        x, log_decay, B, C = (
+            F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, log_decay, B, C)
+        )
     nc = x.shape[1] // chunk
     x, B, C = (t.reshape(b, nc, chunk, *t.shape[2:]) for t in (x, B, C))
     a = wide(log_decay).reshape(b, nc, chunk, h).permute(0, 3, 1, 2)  # [b, h, c, l]
@@ -104,26 +141,46 @@ def ssd_recurrence(x, log_decay, B, C) -> torch.Tensor:
     state = x.new_zeros(b, h, p, B.shape[-1])
     ys = []
     for t in range(T):
-        state = torch.exp(log_decay[:, t]).to(x.dtype)[..., None, None] * state + x[:, t, :, :, None] * B[:, t, :, None, :]
+        state = (
+            torch.exp(log_decay[:, t]).to(x.dtype)[..., None, None] * state
+            + x[:, t, :, :, None] * B[:, t, :, None, :]
+        )
         ys.append(torch.einsum("bhpn,bhn->bhp", state, C[:, t]))
     return torch.stack(ys, dim=1)
 
 
 class DiscreteMamba2(nn.Module):
-    def __init__(self, d_model: int, d_state: int = 64, n_qk_heads: int = 32, n_v_heads: int = 32, d_conv: int = 4,
-                 expand: int = 1, activation: str = "identity", bias: bool = False, conv_bias: bool = True,
-                 chunk_size: int = 128, **_):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        n_qk_heads: int = 32,
+        n_v_heads: int = 32,
+        d_conv: int = 4,
+        expand: int = 1,
+        activation: str = "identity",
+        bias: bool = False,
+        conv_bias: bool = True,
+        chunk_size: int = 128,
+        **_,
+    ):
         super().__init__()
         self.d_inner = expand * d_model
         self.d_state, self.n_qk_heads, self.n_v_heads = d_state, n_qk_heads, n_v_heads
         self.head_dim = self.d_inner // n_v_heads
         self.chunk_size = chunk_size
         if n_v_heads % n_qk_heads or self.d_inner % n_v_heads:
-            raise ValueError(f"n_v_heads={n_v_heads} must be a multiple of n_qk_heads={n_qk_heads} and divide {self.d_inner}")
-        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * n_qk_heads * d_state + n_v_heads, bias=bias)
+            raise ValueError(
+                f"n_v_heads={n_v_heads} must be a multiple of n_qk_heads={n_qk_heads} and divide {self.d_inner}"
+            )
+        self.in_proj = nn.Linear(
+            d_model, 2 * self.d_inner + 2 * n_qk_heads * d_state + n_v_heads, bias=bias
+        )
         self.z_bias = nn.Parameter(torch.zeros(self.d_inner)) if not bias else None
         conv_dim = self.d_inner + 2 * n_qk_heads * d_state
-        self.conv1d = nn.Conv1d(conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1, bias=conv_bias)
+        self.conv1d = nn.Conv1d(
+            conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1, bias=conv_bias
+        )
         self.act = {"identity": nn.Identity(), "silu": nn.SiLU(), "swish": nn.SiLU()}[activation]
         self.D = nn.Parameter(torch.ones(n_v_heads))
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
@@ -133,7 +190,9 @@ class DiscreteMamba2(nn.Module):
         [b,T,h] = -softplus(A_log), and the gate's z [b,T,d_inner]."""
         T = u.shape[1]
         n, qk = self.d_state, self.n_qk_heads
-        xbc, z, a_log = self.in_proj(u).split([self.d_inner + 2 * qk * n, self.d_inner, self.n_v_heads], dim=-1)
+        xbc, z, a_log = self.in_proj(u).split(
+            [self.d_inner + 2 * qk * n, self.d_inner, self.n_v_heads], dim=-1
+        )
         xbc = self.act(self.conv1d(xbc.transpose(1, 2))[..., :T].transpose(1, 2))
         x, B, C = xbc.split([self.d_inner, qk * n, qk * n], dim=-1)
         rep = self.n_v_heads // qk
@@ -166,14 +225,22 @@ def _kernel_scan(t: dict, chunk: int) -> torch.Tensor | None:
         return None
     dt = -t["log_decay"]
     h = dt.shape[-1]
-    return mamba_chunk_scan_combined(t["x"] / dt[..., None].to(t["x"].dtype), dt, -torch.ones(h, device=dt.device),
-                                     t["B"], t["C"], chunk_size=chunk)
+    return mamba_chunk_scan_combined(
+        t["x"] / dt[..., None].to(t["x"].dtype),
+        dt,
+        -torch.ones(h, device=dt.device),
+        t["B"],
+        t["C"],
+        chunk_size=chunk,
+    )
 
 
 class LlambaMLP(nn.Module):
     """Llama's gated MLP, down(act(gate(x)) * up(x)), under the checkpoint's names."""
 
-    def __init__(self, d_model: int, intermediate_size: int, bias: bool = False, act_fn: str = "silu", **_):
+    def __init__(
+        self, d_model: int, intermediate_size: int, bias: bool = False, act_fn: str = "silu", **_
+    ):
         super().__init__()
         self.gate_proj = nn.Linear(d_model, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(d_model, intermediate_size, bias=bias)
@@ -189,16 +256,23 @@ class KeptAttention(nn.Module):
     attention with the teacher's rotary embedding, its short convolution where the teacher's
     layer has one (`helpers.convllama`), and the kept heads' slices of its projections."""
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int, rope_theta: float, conv_kernel: int = 0):
+    def __init__(
+        self, d_model: int, n_heads: int, head_dim: int, rope_theta: float, conv_kernel: int = 0
+    ):
         super().__init__()
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
         from .convllama import ShortConv
 
-        cfg = LlamaConfig(hidden_size=d_model, num_attention_heads=n_heads, num_key_value_heads=n_heads,
-                          head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-                          attn_implementation="sdpa")
+        cfg = LlamaConfig(
+            hidden_size=d_model,
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_heads,
+            head_dim=head_dim,
+            rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+            attn_implementation="sdpa",
+        )
         self.conv = ShortConv(d_model, conv_kernel) if conv_kernel else nn.Identity()
         self.attn = LlamaAttention(cfg, layer_idx=0)
         self.rotary = LlamaRotaryEmbedding(cfg)
@@ -221,8 +295,17 @@ class LlambaBlock(nn.Module):
         # The kept heads' weights come from the teacher: building them leaves the random stream
         # where a plain student's build leaves it, so every hybrid starts from the same mixers.
         with torch.random.fork_rng(devices=[]):
-            self.attention = KeptAttention(config.d_model, n, kept["head_dim"], kept["rope_theta"],
-                                           kept["conv_kernel"] if index in kept["conv_layers"] else 0) if n else None
+            self.attention = (
+                KeptAttention(
+                    config.d_model,
+                    n,
+                    kept["head_dim"],
+                    kept["rope_theta"],
+                    kept["conv_kernel"] if index in kept["conv_layers"] else 0,
+                )
+                if n
+                else None
+            )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         u = self.input_layernorm(hidden)
@@ -268,10 +351,14 @@ class LlambaForCausalLM(nn.Module):
         return self.lm_head
 
     def forward(self, input_ids: torch.Tensor, **_) -> CausalLMOutput:
-        return CausalLMOutput(logits=self.lm_head(self.backbone(input_ids).last_hidden_state).float())
+        return CausalLMOutput(
+            logits=self.lm_head(self.backbone(input_ids).last_hidden_state).float()
+        )
 
     @classmethod
-    def from_pretrained(cls, repo: str, dtype: torch.dtype = torch.bfloat16, revision: str | None = None) -> "LlambaForCausalLM":
+    def from_pretrained(
+        cls, repo: str, dtype: torch.dtype = torch.bfloat16, revision: str | None = None
+    ) -> "LlambaForCausalLM":
         """Load a published checkpoint (a hub id or a local folder) strictly by name. A checkpoint
         with tied embeddings (Llamba-3B) stores the embedding once and no `lm_head.weight`."""
         from huggingface_hub import hf_hub_download
@@ -297,10 +384,14 @@ class LlambaForCausalLM(nn.Module):
         for name in files:
             state.update(load_file(fetch(name)))
         tied = {"lm_head.weight"} if config.tie_embeddings else set()
-        result = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+        result = model.load_state_dict(
+            {k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True
+        )
         if set(result.missing_keys) - tied or result.unexpected_keys:
-            raise KeyError(f"{repo} does not match Llamba's parameter names: missing "
-                           f"{sorted(set(result.missing_keys) - tied)}, unexpected {sorted(result.unexpected_keys)}")
+            raise KeyError(
+                f"{repo} does not match Llamba's parameter names: missing "
+                f"{sorted(set(result.missing_keys) - tied)}, unexpected {sorted(result.unexpected_keys)}"
+            )
         if config.tie_embeddings:  # assign=True replaced the embedding: tie the head to the new one
             model.lm_head.weight = model.backbone.embedding.weight
         return model.eval()

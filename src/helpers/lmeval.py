@@ -27,14 +27,13 @@ lm-eval batches requests of many lengths).
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 import argparse
 import difflib
 import json
 import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -42,8 +41,8 @@ from .errors import ConfigError, InterventionError
 from .heads import Head, ablation
 from .registry import Loaded, spec
 
-
 # --- what to run ---------------------------------------------------------------------------------
+
 
 def parse_heads(value: str | Iterable | Mapping | None) -> tuple[Head, ...]:
     """Heads from `"L16H22,L17H24"`, a list of anything `Head.parse` reads, one Head, or the
@@ -53,14 +52,20 @@ def parse_heads(value: str | Iterable | Mapping | None) -> tuple[Head, ...]:
     if isinstance(value, Head):
         value = [value]
     elif isinstance(value, Mapping):
-        value = [(layer, h) for layer, hs in value.items() for h in ([hs] if isinstance(hs, int) else hs)]
+        value = [
+            (layer, h) for layer, hs in value.items() for h in ([hs] if isinstance(hs, int) else hs)
+        ]
     elif not isinstance(value, (str, Iterable)):
-        raise ConfigError(f"--zero takes heads as 'L16H22,L17H24' or a list of heads, got {value!r}")
+        raise ConfigError(
+            f"--zero takes heads as 'L16H22,L17H24' or a list of heads, got {value!r}"
+        )
     parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
     try:
         heads = tuple(Head.parse(p) for p in parts)
     except ValueError as e:
-        raise ConfigError(f"--zero: {e}; several heads are joined by commas, e.g. L16H22,L17H24") from None
+        raise ConfigError(
+            f"--zero: {e}; several heads are joined by commas, e.g. L16H22,L17H24"
+        ) from None
     twice = sorted({str(h) for h in heads if heads.count(h) > 1})
     if twice:
         raise ConfigError(f"--zero names {', '.join(twice)} more than once: name each head once")
@@ -81,7 +86,9 @@ def parse_layers(value: str | Iterable[int] | None, what: str) -> tuple[int, ...
             lo, sep, hi = part.partition("..")
             layers += range(int(lo), int(hi) + 1) if sep else [int(part)]
     except ValueError:
-        raise ConfigError(f"{what}: cannot read {value!r} as layers: write them as 0..17, 16,17 or 0..5,8") from None
+        raise ConfigError(
+            f"{what}: cannot read {value!r} as layers: write them as 0..17, 16,17 or 0..5,8"
+        ) from None
     return tuple(layers)
 
 
@@ -95,8 +102,11 @@ class Intervention:
 
     @classmethod
     def parse(cls, zero=None, keep_layers=None, remove_layers=None) -> "Intervention":
-        return cls(parse_heads(zero), parse_layers(keep_layers, "--keep-layers"),
-                   parse_layers(remove_layers, "--remove-layers") or ())
+        return cls(
+            parse_heads(zero),
+            parse_layers(keep_layers, "--keep-layers"),
+            parse_layers(remove_layers, "--remove-layers") or (),
+        )
 
     def runs(self, n_layers: int) -> list[int]:
         """The layers that run (before checking: indices may still be out of range)."""
@@ -117,13 +127,17 @@ class Intervention:
             keep_layers(adapter, self.keep_layers)  # the list as given, for its own message
             missing = [l for l in self.remove_layers if l not in self.keep_layers]
             if missing:
-                raise InterventionError(f"--remove-layers {missing} are not among --keep-layers: "
-                                        "remove only layers that are kept")
+                raise InterventionError(
+                    f"--remove-layers {missing} are not among --keep-layers: "
+                    "remove only layers that are kept"
+                )
             layers = keep_layers(adapter, self.runs(adapter.n_layers))
         idle = [str(h) for h in self.zero if h.layer not in self.runs(adapter.n_layers)]
         if idle:
-            raise InterventionError(f"--zero {', '.join(idle)}: these heads' layers do not run: zero heads of "
-                                    "layers that run, or keep their layers")
+            raise InterventionError(
+                f"--zero {', '.join(idle)}: these heads' layers do not run: zero heads of "
+                "layers that run, or keep their layers"
+            )
         return [zeroed, layers]
 
     @contextmanager
@@ -135,12 +149,15 @@ class Intervention:
             yield model
 
     def record(self) -> dict:
-        return {"zero": [str(h) for h in self.zero],
-                "keep_layers": None if self.keep_layers is None else list(self.keep_layers),
-                "remove_layers": list(self.remove_layers)}
+        return {
+            "zero": [str(h) for h in self.zero],
+            "keep_layers": None if self.keep_layers is None else list(self.keep_layers),
+            "remove_layers": list(self.remove_layers),
+        }
 
 
 # --- which models, which tasks --------------------------------------------------------------------
+
 
 def check_model(name: str) -> None:
     """A registry name whose model HFLM can drive, else a ConfigError naming the fix."""
@@ -149,13 +166,17 @@ def check_model(name: str) -> None:
     except KeyError as e:
         raise ConfigError(f"--model: {e.args[0]}") from None
     if s.toy:
-        raise ConfigError(f"--model {name}: the toy zoo's models read a toy vocabulary with no Hugging Face "
-                          "tokenizer, which lm-eval's HFLM needs; run lm-eval tasks on smollm2-135m-instruct or a "
-                          "paper model, and score the toys with helpers.evaluate")
+        raise ConfigError(
+            f"--model {name}: the toy zoo's models read a toy vocabulary with no Hugging Face "
+            "tokenizer, which lm-eval's HFLM needs; run lm-eval tasks on smollm2-135m-instruct or a "
+            "paper model, and score the toys with helpers.evaluate"
+        )
     if s.ours:
-        raise ConfigError(f"--model {name}: the book's Llamba (helpers.llamba) is a plain torch module without "
-                          "transformers' generate() and .device, which lm-eval's HFLM needs; score it with "
-                          "helpers.evaluate, or run lm-eval on a transformers model")
+        raise ConfigError(
+            f"--model {name}: the book's Llamba (helpers.llamba) is a plain torch module without "
+            "transformers' generate() and .device, which lm-eval's HFLM needs; score it with "
+            "helpers.evaluate, or run lm-eval on a transformers model"
+        )
 
 
 def shape_model(name: str):
@@ -190,7 +211,10 @@ def read_task_yaml(path: Path) -> dict:
     if isinstance(files, str):
         files = here(files)
     elif isinstance(files, dict):
-        files = {split: here(f) if isinstance(f, str) else [here(x) for x in f] for split, f in files.items()}
+        files = {
+            split: here(f) if isinstance(f, str) else [here(x) for x in f]
+            for split, f in files.items()
+        }
     else:
         files = [here(f) for f in files]
     return {**config, "dataset_kwargs": {**kwargs, "data_files": files}}
@@ -203,7 +227,11 @@ def task_manager_for(tasks: str | Sequence[str]):
     from lm_eval.tasks import TaskManager
 
     ours = book_tasks()
-    return TaskManager(include_defaults=not all(t in ours or t.endswith((".yaml", ".yml")) for t in task_names(tasks)))
+    return TaskManager(
+        include_defaults=not all(
+            t in ours or t.endswith((".yaml", ".yml")) for t in task_names(tasks)
+        )
+    )
 
 
 def task_names(tasks: str | Sequence[str]) -> list[str]:
@@ -216,14 +244,18 @@ def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
     (`book_tasks`) and paths to task YAMLs, comma-joined or listed, as `simple_evaluate` takes them."""
     given = task_names(tasks)
     if not given:
-        raise ConfigError("--tasks is empty: name lm-eval tasks (e.g. gsm8k,arc_challenge) or task YAML files")
+        raise ConfigError(
+            "--tasks is empty: name lm-eval tasks (e.g. gsm8k,arc_challenge) or task YAML files"
+        )
     ours = book_tasks()
     out: list = []
     for task in given:
         if task.endswith((".yaml", ".yml")) or task in ours:
             path = ours[task] if task in ours else Path(task).expanduser()
             if not path.is_file():
-                raise ConfigError(f"--tasks: no task file {task!r} (a name ending in .yaml is read as a path)")
+                raise ConfigError(
+                    f"--tasks: no task file {task!r} (a name ending in .yaml is read as a path)"
+                )
             try:
                 out.append(read_task_yaml(path))
             except Exception as e:  # a YAML error or a !function that does not import
@@ -233,18 +265,33 @@ def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
         if not matched:
             close = difflib.get_close_matches(task, [*ours, *task_manager.all_tasks], n=5)
             hint = f"; close names: {', '.join(close)}" if close else ""
-            raise ConfigError(f"--tasks: lm-eval knows no task {task!r}{hint} (`lm-eval ls tasks` lists them all; "
-                              f"the book's own: {', '.join(ours)}; a local task is given by the path of its .yaml)")
+            raise ConfigError(
+                f"--tasks: lm-eval knows no task {task!r}{hint} (`lm-eval ls tasks` lists them all; "
+                f"the book's own: {', '.join(ours)}; a local task is given by the path of its .yaml)"
+            )
         out += matched
     return out
 
 
 # --- the run ---------------------------------------------------------------------------------------
 
-def evaluate(model: str | Loaded, tasks: str | Sequence[str], *, zero=None, keep_layers=None, remove_layers=None,
-             limit: int | float | None = None, num_fewshot: int | None = None, batch_size: int = 8,
-             log_samples: bool = False, apply_chat_template: bool = False, device: str | None = None,
-             task_manager=None, **simple_evaluate_kwargs) -> dict:
+
+def evaluate(
+    model: str | Loaded,
+    tasks: str | Sequence[str],
+    *,
+    zero=None,
+    keep_layers=None,
+    remove_layers=None,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    log_samples: bool = False,
+    apply_chat_template: bool = False,
+    device: str | None = None,
+    task_manager=None,
+    **simple_evaluate_kwargs,
+) -> dict:
     """lm-eval's results for `tasks` on `model` (a registry name, or a model already loaded with
     `helpers.load`) under an intervention: heads zeroed (`"L16H22,L17H24"` or Heads), layers
     kept and/or removed (`"0..17"`, `"16"` or lists). Everything that can be checked is checked
@@ -254,11 +301,19 @@ def evaluate(model: str | Loaded, tasks: str | Sequence[str], *, zero=None, keep
     if isinstance(model, str):
         check_model(model)
     intervention = Intervention.parse(zero, keep_layers, remove_layers)
-    for name, value, low in (("limit", limit, 0), ("num_fewshot", num_fewshot, 0), ("batch_size", batch_size, 1)):
+    for name, value, low in (
+        ("limit", limit, 0),
+        ("num_fewshot", num_fewshot, 0),
+        ("batch_size", batch_size, 1),
+    ):
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and (not number or value < low or (name != "limit" and not isinstance(value, int))):
+        if value is not None and (
+            not number or value < low or (name != "limit" and not isinstance(value, int))
+        ):
             kind = "number" if name == "limit" else "integer"
-            raise ConfigError(f"{name} must be a{'n' if kind == 'integer' else ''} {kind} >= {low}, got {value!r}")
+            raise ConfigError(
+                f"{name} must be a{'n' if kind == 'integer' else ''} {kind} >= {low}, got {value!r}"
+            )
 
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -277,18 +332,35 @@ def evaluate(model: str | Loaded, tasks: str | Sequence[str], *, zero=None, keep
 
         model = load(model, device=device)
     intervention.contexts(model.model)  # the loaded model itself, before lm-eval starts
-    lm = HFLM(pretrained=model.model, tokenizer=model.tokenizer, batch_size=batch_size,
-              device=str(next(model.model.parameters()).device))
+    lm = HFLM(
+        pretrained=model.model,
+        tokenizer=model.tokenizer,
+        batch_size=batch_size,
+        device=str(next(model.model.parameters()).device),
+    )
     with intervention.applied(model.model):
-        results = simple_evaluate(lm, tasks=resolved, num_fewshot=num_fewshot, limit=limit,
-                                  task_manager=task_manager, log_samples=log_samples,
-                                  apply_chat_template=apply_chat_template, **simple_evaluate_kwargs)
-    parameters = {"intervention": intervention.record(), "tasks": list(tasks.split(",") if isinstance(tasks, str)
-                                                                       else tasks),
-                  "limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size,
-                  "apply_chat_template": apply_chat_template}
+        results = simple_evaluate(
+            lm,
+            tasks=resolved,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=task_manager,
+            log_samples=log_samples,
+            apply_chat_template=apply_chat_template,
+            **simple_evaluate_kwargs,
+        )
+    parameters = {
+        "intervention": intervention.record(),
+        "tasks": list(tasks.split(",") if isinstance(tasks, str) else tasks),
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "batch_size": batch_size,
+        "apply_chat_template": apply_chat_template,
+    }
     results["provenance"] = provenance.record([model], parameters)
-    results["provenance"]["versions"]["lm-eval"] = version("lm-eval")  # the harness that computed these numbers
+    results["provenance"]["versions"]["lm-eval"] = version(
+        "lm-eval"
+    )  # the harness that computed these numbers
     return results
 
 
@@ -296,48 +368,89 @@ def write(results: dict, path: str | Path) -> None:
     """The results as JSON, with lm-eval's own conversion of what JSON cannot hold (dtypes, numpy)."""
     from lm_eval.utils import handle_non_serializable
 
-    Path(path).write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
+    Path(path).write_text(
+        json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+    )
 
 
 # --- the command line ------------------------------------------------------------------------------
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m helpers.lmeval",
         description="Run lm-eval tasks on a model of the book with heads zeroed and/or layers removed. "
-                    "Heads and layers are numbered as in the full model.",
+        "Heads and layers are numbered as in the full model.",
         epilog="example: python -m helpers.lmeval --model smollm2-135m-instruct --tasks my_task.yaml "
-               "--zero L16H8 --limit 20 --output results.json")
+        "--zero L16H8 --limit 20 --output results.json",
+    )
     p.add_argument("--model", required=True, help="a registry name (helpers.registry.MODELS)")
-    p.add_argument("--tasks", required=True, help="lm-eval task names and/or paths to task YAMLs, comma-separated")
+    p.add_argument(
+        "--tasks",
+        required=True,
+        help="lm-eval task names and/or paths to task YAMLs, comma-separated",
+    )
     p.add_argument("--zero", default="", help="heads to zero, e.g. L16H22,L17H24")
-    p.add_argument("--keep-layers", default=None, help="run only these layers, e.g. 0..17 (the minimal model)")
+    p.add_argument(
+        "--keep-layers", default=None, help="run only these layers, e.g. 0..17 (the minimal model)"
+    )
     p.add_argument("--remove-layers", default=None, help="skip these layers, e.g. 16 or 16,17")
-    p.add_argument("--limit", type=float, default=None, help="items per task (a fraction if below 1)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
+    p.add_argument(
+        "--limit", type=float, default=None, help="items per task (a fraction if below 1)"
+    )
+    p.add_argument(
+        "--num-fewshot", type=int, default=None, help="few-shot examples (default: each task's own)"
+    )
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--apply-chat-template", action="store_true", help="format prompts with the tokenizer's chat template")
-    p.add_argument("--device", default=None, help="where a paper model runs (default: GA_DEVICE, else cuda)")
-    p.add_argument("--log-samples", action="store_true", help="keep lm-eval's per-item records in the output")
-    p.add_argument("--output", default=None, help="write the results (with provenance) to this JSON file")
+    p.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="format prompts with the tokenizer's chat template",
+    )
+    p.add_argument(
+        "--device", default=None, help="where a paper model runs (default: GA_DEVICE, else cuda)"
+    )
+    p.add_argument(
+        "--log-samples", action="store_true", help="keep lm-eval's per-item records in the output"
+    )
+    p.add_argument(
+        "--output", default=None, help="write the results (with provenance) to this JSON file"
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    limit = None if args.limit is None else int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit
+    limit = (
+        None
+        if args.limit is None
+        else int(args.limit)
+        if args.limit >= 1 and args.limit.is_integer()
+        else args.limit
+    )
     try:
-        results = evaluate(args.model, args.tasks, zero=args.zero, keep_layers=args.keep_layers,
-                           remove_layers=args.remove_layers, limit=limit, num_fewshot=args.num_fewshot,
-                           batch_size=args.batch_size, log_samples=args.log_samples,
-                           apply_chat_template=args.apply_chat_template, device=args.device)
+        results = evaluate(
+            args.model,
+            args.tasks,
+            zero=args.zero,
+            keep_layers=args.keep_layers,
+            remove_layers=args.remove_layers,
+            limit=limit,
+            num_fewshot=args.num_fewshot,
+            batch_size=args.batch_size,
+            log_samples=args.log_samples,
+            apply_chat_template=args.apply_chat_template,
+            device=args.device,
+        )
     except (ConfigError, InterventionError) as e:
         print(f"python -m helpers.lmeval: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
         from .models import ModelUnavailable  # imported only now: torch is loaded by then anyway
 
-        if not isinstance(e, ModelUnavailable):  # weights or a GPU missing: its message names the fix
+        if not isinstance(
+            e, ModelUnavailable
+        ):  # weights or a GPU missing: its message names the fix
             raise
         print(f"python -m helpers.lmeval: error: {e}", file=sys.stderr)
         return 2

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from .adapters import adapter_for
 from . import paths
+from .adapters import adapter_for
 from .models import config_fields, config_from_fields, gguf_file, model_from_config
 from .registry import MODELS
 from .tasks import KNOWLEDGE_SOURCES
@@ -49,6 +49,7 @@ def paper_models() -> list[str]:
 
 # --- narrow configs -------------------------------------------------------------------------------
 
+
 def narrow_widths(fields: dict) -> dict:
     """Config fields that shrink a paper model's widths while every count the book reads (layers,
     heads, KV heads, SSM heads, hybrid positions, shared blocks) stays as published."""
@@ -61,8 +62,11 @@ def narrow_widths(fields: dict) -> dict:
         # As wide as the narrowed Llama it was distilled from (the published width / 32, which is
         # Llama's 4 channels per head), so that the hybrid swap can put Llama's layers into it;
         # short scan chunks: the CPU scan's cost grows with their square.
-        return {"d_model": fields["d_model"] // 32, "mlp_cfg": {"intermediate_size": 128},
-                "ssm_cfg": {"d_state": 4, "expand": 1, "chunk_size": 16}}
+        return {
+            "d_model": fields["d_model"] // 32,
+            "mlp_cfg": {"intermediate_size": 128},
+            "ssm_cfg": {"d_state": 4, "expand": 1, "chunk_size": 16},
+        }
     if kind == "falcon_mamba":
         # Its "heads" are single inner channels (the paper's L35 ch 7305, L36 ch 4925): the inner
         # width expand * hidden_size stays as published; the rest is as small as it goes.
@@ -73,8 +77,14 @@ def narrow_widths(fields: dict) -> dict:
         # mamba heads. The smallest hidden both head counts divide keeps both counts (and gives
         # even rotary widths). Short scan chunks: the CPU scan's cost grows with their square.
         hidden = math.lcm(fields["num_attention_heads"], fields["n_mamba_heads"])
-        return {"hidden_size": hidden, "intermediate_size": hidden, "mamba_expand": 1, "mamba_d_state": 8,
-                "adapter_rank": 4, "chunk_size": 16}
+        return {
+            "hidden_size": hidden,
+            "intermediate_size": hidden,
+            "mamba_expand": 1,
+            "mamba_d_state": 8,
+            "adapter_rank": 4,
+            "chunk_size": 16,
+        }
     raise ValueError(f"no narrow widths for model_type {kind!r}")
 
 
@@ -96,7 +106,11 @@ def hub_fields(name: str, tokenizer, full_shapes: bool = False) -> dict:
         return fields  # published Llamba configs carry no token ids
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    return fields | {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos, "pad_token_id": pad}
+    return fields | {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+    }
 
 
 def shape_summary(model: torch.nn.Module) -> dict:
@@ -104,8 +118,11 @@ def shape_summary(model: torch.nn.Module) -> dict:
     heads, Llamba's B/C heads, Zamba2's hybrid layers, Mamba heads and shared blocks."""
     adapter = adapter_for(model)
     config = model.config
-    summary = {"class": type(model).__name__, "layers": adapter.n_layers,
-               "heads": [adapter.n_heads(layer) for layer in adapter.head_layers()]}
+    summary = {
+        "class": type(model).__name__,
+        "layers": adapter.n_layers,
+        "heads": [adapter.n_heads(layer) for layer in adapter.head_layers()],
+    }
     if adapter.family in ("llama", "zamba2"):
         summary["kv_heads"] = config.num_key_value_heads
     if adapter.family == "llamba":
@@ -116,7 +133,9 @@ def shape_summary(model: torch.nn.Module) -> dict:
         summary["mamba_heads"] = [mamba.n_heads(layer) for layer in range(mamba.n_layers)]
         summary["mamba_groups"] = config.mamba_ngroups
         # Distinct attention weights among the hybrid layers: the shared blocks they call.
-        summary["shared_blocks"] = len({id(adapter.attention(layer).q_proj.weight) for layer in adapter.hybrid_layers})
+        summary["shared_blocks"] = len(
+            {id(adapter.attention(layer).q_proj.weight) for layer in adapter.hybrid_layers}
+        )
     return summary
 
 
@@ -139,6 +158,7 @@ def random_model(fields: dict, seed: int) -> torch.nn.Module:
 
 # --- repo writers ---------------------------------------------------------------------------------
 
+
 def seed_for(repo_id: str) -> int:
     """A fixed seed per repo, so a repo's files do not depend on what else is built."""
     return zlib.crc32(repo_id.encode())
@@ -153,7 +173,9 @@ def model_writer(name: str, tokenizer, full_shapes: bool) -> Callable[[Path], No
         with torch.device("meta"):
             published = shape_summary(model_from_config(config_from_fields(config_fields(name))))
         if shape_summary(model) != published:
-            raise AssertionError(f"the mini {name} lost a published count: {shape_summary(model)} != {published}")
+            raise AssertionError(
+                f"the mini {name} lost a published count: {shape_summary(model)} != {published}"
+            )
         if spec.ours:
             write_llamba(model, fields, folder)
         else:
@@ -171,7 +193,11 @@ def write_llamba(model: torch.nn.Module, fields: dict, folder: Path) -> None:
     state = model.state_dict()
     if fields["tie_embeddings"]:
         del state["lm_head.weight"]
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (folder / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
 
 
@@ -205,14 +231,18 @@ def write_tokenizer_repo_config(folder: Path) -> None:
     """transformers 5 reads a repo's config.json before its tokenizer files. A repo the book takes
     only a tokenizer from (Meta's base Llama of a Llamba) holds its model's full config on the
     hub; here it holds the model type, which is all the tokenizer loader reads."""
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, indent=2) + "\n")
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, indent=2) + "\n"
+    )
 
 
 # Llama-3's pre-tokenizer, as Meta's tokenizer (`pat_str`, the same as tiktoken's cl100k_base)
 # and its tokenizer.json (a Split, then byte-level BPE) have it: numbers in runs of up to three
 # digits with no leading space, a space before a digit a token of its own.
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 LLAMA3_BOS, LLAMA3_EOS = "<|begin_of_text|>", "<|end_of_text|>"
 
 
@@ -227,17 +257,35 @@ def llama3_tokenizer(vocab_size: int = 2000):
     from .tasks import kv_items
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    corpus = [c + x for items in (kv_items(k, 50, seed=k, query=q, form=f) for k in (4, 8, 16) for q in ("paper", "repeat")
-                                  for f in ("released", "spaced")) for it in items for c, x in it.pairs[:1]]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[LLAMA3_BOS, LLAMA3_EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [
+        c + x
+        for items in (
+            kv_items(k, 50, seed=k, query=q, form=f)
+            for k in (4, 8, 16)
+            for q in ("paper", "repeat")
+            for f in ("released", "spaced")
+        )
+        for it in items
+        for c, x in it.pairs[:1]
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[LLAMA3_BOS, LLAMA3_EOS],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer)
     bos = tok.token_to_id(LLAMA3_BOS)
-    tok.post_processor = processors.TemplateProcessing(single=f"{LLAMA3_BOS} $A", special_tokens=[(LLAMA3_BOS, bos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{LLAMA3_BOS} $A", special_tokens=[(LLAMA3_BOS, bos)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=LLAMA3_BOS, eos_token=LLAMA3_EOS)
 
 
@@ -250,8 +298,13 @@ def smollm2_tokenizer():
 
 # --- datasets -------------------------------------------------------------------------------------
 
+
 def _fixture(name: str) -> list[dict]:
-    return [json.loads(line) for line in (paths.data() / "fixtures" / name).read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in (paths.data() / "fixtures" / name).read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def _gold(row: dict) -> int:
@@ -267,18 +320,31 @@ def _pair(row: dict, i: int) -> tuple[list[str], int]:
 
 
 def mmlu_rows(split: str) -> list[dict]:
-    return [{k: r[k] for k in ("question", "subject", "choices", "answer")}
-            for r in _fixture("mmlu.jsonl") if r["split"] == split]
+    return [
+        {k: r[k] for k in ("question", "subject", "choices", "answer")}
+        for r in _fixture("mmlu.jsonl")
+        if r["split"] == split
+    ]
 
 
 def arc_rows(tasks: tuple[str, ...]) -> list[dict]:
-    return [{k: r[k] for k in ("id", "question", "choices", "answerKey")}
-            for r in _fixture("knowledge.jsonl") if r["task"] in tasks]
+    return [
+        {k: r[k] for k in ("id", "question", "choices", "answerKey")}
+        for r in _fixture("knowledge.jsonl")
+        if r["task"] in tasks
+    ]
 
 
 def openbookqa_rows() -> list[dict]:
-    return [{"id": r["id"], "question_stem": r["question"], "choices": r["choices"], "answerKey": r["answerKey"]}
-            for r in _fixture("knowledge.jsonl")]
+    return [
+        {
+            "id": r["id"],
+            "question_stem": r["question"],
+            "choices": r["choices"],
+            "answerKey": r["answerKey"],
+        }
+        for r in _fixture("knowledge.jsonl")
+    ]
 
 
 def piqa_rows() -> list[dict]:
@@ -290,18 +356,35 @@ def piqa_rows() -> list[dict]:
 
 
 def hellaswag_rows() -> list[dict]:
-    return [{"ind": i, "activity_label": r["task"].capitalize(), "ctx_a": r["question"], "ctx_b": "",
-             "ctx": r["question"], "endings": r["choices"]["text"], "source_id": r["id"], "split": "val",
-             "split_type": "indomain", "label": str(_gold(r))}
-            for i, r in enumerate(_fixture("knowledge.jsonl"))]
+    return [
+        {
+            "ind": i,
+            "activity_label": r["task"].capitalize(),
+            "ctx_a": r["question"],
+            "ctx_b": "",
+            "ctx": r["question"],
+            "endings": r["choices"]["text"],
+            "source_id": r["id"],
+            "split": "val",
+            "split_type": "indomain",
+            "label": str(_gold(r)),
+        }
+        for i, r in enumerate(_fixture("knowledge.jsonl"))
+    ]
 
 
 def winogrande_rows() -> list[dict]:
     rows = []
     for i, r in enumerate(_fixture("knowledge.jsonl")):
         (option1, option2), label = _pair(r, i)
-        rows.append({"sentence": f"{r['question']} _ is the answer.", "option1": option1, "option2": option2,
-                     "answer": str(label + 1)})
+        rows.append(
+            {
+                "sentence": f"{r['question']} _ is the answer.",
+                "option1": option1,
+                "option2": option2,
+                "answer": str(label + 1),
+            }
+        )
     return rows
 
 
@@ -311,31 +394,60 @@ def dataset_features(kind: str):
 
     text = Value("string")
     choices = {"text": List(text), "label": List(text)}
-    return Features({
-        "mmlu": {"question": text, "subject": text, "choices": List(text), "answer": ClassLabel(names=list("ABCD"))},
-        "arc": {"id": text, "question": text, "choices": choices, "answerKey": text},
-        "openbookqa": {"id": text, "question_stem": text, "choices": choices, "answerKey": text},
-        "piqa": {"goal": text, "sol1": text, "sol2": text, "label": Value("int64")},
-        "hellaswag": {"ind": Value("int32"), "activity_label": text, "ctx_a": text, "ctx_b": text, "ctx": text,
-                      "endings": List(text), "source_id": text, "split": text, "split_type": text, "label": text},
-        "winogrande": {"sentence": text, "option1": text, "option2": text, "answer": text},
-        "gsm8k": {"question": text, "answer": text},
-        "bbh": {"input": text, "target": text},
-        "swde": {"text": text, "value": text},
-    }[kind])
+    return Features(
+        {
+            "mmlu": {
+                "question": text,
+                "subject": text,
+                "choices": List(text),
+                "answer": ClassLabel(names=list("ABCD")),
+            },
+            "arc": {"id": text, "question": text, "choices": choices, "answerKey": text},
+            "openbookqa": {
+                "id": text,
+                "question_stem": text,
+                "choices": choices,
+                "answerKey": text,
+            },
+            "piqa": {"goal": text, "sol1": text, "sol2": text, "label": Value("int64")},
+            "hellaswag": {
+                "ind": Value("int32"),
+                "activity_label": text,
+                "ctx_a": text,
+                "ctx_b": text,
+                "ctx": text,
+                "endings": List(text),
+                "source_id": text,
+                "split": text,
+                "split_type": text,
+                "label": text,
+            },
+            "winogrande": {"sentence": text, "option1": text, "option2": text, "answer": text},
+            "gsm8k": {"question": text, "answer": text},
+            "bbh": {"input": text, "target": text},
+            "swde": {"text": text, "value": text},
+        }[kind]
+    )
 
 
 def dataset_sources() -> list[tuple[str, str | None, str, dict[str, list[dict]]]]:
     """(repo id, config, schema, rows per split) of every dataset the paper profile loads: MMLU
     and the knowledge tasks where `helpers.tasks.KNOWLEDGE_SOURCES` names them."""
-    knowledge = {"arc_easy": ("arc", arc_rows(("capitals", "everyday"))), "arc_challenge": ("arc", arc_rows(("symbols",))),
-                 "openbookqa": ("openbookqa", openbookqa_rows()), "piqa": ("piqa", piqa_rows()),
-                 "hellaswag": ("hellaswag", hellaswag_rows()), "winogrande": ("winogrande", winogrande_rows())}
+    knowledge = {
+        "arc_easy": ("arc", arc_rows(("capitals", "everyday"))),
+        "arc_challenge": ("arc", arc_rows(("symbols",))),
+        "openbookqa": ("openbookqa", openbookqa_rows()),
+        "piqa": ("piqa", piqa_rows()),
+        "hellaswag": ("hellaswag", hellaswag_rows()),
+        "winogrande": ("winogrande", winogrande_rows()),
+    }
     sources = [("cais/mmlu", "all", "mmlu", {"test": mmlu_rows("test"), "dev": mmlu_rows("dev")})]
     for task, (path, config, split) in KNOWLEDGE_SOURCES.items():
         kind, rows = knowledge[task]
         splits = {split: rows}
-        if task == "arc_challenge":  # lm-eval's arc_challenge_chat reads the train split too (its few-shot pool)
+        if (
+            task == "arc_challenge"
+        ):  # lm-eval's arc_challenge_chat reads the train split too (its few-shot pool)
             splits |= {"train": arc_rows(("capitals",)), "validation": arc_rows(("everyday",))}
         sources.append((path, config, kind, splits))
     return sources + generative_sources()
@@ -357,7 +469,9 @@ def _book_task(name: str, split: str) -> list[dict]:
 def gsm8k_rows(docs: list[dict]) -> list[dict]:
     """GSM8K's columns: the question, and an answer that works the steps, then ends in
     '#### <number>' (what lm-eval's strict-match filter reads)."""
-    return [{"question": d["question"], "answer": f"{d['solution']}\n#### {d['answer']}"} for d in docs]
+    return [
+        {"question": d["question"], "answer": f"{d['solution']}\n#### {d['answer']}"} for d in docs
+    ]
 
 
 def bbh_subtasks() -> list[str]:
@@ -366,22 +480,44 @@ def bbh_subtasks() -> list[str]:
     import yaml
 
     folder = Path(lm_eval.tasks.__file__).parent / "bbh" / "cot_fewshot"
-    return sorted(yaml.safe_load(p.read_text())["dataset_name"] for p in folder.glob("*.yaml") if p.stem[0] != "_")
+    return sorted(
+        yaml.safe_load(p.read_text())["dataset_name"]
+        for p in folder.glob("*.yaml")
+        if p.stem[0] != "_"
+    )
 
 
 def generative_sources() -> list[tuple[str, str | None, str, dict[str, list[dict]]]]:
     """GSM8K (train: its 5-shot pool; test), BBH (every subtask's test split; its few-shot examples
     are in lm-eval's YAMLs) and SWDE (validation: a page, then the field asked for)."""
     arithmetic = _book_task("arithmetic_words", "test")
-    bbh = [{"input": f"{r['question']} Options: {', '.join(r['choices']['text'])}",
-            "target": r["choices"]["text"][_gold(r)]} for r in _fixture("knowledge.jsonl")]
-    swde = [{"text": f"{d['page']}\n{d['field']}:", "value": d["answer"]} for d in _book_task("page_field", "test")]
-    return ([(*GSM8K, "gsm8k", {"train": gsm8k_rows(arithmetic[:8]), "test": gsm8k_rows(arithmetic[8:])})]
-            + [(BBH, subtask, "bbh", {"test": bbh}) for subtask in bbh_subtasks()]
-            + [(*SWDE, "swde", {"validation": swde})])
+    bbh = [
+        {
+            "input": f"{r['question']} Options: {', '.join(r['choices']['text'])}",
+            "target": r["choices"]["text"][_gold(r)],
+        }
+        for r in _fixture("knowledge.jsonl")
+    ]
+    swde = [
+        {"text": f"{d['page']}\n{d['field']}:", "value": d["answer"]}
+        for d in _book_task("page_field", "test")
+    ]
+    return (
+        [
+            (
+                *GSM8K,
+                "gsm8k",
+                {"train": gsm8k_rows(arithmetic[:8]), "test": gsm8k_rows(arithmetic[8:])},
+            )
+        ]
+        + [(BBH, subtask, "bbh", {"test": bbh}) for subtask in bbh_subtasks()]
+        + [(*SWDE, "swde", {"validation": swde})]
+    )
 
 
-def write_dataset(hf_home: Path, repo_id: str, config: str | None, kind: str, splits: dict[str, list[dict]]) -> Path:
+def write_dataset(
+    hf_home: Path, repo_id: str, config: str | None, kind: str, splits: dict[str, list[dict]]
+) -> Path:
     """One dataset as `datasets` prepares it, where it looks offline:
     datasets/<namespace>___<name>/<config>/0.0.0/<hash>/ with dataset_info.json and
     <name>-<split>.arrow, made by datasets' own Parquet builder from Parquet files of the rows.
@@ -394,16 +530,31 @@ def write_dataset(hf_home: Path, repo_id: str, config: str | None, kind: str, sp
     namespace, name = repo_id.split("/")
     config_name = config or "default"
     features = dataset_features(kind)
-    digest = hashlib.sha1(json.dumps([repo_id, config_name, splits], sort_keys=True).encode()).hexdigest()
-    target = hf_home / "datasets" / f"{namespace}___{camelcase_to_snakecase(name)}" / config_name / "0.0.0" / digest
+    digest = hashlib.sha1(
+        json.dumps([repo_id, config_name, splits], sort_keys=True).encode()
+    ).hexdigest()
+    target = (
+        hf_home
+        / "datasets"
+        / f"{namespace}___{camelcase_to_snakecase(name)}"
+        / config_name
+        / "0.0.0"
+        / digest
+    )
     shutil.rmtree(target.parent.parent, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
         for split, rows in splits.items():
             files[split] = str(Path(tmp) / f"{split}.parquet")
             pq.write_table(pa.Table.from_pylist(rows, schema=features.arrow_schema), files[split])
-        builder = Parquet(cache_dir=str(Path(tmp) / "cache"), dataset_name=name, config_name=config_name,
-                          hash=digest, data_files=files, features=features)
+        builder = Parquet(
+            cache_dir=str(Path(tmp) / "cache"),
+            dataset_name=name,
+            config_name=config_name,
+            hash=digest,
+            data_files=files,
+            features=features,
+        )
         prepared = Path(tmp) / "prepared"
         builder.download_and_prepare(output_dir=str(prepared))
         target.mkdir(parents=True)
@@ -415,7 +566,10 @@ def write_dataset(hf_home: Path, repo_id: str, config: str | None, kind: str, sp
 
 # --- the whole hub --------------------------------------------------------------------------------
 
-def build(directory: str | Path, full_shapes: bool = False, models: list[str] | None = None) -> Path:
+
+def build(
+    directory: str | Path, full_shapes: bool = False, models: list[str] | None = None
+) -> Path:
     """Write the mini-hub into `directory` (an HF_HOME) and return it. `models` (default: every
     paper model) picks the model repos; their tokenizer repos and all datasets come along.
     Deterministic: the same call writes the same bytes."""
@@ -425,7 +579,9 @@ def build(directory: str | Path, full_shapes: bool = False, models: list[str] | 
     if unknown:
         raise KeyError(f"not paper models: {unknown}; paper models: {', '.join(paper_models())}")
     tokenizer = smollm2_tokenizer()
-    model_repos = {MODELS[name].hub_id: model_writer(name, tokenizer, full_shapes) for name in models}
+    model_repos = {
+        MODELS[name].hub_id: model_writer(name, tokenizer, full_shapes) for name in models
+    }
     tokenizer_repos = {MODELS[name].tokenizer_id or MODELS[name].hub_id for name in models}
     for repo_id in sorted(model_repos.keys() | tokenizer_repos):
         if repo_id in model_repos:
@@ -443,18 +599,34 @@ def build(directory: str | Path, full_shapes: bool = False, models: list[str] | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m helpers.minihub", description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", help="the HF_HOME to write (then run with HF_HOME=DIR HF_HUB_OFFLINE=1 GA_DEVICE=cpu)")
-    parser.add_argument("--full-shapes", action="store_true", help="published widths too (random bf16 weights, ~116 GB)")
-    parser.add_argument("--models", nargs="+", metavar="NAME", help=f"paper models to write (default: all of {', '.join(paper_models())})")
+    parser = argparse.ArgumentParser(
+        prog="python -m helpers.minihub", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "directory",
+        help="the HF_HOME to write (then run with HF_HOME=DIR HF_HUB_OFFLINE=1 GA_DEVICE=cpu)",
+    )
+    parser.add_argument(
+        "--full-shapes",
+        action="store_true",
+        help="published widths too (random bf16 weights, ~116 GB)",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        metavar="NAME",
+        help=f"paper models to write (default: all of {', '.join(paper_models())})",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models or []) - set(paper_models()))
     if unknown:
         parser.error(f"not paper models: {', '.join(unknown)}")
     start = time.perf_counter()
     hf_home = build(args.directory, full_shapes=args.full_shapes, models=args.models)
-    print(f"mini-hub written to {hf_home} in {time.perf_counter() - start:.1f} s; use it with "
-          f"HF_HOME={hf_home} HF_HUB_OFFLINE=1 GA_DEVICE=cpu")
+    print(
+        f"mini-hub written to {hf_home} in {time.perf_counter() - start:.1f} s; use it with "
+        f"HF_HOME={hf_home} HF_HUB_OFFLINE=1 GA_DEVICE=cpu"
+    )
 
 
 if __name__ == "__main__":

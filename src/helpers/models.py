@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .progress import quiet
 from .registry import MODELS, Loaded, ModelSpec, spec
 
+
 class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here; the message names the fix."""
 
@@ -56,7 +57,9 @@ def gguf_file(name: str) -> Path:
         import tempfile
 
         # A file of its own per process: two test lanes, or two chapters, may assemble it at once.
-        fd, partial = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
+        fd, partial = tempfile.mkstemp(
+            prefix=target.name + ".", suffix=".partial", dir=target.parent
+        )
         partial = Path(partial)
         try:
             with open(fd, "wb") as out:
@@ -72,11 +75,16 @@ def gguf_file(name: str) -> Path:
 
 def _package_file(source, package: str, number: int) -> Path:
     found = importlib.util.find_spec(package.replace("-", "_"))
-    path = (Path(list(found.submodule_search_locations)[0]) / source.member.format(number)
-            if found is not None and found.submodule_search_locations else None)
+    path = (
+        Path(list(found.submodule_search_locations)[0]) / source.member.format(number)
+        if found is not None and found.submodule_search_locations
+        else None
+    )
     if path is None or not path.exists():
-        raise ModelUnavailable(f"{package}=={source.version} is {'not installed' if path is None else f'missing {path.name}'}"
-                               f": run `{source.pip_command()}`")
+        raise ModelUnavailable(
+            f"{package}=={source.version} is {'not installed' if path is None else f'missing {path.name}'}"
+            f": run `{source.pip_command()}`"
+        )
     return path
 
 
@@ -95,9 +103,11 @@ def _checked(path: Path, source, name: str, remove: Path | None = None) -> Path:
         return path
     if remove is not None:
         remove.unlink()
-    raise ModelUnavailable(f"{path} is not the GGUF file of {name} (SHA-256 differs): reinstall its packages "
-                           f"with `{source.pip_command().replace('--no-deps', '--no-deps --force-reinstall')}`"
-                           + ("" if remove is not None or not source.split else f" and delete {path}"))
+    raise ModelUnavailable(
+        f"{path} is not the GGUF file of {name} (SHA-256 differs): reinstall its packages "
+        f"with `{source.pip_command().replace('--no-deps', '--no-deps --force-reinstall')}`"
+        + ("" if remove is not None or not source.split else f" and delete {path}")
+    )
 
 
 def _hub_offline() -> bool:
@@ -127,8 +137,11 @@ def paper_device(device: str | None = None) -> torch.device:
 
 def _gated(repo: str) -> str:
     """What a gated repo needs besides the download (huggingface_hub 2.x's CLI is `hf`)."""
-    return f" (Meta's models are gated: accept the licence on the model's page and `{HF_LOGIN}` first)" \
-        if repo.startswith("meta-llama/") else ""
+    return (
+        f" (Meta's models are gated: accept the licence on the model's page and `{HF_LOGIN}` first)"
+        if repo.startswith("meta-llama/")
+        else ""
+    )
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -141,8 +154,10 @@ def dtype_override() -> torch.dtype | None:
     if not name:
         return None
     if name not in DTYPES:
-        raise ConfigError(f"GA_DTYPE={name!r} is not a dtype the models load in: set one of {', '.join(DTYPES)}, "
-                          f"or unset it (paper models: bfloat16 on a GPU, float32 on CPU; CPU models: their registered one)")
+        raise ConfigError(
+            f"GA_DTYPE={name!r} is not a dtype the models load in: set one of {', '.join(DTYPES)}, "
+            f"or unset it (paper models: bfloat16 on a GPU, float32 on CPU; CPU models: their registered one)"
+        )
     return DTYPES[name]
 
 
@@ -162,7 +177,11 @@ def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) ->
         # What transformers reads first: the model's config, and the tokenizer repo's config (to
         # pick the tokenizer class) and tokenizer config.
         tokenizer_repo = s.tokenizer_id or s.hub_id
-        needed = [(s.hub_id, "config.json"), (tokenizer_repo, "config.json"), (tokenizer_repo, "tokenizer_config.json")]
+        needed = [
+            (s.hub_id, "config.json"),
+            (tokenizer_repo, "config.json"),
+            (tokenizer_repo, "tokenizer_config.json"),
+        ]
         for repo, filename in needed:
             if not isinstance(try_to_load_from_cache(repo, filename), str):
                 raise ModelUnavailable(
@@ -172,7 +191,9 @@ def check_paper_model(s: ModelSpec, device: torch.device, dtype: torch.dtype) ->
                 )
 
 
-def check_gpu(s: ModelSpec, dtype: torch.dtype, device: torch.device = torch.device("cuda")) -> None:
+def check_gpu(
+    s: ModelSpec, dtype: torch.dtype, device: torch.device = torch.device("cuda")
+) -> None:
     """A visible GPU with room for the model's weights, counted from its config (nothing allocated)."""
     if not torch.cuda.is_available():
         raise ModelUnavailable(
@@ -224,11 +245,14 @@ def contiguous_head_input(model) -> None:
     batch's time. Every input that is contiguous already passes through as it is."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:
-        head.register_forward_pre_hook(lambda module, args: tuple(a.contiguous() if torch.is_tensor(a) else a
-                                                                  for a in args))
+        head.register_forward_pre_hook(
+            lambda module, args: tuple(a.contiguous() if torch.is_tensor(a) else a for a in args)
+        )
 
 
-def _packaged(s: ModelSpec, dtype: torch.dtype | None, device: str | None, cached: bool = True) -> Loaded:
+def _packaged(
+    s: ModelSpec, dtype: torch.dtype | None, device: str | None, cached: bool = True
+) -> Loaded:
     """A CPU-tier model from its GGUF file, in `dtype` (default: its registered one). Dequantizing
     it takes most of a minute for Qwen, so the result is kept in the cache folder
     (`dequantized_copy`) and later loads read that copy through transformers' safetensors path
@@ -261,7 +285,11 @@ def packaged_config(name: str, dtype: torch.dtype | None = None):
 
     gguf = gguf_file(name)
     copy = dequantized_copy(name, dtype or getattr(torch, spec(name).dtype))
-    return AutoConfig.from_pretrained(copy) if copy is not None else AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return (
+        AutoConfig.from_pretrained(copy)
+        if copy is not None
+        else AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    )
 
 
 SPARE_BYTES = 1 << 30  # left free on the cache's disk after a dequantized copy is written
@@ -275,8 +303,15 @@ def dequantization_key(name: str, dtype: torch.dtype) -> dict:
     A copy made under any other key is not used."""
     from importlib.metadata import version
 
-    return {"model": name, "gguf_sha256": spec(name).gguf.sha256, "dtype": str(dtype).removeprefix("torch."),
-            **{package: version(package) for package in ("gguf", "transformers", "torch", "safetensors")}}
+    return {
+        "model": name,
+        "gguf_sha256": spec(name).gguf.sha256,
+        "dtype": str(dtype).removeprefix("torch."),
+        **{
+            package: version(package)
+            for package in ("gguf", "transformers", "torch", "safetensors")
+        },
+    }
 
 
 def dequantized_folder(name: str, dtype: torch.dtype) -> Path:
@@ -326,25 +361,50 @@ def cached() -> list[dict]:
     dtype (copies), size and whether the current code would use it."""
     rows = []
     for path in sorted(paths.cache_dir().glob("*")):
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        size = (
+            sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            if path.is_dir()
+            else path.stat().st_size
+        )
         if path.name.endswith(".dequantized"):
             key = _copy_key(path)
-            name, dtype = key.get("model", path.name.rsplit(".", 3)[0]), DTYPES.get(key.get("dtype"))
-            current = name in MODELS and dtype is not None and path == dequantized_folder(name, dtype)
-            rows.append({"path": path, "model": name, "kind": f"dequantized, {key.get('dtype', '?')}",
-                         "bytes": size, "current": current})
+            name, dtype = (
+                key.get("model", path.name.rsplit(".", 3)[0]),
+                DTYPES.get(key.get("dtype")),
+            )
+            current = (
+                name in MODELS and dtype is not None and path == dequantized_folder(name, dtype)
+            )
+            rows.append(
+                {
+                    "path": path,
+                    "model": name,
+                    "kind": f"dequantized, {key.get('dtype', '?')}",
+                    "bytes": size,
+                    "current": current,
+                }
+            )
         elif path.suffix == ".gguf":
             name = path.name.rsplit(".", 2)[0]  # <model>.<sha256[:12]>.gguf
             gguf = MODELS[name].gguf if name in MODELS else None
-            rows.append({"path": path, "model": name, "kind": "GGUF", "bytes": size,
-                         "current": gguf is not None and path.name == f"{name}.{gguf.sha256[:12]}.gguf"})
+            rows.append(
+                {
+                    "path": path,
+                    "model": name,
+                    "kind": "GGUF",
+                    "bytes": size,
+                    "current": gguf is not None and path.name == f"{name}.{gguf.sha256[:12]}.gguf",
+                }
+            )
     return rows
 
 
-
 def _file_stamps(folder: Path, files) -> str:
-    return "".join(f"{f}\n{(folder / f).stat().st_size}\n{(folder / f).stat().st_mtime_ns}\n"
-                   for f in sorted(files) if (folder / f).exists())
+    return "".join(
+        f"{f}\n{(folder / f).stat().st_size}\n{(folder / f).stat().st_mtime_ns}\n"
+        for f in sorted(files)
+        if (folder / f).exists()
+    )
 
 
 def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | None:
@@ -360,14 +420,20 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
     target = dequantized_folder(name, dtype)
     tensors, seen = {}, set()
     for key, tensor in model.state_dict().items():
-        if tensor.data_ptr() not in seen:  # a tied weight (lm_head = embeddings): the model ties it on load
+        if (
+            tensor.data_ptr() not in seen
+        ):  # a tied weight (lm_head = embeddings): the model ties it on load
             seen.add(tensor.data_ptr())
             tensors[key] = tensor
     size, free = sum(t.nbytes for t in tensors.values()), shutil.disk_usage(target.parent).free
     if free < size + SPARE_BYTES:
-        print(f"{name}: no dequantized copy kept in {target.parent} ({size / 2**30:.1f} GB, {free / 2**30:.1f} GB "
-              f"free): the next load dequantizes the GGUF again; free disk space or set GA_CACHE elsewhere "
-              f"(`python -m helpers.cache` lists what is there)", file=sys.stderr, flush=True)
+        print(
+            f"{name}: no dequantized copy kept in {target.parent} ({size / 2**30:.1f} GB, {free / 2**30:.1f} GB "
+            f"free): the next load dequantizes the GGUF again; free disk space or set GA_CACHE elsewhere "
+            f"(`python -m helpers.cache` lists what is there)",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     partial = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".partial", dir=target.parent))
     try:
@@ -381,14 +447,20 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
             model.generation_config.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         files = {p.name: file_sha256(p) for p in sorted(partial.iterdir())}
-        (partial / MANIFEST).write_text(json.dumps({"key": dequantization_key(name, dtype), "files": files}, indent=2))
-        (partial / VERIFIED).write_text(_file_stamps(partial, files))  # just hashed: the first read need not hash again
+        (partial / MANIFEST).write_text(
+            json.dumps({"key": dequantization_key(name, dtype), "files": files}, indent=2)
+        )
+        (partial / VERIFIED).write_text(
+            _file_stamps(partial, files)
+        )  # just hashed: the first read need not hash again
         try:
             partial.rename(target)
         except OSError:  # another process put a copy there first: keep it
             return None
         dtype_name = dequantization_key(name, dtype)["dtype"]
-        for old in target.parent.glob(f"{name}.*.dequantized"):  # the same dtype's copies made by other code
+        for old in target.parent.glob(
+            f"{name}.*.dequantized"
+        ):  # the same dtype's copies made by other code
             if old != target and _copy_key(old).get("dtype", dtype_name) == dtype_name:
                 shutil.rmtree(old, ignore_errors=True)
         return target
@@ -408,7 +480,9 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     revision = paths.pinned_revision("models", s.hub_id)  # None: the hub's main
     try:
         tokenizer_repo = s.tokenizer_id or s.hub_id
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_repo, revision=paths.pinned_revision("models", tokenizer_repo))
+        tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_repo, revision=paths.pinned_revision("models", tokenizer_repo)
+        )
         if s.ours:
             from .llamba import LlambaForCausalLM
 
@@ -418,9 +492,12 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     except OSError as e:  # transformers' and huggingface_hub's "cannot fetch" errors
         raise ModelUnavailable(
             f"{s.hub_id} could not be loaded: it must be in the local Hugging Face cache or the hub "
-            f"must be reachable (run `{hf_download(s.hub_id)}`{_gated(s.hub_id)}). The cause: {e}") from e
+            f"must be reachable (run `{hf_download(s.hub_id)}`{_gated(s.hub_id)}). The cause: {e}"
+        ) from e
     config = try_to_load_from_cache(s.hub_id, "config.json", revision=revision)
-    snapshot = Path(config).parent.name if isinstance(config, str) else "unknown"  # the hub snapshot loaded
+    snapshot = (
+        Path(config).parent.name if isinstance(config, str) else "unknown"
+    )  # the hub snapshot loaded
     # The dtype too, as for the packaged models: a store computed in another one stops the run
     # (`protocol.base.open_store`) instead of serving float32 numbers to a bfloat16 run.
     snapshot = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"
@@ -433,7 +510,11 @@ def config_fields(name: str) -> dict:
     stem = MODELS[name].config_name if name in MODELS else name
     path = paths.data() / "configs" / f"{stem}.json"
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in (paths.data() / "configs").glob("*.json") if p.stem != "revisions"))
+        known = ", ".join(
+            sorted(
+                p.stem for p in (paths.data() / "configs").glob("*.json") if p.stem != "revisions"
+            )
+        )
         raise KeyError(f"no config for {name!r} in data/configs; known: {known}")
     return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 

@@ -19,14 +19,16 @@ import torch
 from .tasks import FEWSHOT_DELIMITER, Item
 
 
-def encode_pair(tokenizer, context: str, continuation: str, verbatim: bool = False) -> tuple[list[int], list[int]]:
+def encode_pair(
+    tokenizer, context: str, continuation: str, verbatim: bool = False
+) -> tuple[list[int], list[int]]:
     if not verbatim:
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces:
             context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     whole = tokenizer.encode(context + continuation)
     ctx = tokenizer.encode(context)
-    return ctx, whole[len(ctx):]
+    return ctx, whole[len(ctx) :]
 
 
 def default_batch_tokens(device: torch.device) -> int:
@@ -117,7 +119,9 @@ def pack(items: list[Item], tokenizer, shared_rows: bool, max_row_tokens: int = 
     encoded = [encode_pair(tokenizer, c, x, it.verbatim) for it in items for c, x in it.pairs]
     for (ctx, cont), (c, x) in zip(encoded, [p for it in items for p in it.pairs]):
         if not ctx or not cont:
-            raise ValueError(f"empty context or continuation after tokenisation: {c[-40:]!r} / {x!r}")
+            raise ValueError(
+                f"empty context or continuation after tokenisation: {c[-40:]!r} / {x!r}"
+            )
     contexts = [c for it in items for c, _ in it.pairs]
     units: dict[tuple, list[int]] = {}  # a model input (shared rows: a context) -> its pairs
     for p, (ctx, cont) in enumerate(encoded):
@@ -131,10 +135,16 @@ def pack(items: list[Item], tokenizer, shared_rows: bool, max_row_tokens: int = 
     for prefix, keys in groups.items():
         row = None
         for key in keys:
-            body = list(key[len(prefix):])
+            body = list(key[len(prefix) :])
             size = len(body) + sum(len(encoded[p][1]) - 1 for p in units[key])
             if row is None or (prefix and len(row[0]) + size > max_row_tokens) or not prefix:
-                row = (list(prefix), list(range(len(prefix))), [-1] * len(prefix), [0] * len(prefix), [])
+                row = (
+                    list(prefix),
+                    list(range(len(prefix))),
+                    [-1] * len(prefix),
+                    [0] * len(prefix),
+                    [],
+                )
                 rows.append(row)
             tokens, pos, unit, choice, scored = row
             u = max(unit, default=-1) + 1
@@ -171,7 +181,18 @@ def pack(items: list[Item], tokenizer, shared_rows: bool, max_row_tokens: int = 
         allowed |= torch.eye(T, dtype=torch.bool)  # pads read themselves (no empty softmax rows)
     scored = [(i, q, t, p) for i, r in enumerate(rows) for q, t, p in r[4]]
     r, q, t, p = (torch.tensor(c) for c in zip(*scored))
-    return Rows(ids, torch.tensor([len(r[0]) for r in rows]), positions, allowed, r, q, t, p, len(encoded), pad)
+    return Rows(
+        ids,
+        torch.tensor([len(r[0]) for r in rows]),
+        positions,
+        allowed,
+        r,
+        q,
+        t,
+        p,
+        len(encoded),
+        pad,
+    )
 
 
 @dataclass
@@ -205,14 +226,16 @@ class RowBatch:
         blocks = []
         for block in at.split(SITE_BLOCK):
             filled = torch.cat([block, block.new_zeros(SITE_BLOCK - len(block), *block.shape[1:])])
-            blocks.append(torch.log_softmax(head(filled).float(), dim=-1)[:len(block)])
+            blocks.append(torch.log_softmax(head(filled).float(), dim=-1)[: len(block)])
         logp = torch.cat(blocks)
         return logp[self.site_of.to(hidden.device), self.target.to(hidden.device)]
 
 
 SITE_BLOCK = 64  # scored positions per pass of the vocabulary projection
 MAX_ROWS = 128  # rows per forward at most, whatever the budget (a GPU's budget is large)
-ONE_ROW = 1  # a batch budget below any row's width: every row a forward pass of its own, no filler rows
+ONE_ROW = (
+    1  # a batch budget below any row's width: every row a forward pass of its own, no filler rows
+)
 
 
 def bucket_width(length: int) -> int:
@@ -240,7 +263,9 @@ def batches(rows: Rows, batch_tokens: int) -> tuple[Rows, list[RowBatch]]:
     16 keys, 20% on 500 short letter questions, where the partial batches weigh most)."""
     widths = [bucket_width(int(n)) for n in rows.lengths]
     order: list[int] = []  # for each laid-out row, the packed row it holds (-1: a filler row)
-    spans: list[tuple[int, int, int, int]] = []  # (first laid-out row, rows, width, real rows) of each batch
+    spans: list[
+        tuple[int, int, int, int]
+    ] = []  # (first laid-out row, rows, width, real rows) of each batch
     start = 0
     while start < len(widths):
         width = widths[start]
@@ -257,8 +282,19 @@ def batches(rows: Rows, batch_tokens: int) -> tuple[Rows, list[RowBatch]]:
         sel = (laid.row >= first) & (laid.row < first + size)
         row, pos = laid.row[sel] - first, laid.pos[sel]
         sites, site_of = torch.unique(row * width + pos, return_inverse=True)
-        out.append(RowBatch(torch.arange(first, first + size), width, row, pos, laid.target[sel], laid.pair[sel],
-                            sites, site_of, n_real))
+        out.append(
+            RowBatch(
+                torch.arange(first, first + size),
+                width,
+                row,
+                pos,
+                laid.target[sel],
+                laid.pair[sel],
+                sites,
+                site_of,
+                n_real,
+            )
+        )
     return laid, out
 
 
@@ -274,10 +310,22 @@ def _laid_out(rows: Rows, order: list[int], width: int) -> Rows:
     lengths = torch.zeros(n, dtype=rows.lengths.dtype)
     lengths[at] = rows.lengths[real]
     allowed = None
-    if rows.allowed is not None:  # pads and filler rows read themselves only (no empty softmax rows)
+    if (
+        rows.allowed is not None
+    ):  # pads and filler rows read themselves only (no empty softmax rows)
         allowed = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)
         allowed[at, :T, :T] = rows.allowed[real]
     new_index = torch.empty(len(rows.ids), dtype=torch.long)
     new_index[real] = at
-    return Rows(ids, lengths, positions, allowed, new_index[rows.row], rows.pos, rows.target, rows.pair,
-                rows.n_pairs, rows.pad_id)
+    return Rows(
+        ids,
+        lengths,
+        positions,
+        allowed,
+        new_index[rows.row],
+        rows.pos,
+        rows.target,
+        rows.pair,
+        rows.n_pairs,
+        rows.pad_id,
+    )

@@ -27,8 +27,8 @@ from urllib.parse import quote
 
 from IPython.display import HTML, Markdown, display
 
-from .errors import ConfigError, InterventionError, StaleResults, StoreError
 from . import stats
+from .errors import ConfigError, InterventionError, StaleResults, StoreError
 from .verdicts import CHECK, Verdict, overall, tested_note
 
 if TYPE_CHECKING:  # pandas loads in 0.4 s: not before a chapter's parameters are checked
@@ -58,7 +58,9 @@ def start(chapter: str) -> None:
     parameters cell; the kernel's input history holds both, and the names each assigns are
     compared. In a kernel, figures are drawn as PNG and SVG. Outside a kernel, nothing."""
     ipython = sys.modules.get("IPython")  # not imported: not in a kernel
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    shell = (
+        ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    )
     if hasattr(shell, "set_custom_exc"):
         shell.set_custom_exc(USER_ERRORS, _one_line)
     history = getattr(shell, "user_ns", {}).get("In", [])
@@ -66,10 +68,16 @@ def start(chapter: str) -> None:
         if history[i].lstrip().startswith("# Parameters"):
             injected, declared = _assigned(history[i]), _assigned(history[i - 1])
             if unknown := [n for n in injected if n not in declared and n not in PAPERMILL_NAMES]:
-                hints = [f"{n} -> {close[0]}" for n in unknown if (close := difflib.get_close_matches(n, declared, n=1))]
-                raise ConfigError(f"{chapter} has no parameter {', '.join(unknown)} (passed to papermill)"
-                                  f"{'; did you mean ' + ', '.join(hints) + '?' if hints else ''}"
-                                  f"; its parameters: {', '.join(declared)}")
+                hints = [
+                    f"{n} -> {close[0]}"
+                    for n in unknown
+                    if (close := difflib.get_close_matches(n, declared, n=1))
+                ]
+                raise ConfigError(
+                    f"{chapter} has no parameter {', '.join(unknown)} (passed to papermill)"
+                    f"{'; did you mean ' + ', '.join(hints) + '?' if hints else ''}"
+                    f"; its parameters: {', '.join(declared)}"
+                )
             break
     if type(shell).__name__ == "ZMQInteractiveShell":  # a kernel (papermill's, Jupyter's, Colab's)
         from matplotlib_inline.backend_inline import set_matplotlib_formats
@@ -90,8 +98,13 @@ def _assigned(source: str) -> list[str]:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    return [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+    return [
+        t.id
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name)
+    ]
 
 
 def _badge(outcome: str) -> str:
@@ -104,9 +117,13 @@ def verdict_html(verdicts: list[Verdict], subject: str) -> str:
         f"<li>{_badge(v.outcome)} <strong>{'check: ' if v.kind == CHECK else 'headline: ' if v.headline else ''}"
         f"{html.escape(v.claim)}</strong> "
         f"<span class='ga-source'>({html.escape(v.source)})</span><br>"
-        f"<span class='ga-evidence'>{html.escape(v.evidence)}</span></li>" for v in verdicts)
-    head = (f"{_badge(overall(verdicts))} <span>{html.escape(subject)}</span> "
-            f"<span class='ga-source'>({html.escape(tested_note(verdicts))})</span>")
+        f"<span class='ga-evidence'>{html.escape(v.evidence)}</span></li>"
+        for v in verdicts
+    )
+    head = (
+        f"{_badge(overall(verdicts))} <span>{html.escape(subject)}</span> "
+        f"<span class='ga-source'>({html.escape(tested_note(verdicts))})</span>"
+    )
     return f'<div class="ga-verdict"><p class="ga-verdict-head">{head}</p><ul>{items}</ul></div>'
 
 
@@ -126,22 +143,35 @@ def verdict(verdicts: list[Verdict], subject: str, provenance: dict, chapter: st
     target = os.environ.get("GA_PAGE_RECORD")
     if target:
         with open(target, "w") as f:
-            json.dump({"chapter": chapter, "subject": subject, "overall": overall(verdicts),
-                       "tested": tested_note(verdicts),
-                       "verdicts": [v.__dict__ for v in verdicts], "provenance": provenance}, f, indent=1)
+            json.dump(
+                {
+                    "chapter": chapter,
+                    "subject": subject,
+                    "overall": overall(verdicts),
+                    "tested": tested_note(verdicts),
+                    "verdicts": [v.__dict__ for v in verdicts],
+                    "provenance": provenance,
+                },
+                f,
+                indent=1,
+            )
 
 
 def publish(chapter, result) -> None:
     """`verdict` for a chapter module's run: its verdicts, subject and provenance."""
-    verdict(chapter.verdicts(result), chapter.subject(result), result.provenance, result.cfg.chapter)
+    verdict(
+        chapter.verdicts(result), chapter.subject(result), result.provenance, result.cfg.chapter
+    )
 
 
 def csv_link(frame: pd.DataFrame, name: str) -> str:
     """A link that downloads the frame's rows as `<name>.csv`, the file inside the link; a cell
     holding an estimate gives its numbers (`numeric`)."""
     data = quote(numeric(frame).to_csv(index=False))
-    return (f'<a class="ga-download" download="{html.escape(name)}.csv" '
-            f'href="data:text/csv;charset=utf-8,{data}">CSV</a>')
+    return (
+        f'<a class="ga-download" download="{html.escape(name)}.csv" '
+        f'href="data:text/csv;charset=utf-8,{data}">CSV</a>'
+    )
 
 
 def numeric(frame: pd.DataFrame) -> pd.DataFrame:
@@ -188,8 +218,14 @@ def _file_name(frame: pd.DataFrame) -> str:
     return words[:60] or "table"
 
 
-def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[str] = ("n",),
-          index: bool = False, name: str | None = None, rows: pd.DataFrame | None = None) -> None:
+def table(
+    frame: pd.DataFrame,
+    percent: Iterable[str] = (),
+    integer: Iterable[str] = ("n",),
+    index: bool = False,
+    name: str | None = None,
+    rows: pd.DataFrame | None = None,
+) -> None:
     """A DataFrame as an HTML table that fits a phone (it scrolls inside its own box): columns
     in `percent` as percentages, `integer` ones as whole numbers, estimates (a Score, a
     Difference, an Estimate) as their value and interval, text as it is; under it a link to its
@@ -198,23 +234,31 @@ def table(frame: pd.DataFrame, percent: Iterable[str] = (), integer: Iterable[st
     with two numbers in a cell, a range) downloads those `rows` instead."""
     formats = {c: "{:.1%}" for c in percent if c in frame.columns}
     formats |= {c: "{:.0f}" for c in integer if c in frame.columns}
-    formats |= {c: lambda v: _shown(v) if stats.numbers(v) else v for c in frame.columns
-                if c not in formats and frame[c].map(stats.numbers).notna().any()}
+    formats |= {
+        c: lambda v: _shown(v) if stats.numbers(v) else v
+        for c in frame.columns
+        if c not in formats and frame[c].map(stats.numbers).notna().any()
+    }
     styler = frame.style.format(formats, na_rep="-")
     if not index:
         styler = styler.hide(axis="index")
     if rows is None:
         rows = frame.reset_index() if index else frame
     link = csv_link(rows, _unique(name or _file_name(frame)))
-    display(HTML(f'<div class="ga-table">{styler.to_html()}</div><p class="ga-downloads">Download: {link}</p>'))
+    display(
+        HTML(
+            f'<div class="ga-table">{styler.to_html()}</div><p class="ga-downloads">Download: {link}</p>'
+        )
+    )
 
 
 def scores(frame: pd.DataFrame, label_columns: Iterable[str]) -> pd.DataFrame:
     """Rows of acc, lo, hi as one "accuracy [95% interval]" column of estimates ("68.0% [58.3,
     76.3]" on the page, the numbers in the CSV), beside their labels and n."""
     out = frame[list(label_columns)].copy()
-    out["accuracy [95% interval]"] = [stats.Estimate(a, lo, hi, percent=True)
-                                      for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)]
+    out["accuracy [95% interval]"] = [
+        stats.Estimate(a, lo, hi, percent=True) for a, lo, hi in zip(frame.acc, frame.lo, frame.hi)
+    ]
     out["n"] = frame.n.astype(int)
     return out
 
@@ -241,11 +285,13 @@ def near_ties(scores: dict[str, stats.Score], record: dict) -> None:
         return
     bound = stats.BFLOAT16_MARGIN
     listed = "; ".join(f"{name}: {k} of {n} ({k / n:.0%})" for name, (k, n) in counted.items())
-    note(f"**Near ties.** This run computes in bfloat16, which moves the difference between two choices' "
-         f"log-likelihoods by less than {bound} nats on 95% of items (measured against float32 on SmolLM2's KV "
-         f"prompts; letter questions move less). Items whose "
-         f"right answer is within {bound} nats of the best other choice, so that this rounding could make them "
-         f"right or wrong: {listed}. `GA_DTYPE=float32` reruns the chapter in float32.")
+    note(
+        f"**Near ties.** This run computes in bfloat16, which moves the difference between two choices' "
+        f"log-likelihoods by less than {bound} nats on 95% of items (measured against float32 on SmolLM2's KV "
+        f"prompts; letter questions move less). Items whose "
+        f"right answer is within {bound} nats of the best other choice, so that this rounding could make them "
+        f"right or wrong: {listed}. `GA_DTYPE=float32` reruns the chapter in float32."
+    )
 
 
 def provenance(record: dict) -> None:
@@ -255,18 +301,40 @@ def provenance(record: dict) -> None:
         commit += " (with uncommitted changes)"
     models = record.get("models", {})
     quantized = record.get("quantization", {})
-    rows = [("date (UTC)", record.get("date", "")), ("commit", commit), ("code version", record.get("code", "")),
-            ("profile", record.get("profile", "")),
-            ("models (revision)", "; ".join(f"{k} ({v})" for k, v in models.items())),
-            ("weights", "; ".join(f"{k}: {v}" for k, v in quantized.items()) or "as published (not quantized)"),
-            ("datasets (revision, fingerprint)", "; ".join(f"{k}: {v}" for k, v in record.get("datasets", {}).items())),
-            ("device", record.get("device", "")),
-            ("CUDA, driver", f"{record.get('cuda', '')}, {record.get('driver', '')}" if "cuda" in record else ""),
-            ("dtype", record.get("dtype", "")),
-            ("kernels", ", ".join(f"{k} {v}" for k, v in record.get("kernels", {}).items())),
-            ("packages", ", ".join(f"{k} {v}" for k, v in record.get("versions", {}).items())),
-            ("parameters", ", ".join(f"{k}={v}" for k, v in record.get("parameters", {}).items())),
-            ("run time", f"{record.get('wall_s', 0):.0f} s (results already in the store are not recomputed)")]
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-    display(HTML(f'<details class="ga-provenance"><summary>How this page was made</summary>'
-                 f'<div class="ga-table"><table>{cells}</table></div></details>'))
+    rows = [
+        ("date (UTC)", record.get("date", "")),
+        ("commit", commit),
+        ("code version", record.get("code", "")),
+        ("profile", record.get("profile", "")),
+        ("models (revision)", "; ".join(f"{k} ({v})" for k, v in models.items())),
+        (
+            "weights",
+            "; ".join(f"{k}: {v}" for k, v in quantized.items()) or "as published (not quantized)",
+        ),
+        (
+            "datasets (revision, fingerprint)",
+            "; ".join(f"{k}: {v}" for k, v in record.get("datasets", {}).items()),
+        ),
+        ("device", record.get("device", "")),
+        (
+            "CUDA, driver",
+            f"{record.get('cuda', '')}, {record.get('driver', '')}" if "cuda" in record else "",
+        ),
+        ("dtype", record.get("dtype", "")),
+        ("kernels", ", ".join(f"{k} {v}" for k, v in record.get("kernels", {}).items())),
+        ("packages", ", ".join(f"{k} {v}" for k, v in record.get("versions", {}).items())),
+        ("parameters", ", ".join(f"{k}={v}" for k, v in record.get("parameters", {}).items())),
+        (
+            "run time",
+            f"{record.get('wall_s', 0):.0f} s (results already in the store are not recomputed)",
+        ),
+    ]
+    cells = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
+    display(
+        HTML(
+            f'<details class="ga-provenance"><summary>How this page was made</summary>'
+            f'<div class="ga-table"><table>{cells}</table></div></details>'
+        )
+    )

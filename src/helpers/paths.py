@@ -41,8 +41,10 @@ def repository() -> Path:
         for folder in (start, *start.parents):
             if (folder / "_toc.yml").exists() and (folder / "pyproject.toml").exists():
                 return folder
-    raise FileNotFoundError("no book checkout found (a folder with _toc.yml and pyproject.toml): "
-                            "run from the repository's root")
+    raise FileNotFoundError(
+        "no book checkout found (a folder with _toc.yml and pyproject.toml): "
+        "run from the repository's root"
+    )
 
 
 @cache
@@ -56,7 +58,10 @@ def pinned_revision(kind: str, repo: str) -> str | None:
     """The hub commit `data/configs/revisions.json` pins for a model or dataset repo (`kind`:
     "models" or "datasets"), or None where it pins none (the hub's main is loaded)."""
     revision = _revisions()[kind].get(repo)
-    if revision is not None and not (len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)):
-        raise ValueError(f"data/configs/revisions.json pins {repo} to {revision!r}: write the 40-hex commit, or null")
+    if revision is not None and not (
+        len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+    ):
+        raise ValueError(
+            f"data/configs/revisions.json pins {repo} to {revision!r}: write the 40-hex commit, or null"
+        )
     return revision
-

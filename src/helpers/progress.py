@@ -24,13 +24,28 @@ def stream() -> TextIO | None:
     return open(path, "a", buffering=1) if path else None
 
 
-def bar(iterable: Iterable | None = None, desc: str = "", total: int | None = None, disable: bool = False, **kw):
+def bar(
+    iterable: Iterable | None = None,
+    desc: str = "",
+    total: int | None = None,
+    disable: bool = False,
+    **kw,
+):
     """A tqdm bar (see the module's docstring for where it is shown)."""
     out = stream()
     if out is not None:
         from tqdm.std import tqdm
 
-        return tqdm(iterable, desc=desc, total=total, disable=disable, file=out, mininterval=2, ascii=True, **kw)
+        return tqdm(
+            iterable,
+            desc=desc,
+            total=total,
+            disable=disable,
+            file=out,
+            mininterval=2,
+            ascii=True,
+            **kw,
+        )
     if importlib.util.find_spec("ipywidgets") is not None:
         from tqdm.auto import tqdm
     else:  # without ipywidgets tqdm.auto only warns and falls back to text

@@ -18,7 +18,6 @@ from datetime import datetime, timezone
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from . import kernels, paths
@@ -57,7 +56,9 @@ def code_version(package: Path | None = None, data: Path | None = None) -> str:
 def _code_version(package: Path, data: Path) -> str:
     digest = hashlib.sha256()
     for root, pattern in ((package, "**/*.py"), (data, "**/*")):
-        for path in sorted(p for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts):
+        for path in sorted(
+            p for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts
+        ):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
@@ -76,7 +77,9 @@ def _code_version(package: Path, data: Path) -> str:
 # heads, which every cell's key names). A chapter's own verdict, table and figure code sits in
 # its module, so editing it does recompute that chapter (no chapter imports another; editing a
 # module of `protocol`, which chapters share, recomputes the chapters that import it).
-PRESENTATION = frozenset({"book", "bookcheck", "page", "plots", "progress", "provenance", "reference", "verdicts"})
+PRESENTATION = frozenset(
+    {"book", "bookcheck", "page", "plots", "progress", "provenance", "reference", "verdicts"}
+)
 # The data folders no measurement reads: the paper's numbers, read through `reference` (above).
 PRESENTATION_DATA = frozenset({"reference"})
 
@@ -101,7 +104,9 @@ def measurement_version(module: str, package: Path | None = None, data: Path | N
     editing the scorer (`evaluate`) or a chapter's module changes the version of every module
     that reads it. `package` and `data` default to the installed package (`PACKAGE`) and
     `paths.data()`; both versions are computed once per process, as `code_version` is."""
-    return _measurement_version(_module_name(module, package or PACKAGE), package or PACKAGE, data or paths.data())
+    return _measurement_version(
+        _module_name(module, package or PACKAGE), package or PACKAGE, data or paths.data()
+    )
 
 
 def measurement_files(module: str, package: Path | None = None) -> list[str]:
@@ -109,7 +114,10 @@ def measurement_files(module: str, package: Path | None = None) -> list[str]:
     relative to the package, in order."""
     package = package or PACKAGE
     modules = _modules(package)
-    return sorted(modules[m].relative_to(package).as_posix() for m in _reads(_module_name(module, package), package))
+    return sorted(
+        modules[m].relative_to(package).as_posix()
+        for m in _reads(_module_name(module, package), package)
+    )
 
 
 @cache
@@ -125,7 +133,9 @@ def _measurement_version(module: str, package: Path, data: Path) -> str:
 @cache
 def _data_digest(data: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted(p for p in data.glob("**/*") if p.is_file() and "__pycache__" not in p.parts):
+    for path in sorted(
+        p for p in data.glob("**/*") if p.is_file() and "__pycache__" not in p.parts
+    ):
         rel = path.relative_to(data)
         if rel.parts[0] not in PRESENTATION_DATA:
             digest.update(str(rel).encode())
@@ -150,11 +160,15 @@ def _module_name(module: str, package: Path) -> str:
     for name in (module, f"{TOP}.experiments.{module}"):
         if name in modules:
             if name.removeprefix(f"{TOP}.") in PRESENTATION:
-                raise ValueError(f"{name} is presentation (provenance.PRESENTATION): it computes no stored number")
+                raise ValueError(
+                    f"{name} is presentation (provenance.PRESENTATION): it computes no stored number"
+                )
             return name
     chapters = sorted(m.rpartition(".")[2] for m in modules if m.startswith(f"{TOP}.experiments."))
-    raise ValueError(f"unknown module {module!r}: give a module of the package ({TOP}.experiments.layer_pruning) "
-                     f"or a chapter's name (one of {', '.join(chapters)})")
+    raise ValueError(
+        f"unknown module {module!r}: give a module of the package ({TOP}.experiments.layer_pruning) "
+        f"or a chapter's name (one of {', '.join(chapters)})"
+    )
 
 
 @cache
@@ -162,19 +176,25 @@ def _imports(module: str, package: Path) -> frozenset[str]:
     """The package's modules that `module` imports anywhere in its source, and its packages."""
     modules = _modules(package)
     path = modules[module]
-    here = module if path.name == "__init__.py" else module.rpartition(".")[0]  # what `from .` means
-    found = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}  # its packages
+    here = (
+        module if path.name == "__init__.py" else module.rpartition(".")[0]
+    )  # what `from .` means
+    found = {
+        ".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)
+    }  # its packages
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                parts = here.split(".")[:len(here.split(".")) - node.level + 1]
+                parts = here.split(".")[: len(here.split(".")) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
             found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)  # `from . import x`: x may be a module
+            found.update(
+                f"{base}.{a.name}" for a in node.names
+            )  # `from . import x`: x may be a module
     return frozenset(m for m in found if m in modules and m != module)
 
 
@@ -195,8 +215,15 @@ def git_commit() -> dict:
     """The checkout's commit and whether its tree differs from it (empty outside a checkout)."""
     try:
         root = paths.repository()
-        run = lambda *args: subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
-        return {"commit": run("rev-parse", "--short=12", "HEAD").strip(), "dirty": bool(run("status", "--porcelain").strip())}
+        run = lambda *args: (
+            subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=True
+            ).stdout
+        )
+        return {
+            "commit": run("rev-parse", "--short=12", "HEAD").strip(),
+            "dirty": bool(run("status", "--porcelain").strip()),
+        }
     except (FileNotFoundError, subprocess.CalledProcessError):
         return {}
 
@@ -216,8 +243,13 @@ def cuda_driver() -> str:
     if smi is None:
         return ""
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.strip().splitlines()[0] if out.strip() else ""
@@ -246,7 +278,10 @@ def datasets() -> dict[str, str]:
     """The datasets this process has read (`helpers.tasks.DATASETS`): revision and fingerprint."""
     from .tasks import DATASETS
 
-    return {name: f"{d['revision']}, fingerprint {d['fingerprint']}" for name, d in sorted(DATASETS.items())}
+    return {
+        name: f"{d['revision']}, fingerprint {d['fingerprint']}"
+        for name, d in sorted(DATASETS.items())
+    }
 
 
 def versions() -> dict[str, str]:
@@ -266,7 +301,17 @@ def record(loaded_models: list, parameters: dict) -> dict:
     first = next(iter(loaded_models), None)
     device = next(first.model.parameters()).device if first else torch.device("cpu")
     dtype = str(next(first.model.parameters()).dtype).removeprefix("torch.") if first else ""
-    return {"date": now(), **git_commit(), "code": code_version(), "device": device_name(device),
-            **cuda(device), "dtype": dtype, "models": {m.name: m.revision for m in loaded_models},
-            "quantization": quantization(m.name for m in loaded_models), "datasets": datasets(),
-            "versions": versions(), "kernels": kernels.status(device.type), "parameters": parameters}
+    return {
+        "date": now(),
+        **git_commit(),
+        "code": code_version(),
+        "device": device_name(device),
+        **cuda(device),
+        "dtype": dtype,
+        "models": {m.name: m.revision for m in loaded_models},
+        "quantization": quantization(m.name for m in loaded_models),
+        "datasets": datasets(),
+        "versions": versions(),
+        "kernels": kernels.status(device.type),
+        "parameters": parameters,
+    }

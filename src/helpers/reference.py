@@ -14,7 +14,6 @@ import pandas as pd
 from . import paths
 from .heads import Head
 
-
 UNREAD = "-"  # the value of a row whose number the paper prints but no stored source let us read
 
 
@@ -37,7 +36,9 @@ class Reference:
     @property
     def number(self) -> float:
         if not self.read:
-            raise ValueError(f"the paper's value ({self.source}) could not be read here: {self.note}")
+            raise ValueError(
+                f"the paper's value ({self.source}) could not be read here: {self.note}"
+            )
         return float(self.value)
 
     @property
@@ -65,7 +66,9 @@ class Reference:
             return f"not read ({self.source})"
         try:
             number = float(self.value)
-            text = f"{number:.0%}" if self.approx else f"{number:.1%}" if number <= 1 else self.value
+            text = (
+                f"{number:.0%}" if self.approx else f"{number:.1%}" if number <= 1 else self.value
+            )
         except ValueError:
             text = self.value
         return f"{'~' if self.approx else ''}{text} ({'secondary summary' if self.secondary else self.source})"
@@ -73,7 +76,9 @@ class Reference:
 
 @cache
 def table() -> pd.DataFrame:
-    return pd.read_csv(paths.data() / "reference" / "paper.csv", comment="#", dtype=str, keep_default_na=False)
+    return pd.read_csv(
+        paths.data() / "reference" / "paper.csv", comment="#", dtype=str, keep_default_na=False
+    )
 
 
 def paper(experiment: str, quantity: str, model: str = "") -> Reference:
@@ -84,8 +89,10 @@ def paper(experiment: str, quantity: str, model: str = "") -> Reference:
         match = match[match.model == model]
     if len(match) != 1:
         known = rows[rows.experiment == experiment][["model", "quantity"]].drop_duplicates()
-        raise KeyError(f"{len(match)} reference rows for {experiment}/{quantity}{'/' + model if model else ''}; "
-                       f"known: {', '.join(f'{m}/{q}' for m, q in known.itertuples(index=False))}")
+        raise KeyError(
+            f"{len(match)} reference rows for {experiment}/{quantity}{'/' + model if model else ''}; "
+            f"known: {', '.join(f'{m}/{q}' for m, q in known.itertuples(index=False))}"
+        )
     row = match.iloc[0]
     return Reference(row.value, row.approx == "1", row.source, row.note, row.secondary == "1")
 
@@ -105,7 +112,9 @@ def paper_heads(model: str) -> dict[str, tuple[Head, ...]] | None:
     """The release's Gather ("G") and Aggregate ("A") heads of `model` (data/reference), None
     where it names none (Falcon-Mamba's are inner channels: heads of one channel)."""
     try:
-        return {"G": paper("head_zeroing", "gather_head", model).heads,
-                "A": paper("head_zeroing", "aggregate_head", model).heads}
+        return {
+            "G": paper("head_zeroing", "gather_head", model).heads,
+            "A": paper("head_zeroing", "aggregate_head", model).heads,
+        }
     except KeyError:
         return None

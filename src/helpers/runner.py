@@ -36,7 +36,9 @@ from typing import Callable
 from .errors import ConfigError
 from .progress import bar, stream
 
-MAX_DEATHS = 3  # a cell whose actor died this many times stops the run (it is likely the cause: memory)
+MAX_DEATHS = (
+    3  # a cell whose actor died this many times stops the run (it is likely the cause: memory)
+)
 
 
 def check_workers(workers) -> int | None:
@@ -44,8 +46,10 @@ def check_workers(workers) -> int | None:
     if workers is None:
         return None
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers must be a number of Ray workers, at least 1 (None: run in this process), "
-                          f"got {workers!r}")
+        raise ConfigError(
+            f"workers must be a number of Ray workers, at least 1 (None: run in this process), "
+            f"got {workers!r}"
+        )
     return workers
 
 
@@ -62,18 +66,32 @@ def check_workers_fit(workers) -> None:
     if ray is not None and ray.is_initialized():
         unit = "GPU" if "num_gpus" in _actor_options(ray) else "CPU"
         have, where = ray.cluster_resources().get(unit, 0), "the Ray cluster"
-    elif os.environ.get("RAY_ADDRESS") or Path(tempfile.gettempdir(), "ray", "ray_current_cluster").exists():
+    elif (
+        os.environ.get("RAY_ADDRESS")
+        or Path(tempfile.gettempdir(), "ray", "ray_current_cluster").exists()
+    ):
         return  # a cluster of its own size: counted once connected
     else:
         import torch
+
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         # At least Ray's own count (which also reads cgroup quotas), so nothing it would run is refused.
-        unit, have = ("GPU", gpus) if gpus else ("CPU", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                       else os.cpu_count() or 1)
+        unit, have = (
+            ("GPU", gpus)
+            if gpus
+            else (
+                "CPU",
+                len(os.sched_getaffinity(0))
+                if hasattr(os, "sched_getaffinity")
+                else os.cpu_count() or 1,
+            )
+        )
         where = "this machine, where Ray would start its local cluster,"
     if workers > have:
-        raise ConfigError(f"workers={workers}, but {where} has {have:g} {unit}s (one worker per {unit}): set "
-                          f"workers to at most {int(have)}, or start a larger cluster first (ray start)")
+        raise ConfigError(
+            f"workers={workers}, but {where} has {have:g} {unit}s (one worker per {unit}): set "
+            f"workers to at most {int(have)}, or start a larger cluster first (ray start)"
+        )
 
 
 def measurement_name(run) -> str:
@@ -94,7 +112,8 @@ def measurement_name(run) -> str:
             f"'module:name'), not {what}: a closure over a loaded model cannot be sent to another process. Move the "
             f"function to the top level of a module (not __main__), put everything it reads into the cell, and load "
             f"the model inside it by name (protocol.base.model_for(cell['model'])); or leave workers=None to run "
-            f"in this process")
+            f"in this process"
+        )
     return f"{module}:{qualname}"
 
 
@@ -123,8 +142,10 @@ def ray_module():
     try:
         import ray
     except ImportError:
-        raise ConfigError("workers= runs a sweep on Ray, which is not installed: pip install -e '.[ray]' "
-                          "(or leave workers=None to run in this process)") from None
+        raise ConfigError(
+            "workers= runs a sweep on Ray, which is not installed: pip install -e '.[ray]' "
+            "(or leave workers=None to run in this process)"
+        ) from None
     return ray
 
 
@@ -149,7 +170,13 @@ def _resources() -> dict:
 
 def _command(pid: str) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        return (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode(errors="replace")
+            .strip()
+        )
     except OSError:  # gone, or not Linux
         return ""
 
@@ -165,12 +192,18 @@ def leftovers() -> list[tuple[int, str]]:
         if not command.startswith("ray::"):
             continue
         try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            fields = dict(
+                line.split(":", 1) for line in status.read_text().splitlines() if ":" in line
+            )
             parent, uid = fields["PPid"].split()[0], int(fields["Uid"].split()[0])
         except (OSError, KeyError, ValueError, IndexError):
             continue
         parent_command = _command(parent)
-        if uid == os.getuid() and "raylet" not in parent_command and not parent_command.startswith("ray::"):
+        if (
+            uid == os.getuid()
+            and "raylet" not in parent_command
+            and not parent_command.startswith("ray::")
+        ):
             found.append((int(status.parent.name), command.split()[0]))
     return sorted(found)
 
@@ -181,16 +214,24 @@ def _actors(ray, n: int, asked: int) -> list:
     global _pool_options
     if not ray.is_initialized():
         if left := leftovers():
-            print(f"Ray processes left by an earlier run that was killed ({', '.join(f'{p} {c}' for p, c in left)}) "
-                  f"are still running: `ray stop` ends them", file=stream() or sys.stderr, flush=True)
+            print(
+                f"Ray processes left by an earlier run that was killed ({', '.join(f'{p} {c}' for p, c in left)}) "
+                f"are still running: `ray stop` ends them",
+                file=stream() or sys.stderr,
+                flush=True,
+            )
         ray.init(include_dashboard=False)
     options = {**_actor_options(ray), "session": ray.get_runtime_context().get_job_id()}
     unit = "GPU" if "num_gpus" in options else "CPU"
     have = ray.cluster_resources().get(unit, 0)
     if asked > have:  # one device per actor: those beyond the cluster's would wait forever
-        raise ConfigError(f"workers={asked}, but the Ray cluster has {have:g} {unit}s (one worker per {unit}): set "
-                          f"workers to at most {int(have)}, or add machines to the cluster (ray start)")
-    if options != _pool_options:  # another cluster (or device kind) than the pool's actors were started on
+        raise ConfigError(
+            f"workers={asked}, but the Ray cluster has {have:g} {unit}s (one worker per {unit}): set "
+            f"workers to at most {int(have)}, or add machines to the cluster (ray start)"
+        )
+    if (
+        options != _pool_options
+    ):  # another cluster (or device kind) than the pool's actors were started on
         _pool.clear()
         _pool_options = options
     cls = ray.remote(**_resources())(Worker)
@@ -216,8 +257,13 @@ def shutdown() -> None:
         _pool.clear()
 
 
-def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, dict], None],
-              desc: str = "sweep") -> None:
+def run_cells(
+    cells: list[dict],
+    name: str,
+    workers: int,
+    done: Callable[[dict, dict], None],
+    desc: str = "sweep",
+) -> None:
     """Compute every cell with the measurement `name` on `workers` Ray actors; `done(cell,
     result)` is called in this process for each, as it finishes. Where a measurement raises, no
     further cell starts, the cells in flight are finished and stored, then its error is raised
@@ -247,14 +293,18 @@ def run_cells(cells: list[dict], name: str, workers: int, done: Callable[[dict, 
                 except ray.exceptions.RayActorError:  # the actor died, not the measurement
                     deaths[i] += 1
                     if deaths[i] >= MAX_DEATHS:
-                        raise RuntimeError(f"{desc}: cell {cells[i]} killed {deaths[i]} workers in a row (out of "
-                                           f"memory?); run it alone, or with fewer workers per device") from None
+                        raise RuntimeError(
+                            f"{desc}: cell {cells[i]} killed {deaths[i]} workers in a row (out of "
+                            f"memory?); run it alone, or with fewer workers per device"
+                        ) from None
                     _replace(ray, actors, slot)
                     if failed is None:
                         queue.appendleft(i)
                         submit(slot)
                     continue
-                except ray.exceptions.RayTaskError as e:  # the measurement raised: its own error, after the others
+                except (
+                    ray.exceptions.RayTaskError
+                ) as e:  # the measurement raised: its own error, after the others
                     failed = failed or e
                     continue
                 done(cells[i], result)

@@ -17,13 +17,14 @@ import pandas as pd
 import torch
 
 from .adapters import unwrap
-from .progress import bar
 from .engine import SweepEngine
 from .heads import Head, layers_to_sweep, ranking_table
 from .packing import default_batch_tokens
+from .progress import bar
 
-
-GRAPH_BYTES = 1024**3  # a gradient pass's activations per batch on CPU (a 1.5B model: ~170 tokens; 2 GB peaked at 16.7 GB)
+GRAPH_BYTES = (
+    1024**3
+)  # a gradient pass's activations per batch on CPU (a 1.5B model: ~170 tokens; 2 GB peaked at 16.7 GB)
 
 
 def gradient_batch_tokens(model) -> int:
@@ -34,7 +35,9 @@ def gradient_batch_tokens(model) -> int:
     device = next(model.parameters()).device
     if device.type == "cuda":
         return default_batch_tokens(device)
-    return int(max(64, min(default_batch_tokens(device), GRAPH_BYTES // graph_bytes_per_token(model))))
+    return int(
+        max(64, min(default_batch_tokens(device), GRAPH_BYTES // graph_bytes_per_token(model)))
+    )
 
 
 def graph_bytes_per_token(model) -> int:
@@ -51,11 +54,19 @@ def needs_checkpoint(engine: SweepEngine, batch) -> bool:
     of MMLU questions behind their shared prefix (up to 2,048 tokens) can be ten times the budget
     (Qwen-1.5B, 1,699 tokens: 7.4 GB kept, measured); smaller batches keep their graph (the
     recomputation costs about one more forward pass)."""
-    return engine.device.type == "cpu" and batch.width * len(batch.rows) * graph_bytes_per_token(engine.model) > GRAPH_BYTES
+    return (
+        engine.device.type == "cpu"
+        and batch.width * len(batch.rows) * graph_bytes_per_token(engine.model) > GRAPH_BYTES
+    )
 
 
-def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alpha: float = 0.5,
-                progress: bool = True, checkpoint: bool | None = None) -> dict[Head, float]:
+def attribution(
+    engine: SweepEngine,
+    model_layers: list[int] | None = None,
+    alpha: float = 0.5,
+    progress: bool = True,
+    checkpoint: bool | None = None,
+) -> dict[Head, float]:
     """For every head of the layers the model runs: the estimated change of the mean gold margin
     when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
     each log-likelihood in the margin, then a forward and backward pass from the cached residual
@@ -72,11 +83,19 @@ def attribution(engine: SweepEngine, model_layers: list[int] | None = None, alph
     return out
 
 
-def _attribute(engine: SweepEngine, group: list[int], model_layers: list[int], start: int, alpha: float,
-               checkpoint: bool | None) -> dict[Head, float]:
+def _attribute(
+    engine: SweepEngine,
+    group: list[int],
+    model_layers: list[int],
+    start: int,
+    alpha: float,
+    checkpoint: bool | None,
+) -> dict[Head, float]:
     """`attribution` of one group of layers, their heads scaled by alpha, from the stream cached at `start`."""
     adapter = engine.adapter
-    scales = {l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group}
+    scales = {
+        l: torch.full((1, adapter.n_heads(l) * adapter.head_dim(l)), float(alpha)) for l in group
+    }
     with torch.inference_mode():
         flat = engine.scaled_loglikelihoods(scales, model_layers)[0]
     flat = flat.clone().requires_grad_(True)
@@ -91,18 +110,29 @@ def _attribute(engine: SweepEngine, group: list[int], model_layers: list[int], s
             # The real rows only: a gradient through the filler rows that keep the batch's shape
             # (`packing.batches`) would cost their backward too, for an estimate.
             real = torch.arange(engine.batches[i].n_real)
-            lls = engine.pair_loglikelihoods(engine.run_layers(h[real], b, model_layers[start:], recompute, real), i)[0]
+            lls = engine.pair_loglikelihoods(
+                engine.run_layers(h[real], b, model_layers[start:], recompute, real), i
+            )[0]
             sites = [seen.pop(l)[0] for l in group]
             grads = torch.autograd.grad((lls * weight).sum(), [scaled for _, scaled in sites])
             for l, (x, _), g in zip(group, sites, grads):
                 effect[l] = effect[l] - (g * x).sum(dim=tuple(range(x.dim() - 1))).double().cpu()
-    return {Head(l, head): value for l in group
-            for head, value in enumerate(effect[l].view(adapter.n_heads(l), -1).sum(-1).tolist())}
+    return {
+        Head(l, head): value
+        for l in group
+        for head, value in enumerate(effect[l].view(adapter.n_heads(l), -1).sum(-1).tolist())
+    }
 
 
-def rank_heads(engine: SweepEngine, top: int = 10, layers: list[int] | None = None,
-               model_layers: list[int] | None = None, alpha: float = 0.5, progress: bool = True,
-               also: list[int] = ()) -> pd.DataFrame:
+def rank_heads(
+    engine: SweepEngine,
+    top: int = 10,
+    layers: list[int] | None = None,
+    model_layers: list[int] | None = None,
+    alpha: float = 0.5,
+    progress: bool = True,
+    also: list[int] = (),
+) -> pd.DataFrame:
     """Heads ranked by ablation: the screen estimates every head, then the layers of its `top`
     heads (at least two; or `layers`), and the layers in `also` whatever the screen says, are
     swept exactly, every head of them. One row per head, the exactly measured ones first, most

@@ -15,8 +15,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .heads import (AGGREGATE_MEASURE, ENDS_MEASURE, GATHER_MEASURE, LETTERS_MEASURE, LOCAL_MEASURE, SEGMENT_FLOOR,
-                    SEGMENTS_MEASURE)
+from .heads import (
+    AGGREGATE_MEASURE,
+    ENDS_MEASURE,
+    GATHER_MEASURE,
+    LETTERS_MEASURE,
+    LOCAL_MEASURE,
+    SEGMENT_FLOOR,
+    SEGMENTS_MEASURE,
+)
 
 if TYPE_CHECKING:
     from .stats import Score
@@ -26,7 +33,9 @@ if TYPE_CHECKING:
 class Segments:
     labels: list[str]  # each token, decoded, for axis labels
     segment: np.ndarray  # segment index per token, -1 outside every segment
-    role: list[str]  # "key" (KV) or "letter" (MCQ), "sep", "value", "end" inside segments; "query", "other" outside
+    role: list[
+        str
+    ]  # "key" (KV) or "letter" (MCQ), "sep", "value", "end" inside segments; "query", "other" outside
     target: int  # the segment holding the answer
 
     @property
@@ -38,8 +47,13 @@ class Segments:
         return len(self.labels)
 
 
-def _by_chars(tokenizer, text: str, spans: list[tuple[int, int, list[tuple[int, str]]]], query_from: int,
-              target: int) -> Segments:
+def _by_chars(
+    tokenizer,
+    text: str,
+    spans: list[tuple[int, int, list[tuple[int, str]]]],
+    query_from: int,
+    target: int,
+) -> Segments:
     """Token segments from character spans: (start, end, [(char offset, role from there)])."""
     # Tokenised as the model reads it (with a BOS where the tokenizer adds one: offsets (0, 0)).
     enc = tokenizer(text, return_offsets_mapping=True)
@@ -63,8 +77,18 @@ def kv_segments(tokenizer, context: str) -> Segments:
     spans, pos = [], len(header) + 1
     for row in rows:
         key, _, _ = row.partition(":")
-        spans.append((pos, pos + len(row) + 1,
-                      [(pos, "key"), (pos + len(key), "sep"), (pos + len(key) + 1, "value"), (pos + len(row), "end")]))
+        spans.append(
+            (
+                pos,
+                pos + len(row) + 1,
+                [
+                    (pos, "key"),
+                    (pos + len(key), "sep"),
+                    (pos + len(key) + 1, "value"),
+                    (pos + len(row), "end"),
+                ],
+            )
+        )
         pos += len(row) + 1
     asked = re.search(r"'(.*)'", query).group(1) if "'" in query else query.rstrip(": ").rstrip(":")
     target = [r.partition(":")[0] for r in rows].index(asked)
@@ -77,13 +101,19 @@ def mcq_segments(tokenizer, context: str, gold: int) -> Segments:
     end = context.rindex("\nAnswer:") + 1
     spans, pos = [], start
     for line in context[start:end].split("\n")[:-1]:
-        spans.append((pos, pos + len(line) + 1, [(pos, "letter"), (pos + 1, "sep"), (pos + 2, "value"),
-                                                 (pos + len(line), "end")]))
+        spans.append(
+            (
+                pos,
+                pos + len(line) + 1,
+                [(pos, "letter"), (pos + 1, "sep"), (pos + 2, "value"), (pos + len(line), "end")],
+            )
+        )
         pos += len(line) + 1
     return _by_chars(tokenizer, context, spans, end, gold)
 
 
 # --- patterns: which keys each query may read --------------------------------------------------
+
 
 def causal(n: int) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool).tril()
@@ -113,11 +143,20 @@ def aggregate_pattern(seg: Segments, control: bool = False) -> torch.Tensor:
 
 # --- reading attention -------------------------------------------------------------------------
 
+
 def mass_by_role(row: np.ndarray, seg: Segments) -> dict[str, float]:
     """Where one query's attention goes: the answer segment's key / value / end, the other
     segments, the query's own tokens, and the rest."""
-    out = {"answer key": 0.0, "answer letter": 0.0, "answer value": 0.0, "answer end": 0.0, "answer sep": 0.0,
-           "other segments": 0.0, "query": 0.0, "rest": 0.0}
+    out = {
+        "answer key": 0.0,
+        "answer letter": 0.0,
+        "answer value": 0.0,
+        "answer end": 0.0,
+        "answer sep": 0.0,
+        "other segments": 0.0,
+        "query": 0.0,
+        "rest": 0.0,
+    }
     for t, w in enumerate(row):
         if seg.segment[t] == seg.target:
             out[f"answer {seg.role[t]}"] += float(w)
@@ -141,8 +180,11 @@ def sharpness(row: np.ndarray, seg: Segments) -> dict[str, float]:
         return {"top segment share": float("nan"), "segment entropy": float("nan")}
     p = per / total
     entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
-    return {"top segment share": float(p.max()), "segment entropy": entropy,
-            "answer segment share": float(p[seg.target])}
+    return {
+        "top segment share": float(p.max()),
+        "segment entropy": entropy,
+        "answer segment share": float(p[seg.target]),
+    }
 
 
 def score_with_patterns(loaded, items, segmenter, patterns) -> Score:
@@ -166,14 +208,22 @@ def score_with_patterns(loaded, items, segmenter, patterns) -> Score:
         seg = segmenter(context)
         ll = []
         for pair in item.pairs:  # one row each, at the width the scorer runs it at
-            width = bucket_width(sum(map(len, encode_pair(loaded.tokenizer, *pair, item.verbatim))) - 1)
+            width = bucket_width(
+                sum(map(len, encode_pair(loaded.tokenizer, *pair, item.verbatim))) - 1
+            )
             with ExitStack() as stack:
                 for (layer, head), pattern in patterns(seg).items():
                     allowed = causal(width)
                     allowed[: len(seg), : len(seg)] = pattern
                     stack.enter_context(mask_attention(loaded, layer, [head], allowed))
-                ll += list(choice_loglikelihoods(loaded.model, loaded.tokenizer, [replace(item, pairs=(pair,), gold=0)],
-                                                 batch_tokens=width)[0])
+                ll += list(
+                    choice_loglikelihoods(
+                        loaded.model,
+                        loaded.tokenizer,
+                        [replace(item, pairs=(pair,), gold=0)],
+                        batch_tokens=width,
+                    )[0]
+                )
         lls.append(np.array(ll))
     return from_loglikelihoods(lls, items)
 
@@ -194,16 +244,26 @@ def head_measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     a = np.abs(a)
     inside = seg.segment >= 0
     local = [(a[e, e] + a[e, e - 1]) / max(a[e][inside].sum(), 1e-12) for e in seg.ends]
-    own = [a[e][seg.segment == k].sum() / max(a[e][inside].sum(), 1e-12) for k, e in enumerate(seg.ends) if k > 0]
+    own = [
+        a[e][seg.segment == k].sum() / max(a[e][inside].sum(), 1e-12)
+        for k, e in enumerate(seg.ends)
+        if k > 0
+    ]
     on_segments = a[-1][inside].sum() / max(a[-1].sum(), 1e-12)
     total = max(a[-1][inside].sum(), SEGMENT_FLOOR * a[-1].sum(), 1e-12)
     letters = [t for t, r in enumerate(seg.role) if r == "letter"]
     ends = a[-1][seg.ends].sum() / total if seg.ends else float("nan")
     on_letters = a[-1][letters].sum() / total if seg.ends else float("nan")
-    return {**mass_by_role(a[-1], seg), **sharpness(a[-1], seg),
-            ENDS_MEASURE: float(ends), LETTERS_MEASURE: float(on_letters), AGGREGATE_MEASURE: float(ends + on_letters),
-            SEGMENTS_MEASURE: float(on_segments), LOCAL_MEASURE: float(np.mean(local)) if local else float("nan"),
-            GATHER_MEASURE: float(np.mean(own)) if own else float("nan")}
+    return {
+        **mass_by_role(a[-1], seg),
+        **sharpness(a[-1], seg),
+        ENDS_MEASURE: float(ends),
+        LETTERS_MEASURE: float(on_letters),
+        AGGREGATE_MEASURE: float(ends + on_letters),
+        SEGMENTS_MEASURE: float(on_segments),
+        LOCAL_MEASURE: float(np.mean(local)) if local else float("nan"),
+        GATHER_MEASURE: float(np.mean(own)) if own else float("nan"),
+    }
 
 
 def measure_heads(loaded, items: list, segmenter, heads: list, average: bool = True):
@@ -222,7 +282,9 @@ def measure_heads(loaded, items: list, segmenter, heads: list, average: bool = T
         ids = loaded.tokenizer(context, return_tensors="pt").input_ids
         maps = attention_maps(loaded, ids, layers)
         for h in heads:
-            rows.append(dict(head=h, prompt=i, **head_measures(maps[h.layer][0, h.head].numpy(), seg)))
+            rows.append(
+                dict(head=h, prompt=i, **head_measures(maps[h.layer][0, h.head].numpy(), seg))
+            )
     table = pd.DataFrame(rows)
     if not average:
         return table

@@ -41,7 +41,7 @@ class Accuracy:
 
     @property
     def brief(self) -> str:
-        """"68.0% [58.3, 76.3]": the accuracy and its interval, as table cells show them."""
+        """ "68.0% [58.3, 76.3]": the accuracy and its interval, as table cells show them."""
         return brief(self.acc, self.lo, self.hi)
 
     def above(self, chance: float) -> bool:
@@ -70,17 +70,28 @@ class Score(Accuracy):
         if margin is not None:
             margin = np.asarray(margin, dtype=float)
             if margin.shape != correct.shape:
-                raise ValueError(f"one margin per item: {margin.shape} margins for {correct.shape} items")
+                raise ValueError(
+                    f"one margin per item: {margin.shape} margins for {correct.shape} items"
+                )
         lo, hi = wilson(int(correct.sum()), len(correct))
-        return cls(float(correct.mean()) if len(correct) else float("nan"), lo, hi, len(correct), correct, margin)
+        return cls(
+            float(correct.mean()) if len(correct) else float("nan"),
+            lo,
+            hi,
+            len(correct),
+            correct,
+            margin,
+        )
 
     @classmethod
     def pooled(cls, scores: Iterable["Score"]) -> "Score":
         """One score over the items of several (in order), with their margins where all kept them."""
         scores = list(scores)
         margins = [s.margin for s in scores]
-        return cls.of(np.concatenate([s.correct for s in scores]),
-                      None if any(m is None for m in margins) else np.concatenate(margins))
+        return cls.of(
+            np.concatenate([s.correct for s in scores]),
+            None if any(m is None for m in margins) else np.concatenate(margins),
+        )
 
     def subset(self, index) -> "Score":
         """The score over some of the items (`index`: positions, a boolean mask or a slice), with
@@ -102,14 +113,21 @@ class Score(Accuracy):
     def from_json(cls, row: dict) -> "Score":
         correct = row.get("correct") if isinstance(row, dict) else None
         margin = row.get("margin") if isinstance(row, dict) else None
-        if (not isinstance(correct, str) or set(correct) - {"0", "1"}
-                or not (margin is None or isinstance(margin, list) and len(margin) == len(correct))):
-            raise ValueError(f"a stored score is {{'correct': '0110...'}}, one 0 or 1 per item (and optionally "
-                             f"'margin', one number per item); got {str(row)[:120]}: "
-                             f"the results store holding it was written by other code or edited; delete that store "
-                             f"(results/<chapter>/*.jsonl) or set GA_RESULTS to a fresh folder")
-        return cls.of([c == "1" for c in correct], None if margin is None else
-                      [math.inf if m is None else m for m in margin])
+        if (
+            not isinstance(correct, str)
+            or set(correct) - {"0", "1"}
+            or not (margin is None or isinstance(margin, list) and len(margin) == len(correct))
+        ):
+            raise ValueError(
+                f"a stored score is {{'correct': '0110...'}}, one 0 or 1 per item (and optionally "
+                f"'margin', one number per item); got {str(row)[:120]}: "
+                f"the results store holding it was written by other code or edited; delete that store "
+                f"(results/<chapter>/*.jsonl) or set GA_RESULTS to a fresh folder"
+            )
+        return cls.of(
+            [c == "1" for c in correct],
+            None if margin is None else [math.inf if m is None else m for m in margin],
+        )
 
 
 # What bfloat16's rounding does to a pick: on SmolLM2's KV prompts (100 of 8 keys, against
@@ -150,7 +168,9 @@ def _phi(a: Score, b: Score) -> float:
     only_a = int((a.correct & ~b.correct).sum())
     only_b = int((~a.correct & b.correct).sum())
     neither = a.n - both - only_a - only_b
-    denominator = math.sqrt((both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither))
+    denominator = math.sqrt(
+        (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    )
     # Newcombe's correction (as in Altman et al., Statistics with Confidence, 2000): a positive
     # association is shrunk by n/2, so a few concordant pairs cannot narrow the interval to a
     # point (4 identical outcomes would otherwise give [0, 0]).
@@ -195,7 +215,11 @@ class Estimate:
 
     def __format__(self, spec: str) -> str:
         spec = spec or ".2f"
-        text = brief(self.value, self.lo, self.hi) if self.percent else f"{self.value:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+        text = (
+            brief(self.value, self.lo, self.hi)
+            if self.percent
+            else f"{self.value:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+        )
         return text if self.n is None else f"{text}, n={self.n}"
 
     def __str__(self) -> str:
@@ -220,8 +244,12 @@ def difference(a: Score, b: Score, paired: bool = True) -> Difference:
     (la, ua), (lb, ub) = (a.lo, a.hi), (b.lo, b.hi)
     phi = _phi(a, b) if paired else 0.0
     delta = pb - pa
-    lower = delta - math.sqrt(max(0.0, (pb - lb) ** 2 - 2 * phi * (pb - lb) * (ua - pa) + (ua - pa) ** 2))
-    upper = delta + math.sqrt(max(0.0, (ub - pb) ** 2 - 2 * phi * (ub - pb) * (pa - la) + (pa - la) ** 2))
+    lower = delta - math.sqrt(
+        max(0.0, (pb - lb) ** 2 - 2 * phi * (pb - lb) * (ua - pa) + (ua - pa) ** 2)
+    )
+    upper = delta + math.sqrt(
+        max(0.0, (ub - pb) ** 2 - 2 * phi * (ub - pb) * (pa - la) + (pa - la) ** 2)
+    )
     return Difference(delta, max(-1.0, lower), min(1.0, upper), mcnemar(a, b) if paired else None)
 
 
@@ -243,6 +271,7 @@ def rank_correlation(x: Sequence[float], y: Sequence[float]) -> tuple[float, flo
     """Spearman's rank correlation of paired values (ties get their mean rank) with a 95%
     interval from Fisher's z and Fieller, Hartley and Pearson's variance for Spearman's rho,
     1.06 / (n - 3); with fewer than 5 pairs, or a constant side, the interval is unknown (nan)."""
+
     def ranks(v):
         v = np.asarray(v, dtype=float)
         order = v.argsort(kind="stable")
@@ -251,11 +280,15 @@ def rank_correlation(x: Sequence[float], y: Sequence[float]) -> tuple[float, flo
         for value in np.unique(v):  # ties: their mean rank
             r[v == value] = r[v == value].mean()
         return r
+
     rx, ry = ranks(x), ranks(y)
     if len(rx) < 5 or rx.std() == 0 or ry.std() == 0:
         return float("nan"), float("nan"), float("nan")
     rho = float(np.corrcoef(rx, ry)[0, 1])
-    z, half = math.atanh(max(-1 + 1e-12, min(rho, 1 - 1e-12))), Z95 * math.sqrt(1.06 / (len(rx) - 3))
+    z, half = (
+        math.atanh(max(-1 + 1e-12, min(rho, 1 - 1e-12))),
+        Z95 * math.sqrt(1.06 / (len(rx) - 3)),
+    )
     return rho, math.tanh(z - half), math.tanh(z + half)
 
 
@@ -286,8 +319,10 @@ class TaskMean(Accuracy):
 
     def __post_init__(self):
         if not self.tasks or len(self.tasks) != len(self.chances):
-            raise ValueError(f"a mean over tasks needs one chance level per task: {len(self.tasks)} tasks, "
-                             f"{len(self.chances)} chance levels")
+            raise ValueError(
+                f"a mean over tasks needs one chance level per task: {len(self.tasks)} tasks, "
+                f"{len(self.chances)} chance levels"
+            )
 
     @property
     def _interval(self) -> tuple[float, float, float]:
@@ -334,7 +369,9 @@ def paired(a, b) -> Difference:
     """b - a, paired on the same items: `difference` for two Scores, `mean_difference` for two
     means over tasks."""
     if isinstance(a, TaskMean) != isinstance(b, TaskMean):
-        raise TypeError("compare a mean over tasks with a mean over the same tasks, and a Score with a Score")
+        raise TypeError(
+            "compare a mean over tasks with a mean over the same tasks, and a Score with a Score"
+        )
     return mean_difference(a, b) if isinstance(a, TaskMean) else difference(a, b)
 
 
@@ -344,8 +381,9 @@ POWER = 0.8  # a claim's n is the smallest at which its effect is decided this o
 POWER_RUNS = 400  # simulated runs per power estimate (a fixed generator: the same n every time)
 
 
-def simulated_pairs(n: int, p_ref: float, p_other: float, discordant: float, runs: int = POWER_RUNS,
-                    seed: int = 0) -> list[tuple[Score, Score]]:
+def simulated_pairs(
+    n: int, p_ref: float, p_other: float, discordant: float, runs: int = POWER_RUNS, seed: int = 0
+) -> list[tuple[Score, Score]]:
     """`runs` simulated paired scorings of n items: a reference right with probability `p_ref`,
     another condition right with `p_other`, the two disagreeing on a share `discordant` of the
     items (at least |p_ref - p_other|: a pure loss has discordant = p_ref - p_other)."""
@@ -370,8 +408,15 @@ def power_of(decide, want: str, n: int, p_ref: float, p_other: float, discordant
     return float(np.mean([decide(a, b)[0] == want for a, b in pairs]))
 
 
-def powered_n(decide, want: str, p_ref: float, p_other: float, discordant: float, low: int = 10,
-              high: int = 20_000) -> int | None:
+def powered_n(
+    decide,
+    want: str,
+    p_ref: float,
+    p_other: float,
+    discordant: float,
+    low: int = 10,
+    high: int = 20_000,
+) -> int | None:
     """The smallest n (to 5%) at which `decide` gives `want` with power POWER, where the
     condition's true accuracy is `p_other` against the reference's `p_ref`; None when even
     `high` items do not (the effect sits on the rule's line)."""
@@ -386,7 +431,9 @@ def powered_n(decide, want: str, p_ref: float, p_other: float, discordant: float
     return high
 
 
-def detectable_loss(decide, want: str, n: int, p_ref: float, floor: float, resolution: float = 0.005) -> float | None:
+def detectable_loss(
+    decide, want: str, n: int, p_ref: float, floor: float, resolution: float = 0.005
+) -> float | None:
     """The smallest paired loss (a pure loss: items only turn wrong), to `resolution`, that
     `decide` reports as `want` with power POWER on n items, from a reference at `p_ref`, the
     condition at most down to `floor` (chance); None when not even the loss to the floor is.

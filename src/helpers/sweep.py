@@ -53,13 +53,17 @@ def os_error(path: Path | str, doing: str, error: OSError) -> StoreError:
         why = f"{file} is a file, not a folder" if file else why
     if isinstance(error, IsADirectoryError):
         return StoreError(f"{path}: cannot {doing} (it is a folder, not a file): move it away")
-    return StoreError(f"{path}: cannot {doing} ({why}): free disk space or make the folder "
-                      f"writable, or set GA_RESULTS to a writable folder ({where})")
+    return StoreError(
+        f"{path}: cannot {doing} ({why}): free disk space or make the folder "
+        f"writable, or set GA_RESULTS to a writable folder ({where})"
+    )
 
 
 # --- one writer at a time ------------------------------------------------------------------------
 
-_held: dict[str, list] = {}  # absolute store path -> [lock file descriptor, depth, writable] while held here
+_held: dict[
+    str, list
+] = {}  # absolute store path -> [lock file descriptor, depth, writable] while held here
 _thread_locks: dict[str, threading.RLock] = {}
 _guard = threading.Lock()
 
@@ -80,8 +84,10 @@ def _holder(fd: int) -> str | None:
     """Who holds the lock, as its holder wrote it into the lock file (None: not written yet)."""
     try:
         info = json.loads(os.pread(fd, 4096, 0))
-        return (f"pid {info['pid']} on {info['host']} ({info['command']}), since "
-                f"{time.strftime('%H:%M:%S', time.localtime(info['since']))}")
+        return (
+            f"pid {info['pid']} on {info['host']} ({info['command']}), since "
+            f"{time.strftime('%H:%M:%S', time.localtime(info['since']))}"
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -108,9 +114,11 @@ def _open_lock(path: Path) -> tuple[int | None, bool]:
 
 
 def read_only(path: Path) -> StoreError:
-    return StoreError(f"{path}: cannot add a record: this process cannot write its folder or its lock file "
-                      f"({_lock_path(path).name}); make them writable, or set GA_RESULTS to a writable folder (the "
-                      f"finished cells of a store it can only read are read as they are)")
+    return StoreError(
+        f"{path}: cannot add a record: this process cannot write its folder or its lock file "
+        f"({_lock_path(path).name}); make them writable, or set GA_RESULTS to a writable folder (the "
+        f"finished cells of a store it can only read are read as they are)"
+    )
 
 
 def writable(path: Path | str) -> bool:
@@ -126,10 +134,12 @@ def _check_lock_file(path: Path, fd: int) -> None:
     except FileNotFoundError:
         same = False
     if not same:
-        raise StoreError(f"{_lock_path(path)}, the lock of the results store {path}, was deleted or replaced while "
-                         f"this process held it, so another process may be writing the store too: stop the other "
-                         f"runs of this chapter and run it again (finished cells are kept); never delete a .lock "
-                         f"file while a chapter runs")
+        raise StoreError(
+            f"{_lock_path(path)}, the lock of the results store {path}, was deleted or replaced while "
+            f"this process held it, so another process may be writing the store too: stop the other "
+            f"runs of this chapter and run it again (finished cells are kept); never delete a .lock "
+            f"file while a chapter runs"
+        )
 
 
 @contextlib.contextmanager
@@ -152,8 +162,11 @@ def lock(path: Path | str):
         if not may_write:  # read only: no writer's line is cut short under a shared lock
             try:
                 if fd is not None and not _try_lock(fd, fcntl.LOCK_SH):
-                    print(f"{path} is being written by {_holder(fd) or 'another process'}: waiting to read it",
-                          file=stream() or sys.stderr, flush=True)
+                    print(
+                        f"{path} is being written by {_holder(fd) or 'another process'}: waiting to read it",
+                        file=stream() or sys.stderr,
+                        flush=True,
+                    )
                     fcntl.flock(fd, fcntl.LOCK_SH)
                 _held[key] = [fd, 1, False]
                 try:
@@ -167,7 +180,9 @@ def lock(path: Path | str):
         try:
             if not _try_lock(fd):
                 holder = _holder(fd)
-                for _ in range(20):  # a holder that has just taken the lock writes its name in a moment
+                for _ in range(
+                    20
+                ):  # a holder that has just taken the lock writes its name in a moment
                     if holder is not None or _try_lock(fd):
                         break
                     time.sleep(0.05)
@@ -176,14 +191,24 @@ def lock(path: Path | str):
                     holder = "another process (it has not said which)"
                 if holder is not None:
                     out = stream() or sys.stderr
-                    print(f"{path} is being written by {holder}: waiting for it to finish "
-                          f"(the cells it finishes will not be computed again)", file=out, flush=True)
+                    print(
+                        f"{path} is being written by {holder}: waiting for it to finish "
+                        f"(the cells it finishes will not be computed again)",
+                        file=out,
+                        flush=True,
+                    )
                     fcntl.flock(fd, fcntl.LOCK_EX)
                     print(f"{path}: the other writer is done; going on", file=out, flush=True)
             _check_lock_file(path, fd)
             try:  # who holds it, for a process that comes to wait (informative only: a full disk may refuse it)
-                me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                                 "command": " ".join(sys.argv)[:200] or sys.executable}).encode()
+                me = json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "since": time.time(),
+                        "command": " ".join(sys.argv)[:200] or sys.executable,
+                    }
+                ).encode()
                 os.pwrite(fd, me, 0)
                 os.ftruncate(fd, len(me))
             except OSError:
@@ -211,17 +236,23 @@ def _key(cell: Mapping) -> str:
     try:
         return json.dumps(dict(cell), sort_keys=True, default=_plain)
     except (TypeError, ValueError) as e:
-        raise StoreError(f"cell {cell!r}: its settings must be JSON values with text keys ({e})") from None
+        raise StoreError(
+            f"cell {cell!r}: its settings must be JSON values with text keys ({e})"
+        ) from None
 
 
 def _line(cell: Mapping, result: Mapping) -> bytes:
     """One record, serialised whole before anything is written."""
     _key(cell)
     if not isinstance(result, Mapping):
-        raise StoreError(f"cell {dict(cell)!r}: a result is a dict (its row merges it into the cell's settings), "
-                         f"got {type(result).__name__}")
+        raise StoreError(
+            f"cell {dict(cell)!r}: a result is a dict (its row merges it into the cell's settings), "
+            f"got {type(result).__name__}"
+        )
     try:
-        return (json.dumps({"cell": dict(cell), "result": dict(result)}, default=_plain) + "\n").encode()
+        return (
+            json.dumps({"cell": dict(cell), "result": dict(result)}, default=_plain) + "\n"
+        ).encode()
     except (TypeError, ValueError) as e:
         raise StoreError(f"cell {dict(cell)!r}: its result must hold JSON values ({e})") from None
 
@@ -232,7 +263,11 @@ def _record(line: bytes) -> dict | None:
         row = json.loads(line)
     except ValueError:  # includes a cut multi-byte character (UnicodeDecodeError)
         return None
-    if isinstance(row, dict) and row.keys() == {"cell", "result"} and all(isinstance(v, dict) for v in row.values()):
+    if (
+        isinstance(row, dict)
+        and row.keys() == {"cell", "result"}
+        and all(isinstance(v, dict) for v in row.values())
+    ):
         return row
     return None
 
@@ -246,7 +281,7 @@ def _fsync_append(path: Path, data: bytes) -> None:
         try:
             rest = memoryview(data)
             while rest:
-                rest = rest[os.write(fd, rest):]
+                rest = rest[os.write(fd, rest) :]
             os.fsync(fd)
         except BaseException:
             os.ftruncate(fd, start)
@@ -322,8 +357,12 @@ class Store:
                 self._done[_key(row["cell"])] = row["result"]
         bad = [line for line, row in zip(lines, rows) if row is None]
         if (bad or tail) and not writable(self.path):
-            warnings.warn(f"{self.path}: {len(bad) + bool(tail)} incomplete or unreadable line(s) skipped (the store "
-                          f"is read-only here, so they stay); their cells are missing", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"{self.path}: {len(bad) + bool(tail)} incomplete or unreadable line(s) skipped (the store "
+                f"is read-only here, so they stay); their cells are missing",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         elif bad:
             kept = [line for line, row in zip(lines, rows) if row is not None]
             self._set_aside(bad + [tail] if tail else bad, lambda: self._rewrite(kept))
@@ -342,10 +381,13 @@ class Store:
         except OSError as e:
             raise os_error(self.torn, "set the store's torn lines aside", e) from None
         repair()
-        warnings.warn(f"{self.path}: {len(lines)} incomplete or unreadable line(s) ({sum(map(len, lines)):,} bytes), "
-                      f"left by an interrupted write, moved to {self.torn} (it keeps the last {TORN_KEPT}, "
-                      f"{self.torn.stat().st_size:,} bytes now); their cells will be computed again",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"{self.path}: {len(lines)} incomplete or unreadable line(s) ({sum(map(len, lines)):,} bytes), "
+            f"left by an interrupted write, moved to {self.torn} (it keeps the last {TORN_KEPT}, "
+            f"{self.torn.stat().st_size:,} bytes now); their cells will be computed again",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _truncate(self, size: int) -> None:
         with self.path.open("r+b") as f:
@@ -376,7 +418,9 @@ class Store:
                 raise read_only(self.path)
             _check_lock_file(self.path, _held[os.path.abspath(self.path)][0])
             self.refresh()
-            if _key(cell) in self._done:  # another process wrote it since this one last looked: keep theirs
+            if (
+                _key(cell) in self._done
+            ):  # another process wrote it since this one last looked: keep theirs
                 return
             try:
                 _fsync_append(self.path, line)
@@ -387,8 +431,13 @@ class Store:
         self._done[_key(row["cell"])] = row["result"]
 
 
-def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict] | str, desc: str = "sweep",
-          workers: int | None = None) -> list[dict]:
+def sweep(
+    store: Store,
+    cells: Iterable[dict],
+    run: Callable[[dict], dict] | str,
+    desc: str = "sweep",
+    workers: int | None = None,
+) -> list[dict]:
     """Results for every cell, in order, computing (with a progress bar) only the missing ones,
     each once. Each returned row is the cell's settings merged with its result.
 
@@ -399,19 +448,33 @@ def sweep(store: Store, cells: Iterable[dict], run: Callable[[dict], dict] | str
         raise StoreError(f"sweep's first argument is a Store, got {type(store).__name__}")
     workers = runner.check_workers(workers)
     if workers is not None:
-        name = runner.measurement_name(run)  # before anything runs: a closure is refused with the fix
+        name = runner.measurement_name(
+            run
+        )  # before anything runs: a closure is refused with the fix
     elif not callable(run):
         raise StoreError(f"sweep's run is a function of a cell, got {run!r}")
     cells = list(cells)
     keys = [_key(c) for c in cells]  # every cell checked before the first runs
-    with store.lock():  # the only writer: another process running this sweep waits, then reuses these cells
+    with (
+        store.lock()
+    ):  # the only writer: another process running this sweep waits, then reuses these cells
         store.refresh()
         todo = {key: c for key, c in zip(keys, cells) if key not in store._done}
         if todo and not writable(store.path):  # before any cell is computed
             raise read_only(store.path)
         if workers is not None and todo:
-            runner.run_cells(list(todo.values()), name, workers, store.put, desc=f"{desc} ({len(cells) - len(todo)} cached)")
+            runner.run_cells(
+                list(todo.values()),
+                name,
+                workers,
+                store.put,
+                desc=f"{desc} ({len(cells) - len(todo)} cached)",
+            )
         else:
-            for cell in bar(list(todo.values()), desc=f"{desc} ({len(cells) - len(todo)} cached)", disable=not todo):
+            for cell in bar(
+                list(todo.values()),
+                desc=f"{desc} ({len(cells) - len(todo)} cached)",
+                disable=not todo,
+            ):
                 store.put(cell, run(cell))
         return [{**c, **store[c]} for c in cells]

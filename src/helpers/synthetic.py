@@ -56,8 +56,14 @@ def fact_table() -> np.ndarray:
 def name(token: int) -> str:
     """A toy token's name: A-H for letters, w/m/k/v/s + index for words, marks, keys, values,
     subjects, and the special tokens as written in SPECIAL."""
-    for prefix, block in (("ABCDEFGH", LETTERS), ("w", WORDS), ("m", MARKS), ("k", KEYS), ("v", VALUES),
-                          ("s", SUBJECTS)):
+    for prefix, block in (
+        ("ABCDEFGH", LETTERS),
+        ("w", WORDS),
+        ("m", MARKS),
+        ("k", KEYS),
+        ("v", VALUES),
+        ("s", SUBJECTS),
+    ):
         if block[0] <= token <= block[-1]:
             i = token - block[0]
             return prefix[i] if len(prefix) > 1 else f"{prefix}{i}"
@@ -76,7 +82,9 @@ def tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.WordLevel({name(i): i for i in range(VOCAB_SIZE)}, unk_token="<unk>"))
+    backend = Tokenizer(
+        models.WordLevel({name(i): i for i in range(VOCAB_SIZE)}, unk_token="<unk>")
+    )
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>")
@@ -89,7 +97,9 @@ class Batch:
     choices: torch.Tensor  # [B, C] candidate answer tokens
     gold: torch.Tensor  # [B] index into choices
     task: str
-    inline: torch.Tensor | None = None  # [B, T] answers of earlier queries in the row (-100 elsewhere)
+    inline: torch.Tensor | None = (
+        None  # [B, T] answers of earlier queries in the row (-100 elsewhere)
+    )
 
     def __len__(self) -> int:
         return len(self.gold)
@@ -99,19 +109,31 @@ class Batch:
         return self.choices.gather(1, self.gold[:, None])[:, 0]
 
 
-def _pack(rows: list[list[int]], choices: list[list[int]], gold: list[int], task: str,
-          inline: list[list[tuple[int, int]]] | None = None) -> Batch:
+def _pack(
+    rows: list[list[int]],
+    choices: list[list[int]],
+    gold: list[int],
+    task: str,
+    inline: list[list[tuple[int, int]]] | None = None,
+) -> Batch:
     T = max(map(len, rows))
     ids = torch.full((len(rows), T), PAD, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
+        ids[i, : len(r)] = torch.tensor(r)
     targets = None
     if inline is not None:
         targets = torch.full((len(rows), T), -100, dtype=torch.long)
         for i, answers in enumerate(inline):
             for position, token in answers:
                 targets[i, position] = token
-    return Batch(ids, torch.tensor([len(r) - 1 for r in rows]), torch.tensor(choices), torch.tensor(gold), task, targets)
+    return Batch(
+        ids,
+        torch.tensor([len(r) - 1 for r in rows]),
+        torch.tensor(choices),
+        torch.tensor(gold),
+        task,
+        targets,
+    )
 
 
 def kv(n: int, n_keys: int, rng: np.random.Generator, queries: int = 1) -> Batch:
@@ -133,12 +155,18 @@ def kv(n: int, n_keys: int, rng: np.random.Generator, queries: int = 1) -> Batch
             if q < queries - 1:
                 answers.append((len(row) - 1, int(values[g])))
                 row.append(values[g])
-        rows.append([int(t) for t in row]), choices.append([int(v) for v in values]), gold.append(int(asked[-1]))
+        (
+            rows.append([int(t) for t in row]),
+            choices.append([int(v) for v in values]),
+            gold.append(int(asked[-1])),
+        )
         inline.append(answers)
     return _pack(rows, choices, gold, "kv", inline if queries > 1 else None)
 
 
-def mcq(n: int, n_options: int, rng: np.random.Generator, length: tuple[int, int] = (6, 8)) -> Batch:
+def mcq(
+    n: int, n_options: int, rng: np.random.Generator, length: tuple[int, int] = (6, 8)
+) -> Batch:
     if not 2 <= n_options <= N_LETTERS:
         raise ValueError(f"n_options must be in 2..{N_LETTERS} (letters), got {n_options}")
     rows, choices, gold = [], [], []
@@ -152,7 +180,11 @@ def mcq(n: int, n_options: int, rng: np.random.Generator, length: tuple[int, int
                 words[rng.integers(len(words))] = MARKS[rng.integers(N_MARKS)]
             row += [letter, *words, NL]
         row.append(ANS)
-        rows.append([int(t) for t in row]), choices.append([int(t) for t in letters]), gold.append(g)
+        (
+            rows.append([int(t) for t in row]),
+            choices.append([int(t) for t in letters]),
+            gold.append(g),
+        )
     return _pack(rows, choices, gold, "mcq")
 
 
@@ -180,7 +212,7 @@ def items(batch: Batch) -> list[Item]:
     candidate token as a continuation after lm-eval's target delimiter."""
     out = []
     for i in range(len(batch)):
-        context = decode(batch.ids[i, :int(batch.at[i]) + 1])
+        context = decode(batch.ids[i, : int(batch.at[i]) + 1])
         pairs = tuple((context, TARGET_DELIMITER + name(int(c))) for c in batch.choices[i])
         out.append(Item(pairs, int(batch.gold[i]), batch.task))
     return out
@@ -199,8 +231,17 @@ def segments(item: Item) -> Segments:
             role[t] = "query"
         elif t > 0:
             segment[t] = s
-            role[t] = ("end" if tok == "\\n" else "sep" if tok == ":" else
-                       "letter" if tok in "ABCDEFGH" else "key" if tok.startswith("k") else "value")
+            role[t] = (
+                "end"
+                if tok == "\\n"
+                else "sep"
+                if tok == ":"
+                else "letter"
+                if tok in "ABCDEFGH"
+                else "key"
+                if tok.startswith("k")
+                else "value"
+            )
             s += tok == "\\n"
     target = _answer_segment(item, labels, segment)
     return Segments(labels, segment, role, target)

@@ -32,16 +32,26 @@ class Item:
     pairs: tuple[tuple[str, str], ...]  # one (context, continuation) per choice
     gold: int
     group: str = ""  # MMLU subject or knowledge task: what accuracy is grouped by
-    verbatim: bool = False  # score after the context exactly as written (no lm-eval whitespace move)
+    verbatim: bool = (
+        False  # score after the context exactly as written (no lm-eval whitespace move)
+    )
 
     def __post_init__(self):
         # A gold index outside the choices would be scored as wrong on every item, silently.
-        if not self.pairs or not all(len(p) == 2 and all(isinstance(t, str) for t in p) for p in self.pairs):
-            raise ConfigError(f"an Item's pairs are one or more (context, continuation) strings, got {self.pairs!r}")
+        if not self.pairs or not all(
+            len(p) == 2 and all(isinstance(t, str) for t in p) for p in self.pairs
+        ):
+            raise ConfigError(
+                f"an Item's pairs are one or more (context, continuation) strings, got {self.pairs!r}"
+            )
         gold = as_index(self.gold)
         if gold is None or not 0 <= gold < len(self.pairs):
-            raise ConfigError(f"an Item's gold is the index of the right choice, 0..{len(self.pairs) - 1}, got {self.gold!r}")
-        object.__setattr__(self, "pairs", tuple(tuple(p) for p in self.pairs))  # hashable, equal to tuples
+            raise ConfigError(
+                f"an Item's gold is the index of the right choice, 0..{len(self.pairs) - 1}, got {self.gold!r}"
+            )
+        object.__setattr__(
+            self, "pairs", tuple(tuple(p) for p in self.pairs)
+        )  # hashable, equal to tuples
         object.__setattr__(self, "gold", gold)
 
 
@@ -67,6 +77,7 @@ def _check_subset(n: int | None, seed: int) -> tuple[int | None, int]:
 
 # --- MMLU -----------------------------------------------------------------------------------------
 
+
 def mmlu_description(subject: str) -> str:
     return f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
 
@@ -79,7 +90,11 @@ def mmlu_question(row: dict) -> str:
 def mmlu_context(row: dict, shots: list[dict] = ()) -> str:
     """lm-eval's MMLU prompt: description, then k solved dev examples, then the question."""
     solved = [mmlu_question(s) + TARGET_DELIMITER + LETTERS[s["answer"]] for s in shots]
-    return mmlu_description(row["subject"]) + "".join(s + FEWSHOT_DELIMITER for s in solved) + mmlu_question(row)
+    return (
+        mmlu_description(row["subject"])
+        + "".join(s + FEWSHOT_DELIMITER for s in solved)
+        + mmlu_question(row)
+    )
 
 
 def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]:
@@ -93,14 +108,20 @@ def mmlu_items(test: list[dict], dev: list[dict] = (), k: int = 0) -> list[Item]
     for row in test:
         shots = by_subject.get(row["subject"], [])[:k]
         if len(shots) < k:
-            raise ConfigError(f"k_shot={k}, but subject {row['subject']!r} has {len(shots)} solved examples (dev "
-                              f"rows): set k_shot to at most {len(shots)}")
+            raise ConfigError(
+                f"k_shot={k}, but subject {row['subject']!r} has {len(shots)} solved examples (dev "
+                f"rows): set k_shot to at most {len(shots)}"
+            )
         ctx = mmlu_context(row, shots)
-        items.append(Item(tuple((ctx, TARGET_DELIMITER + l) for l in LETTERS), row["answer"], row["subject"]))
+        items.append(
+            Item(tuple((ctx, TARGET_DELIMITER + l) for l in LETTERS), row["answer"], row["subject"])
+        )
     return items
 
 
-def load_mmlu(profile: str, k: int = 0, n: int | None = None, seed: int = 0, permuted: bool = False) -> list[Item]:
+def load_mmlu(
+    profile: str, k: int = 0, n: int | None = None, seed: int = 0, permuted: bool = False
+) -> list[Item]:
     """MMLU test items: `cais/mmlu` on the paper profile, the letter-selection set on the CPU
     profile (`load_letters`). `n` draws a seeded random subset (all when None); `permuted` moves
     each question's options round (`permute_options`)."""
@@ -144,8 +165,13 @@ def _letter_sets(k: int, permuted: bool = False) -> tuple[tuple[Item, ...], tupl
     test, dev = _letter_rows()
     if permuted:
         test = [permute_options(r) for r in test]
-    letters = [dataclasses.replace(it, group=r["table"]) for it, r in zip(mmlu_items(test, dev, k), test)]
-    cloze = [_choices(f"Question: {r['question']}\nAnswer:", r["choices"], r["answer"], r["table"]) for r in test]
+    letters = [
+        dataclasses.replace(it, group=r["table"]) for it, r in zip(mmlu_items(test, dev, k), test)
+    ]
+    cloze = [
+        _choices(f"Question: {r['question']}\nAnswer:", r["choices"], r["answer"], r["table"])
+        for r in test
+    ]
     return tuple(letters), tuple(cloze)
 
 
@@ -158,7 +184,9 @@ def permute_options(row: dict) -> dict:
     return {**row, "choices": choices, "answer": (row["answer"] + shift) % len(choices)}
 
 
-def load_letters(k: int = 0, n: int | None = None, seed: int = 0, permuted: bool = False) -> tuple[list[Item], list[Item]]:
+def load_letters(
+    k: int = 0, n: int | None = None, seed: int = 0, permuted: bool = False
+) -> tuple[list[Item], list[Item]]:
     """The CPU profile's letter-selection set (data/letters, 726 test facts): each test row as an
     MMLU question in lm-eval's prompt (k-shot from its subject's dev rows; its `group` the fact's
     table) and, at the same index, as a cloze question on the same four answer texts in ARC's
@@ -168,11 +196,14 @@ def load_letters(k: int = 0, n: int | None = None, seed: int = 0, permuted: bool
     k = _integer(k, "k (shots)", low=0)
     n, seed = _check_subset(n, seed)
     letters, cloze = _letter_sets(k, bool(permuted))
-    _record_committed(paths.data() / "letters" / "letters.jsonl")  # each run's record, not only the first
+    _record_committed(
+        paths.data() / "letters" / "letters.jsonl"
+    )  # each run's record, not only the first
     return _subset(list(letters), n, seed), _subset(list(cloze), n, seed)
 
 
 # --- knowledge tasks ------------------------------------------------------------------------------
+
 
 def _preprocess_hellaswag(text: str) -> str:
     text = text.strip().replace(" [title]", ". ")
@@ -187,25 +218,43 @@ def knowledge_item(task: str, doc: dict) -> Item:
     """One row of a knowledge task in lm-eval's prompt for that task."""
     if task in ("arc_easy", "arc_challenge") or task in FIXTURE_KNOWLEDGE:
         labels = doc["choices"]["label"]
-        return _choices(f"Question: {doc['question']}\nAnswer:", doc["choices"]["text"],
-                        labels.index(doc["answerKey"]), task)
+        return _choices(
+            f"Question: {doc['question']}\nAnswer:",
+            doc["choices"]["text"],
+            labels.index(doc["answerKey"]),
+            task,
+        )
     if task == "piqa":
-        return _choices(f"Question: {doc['goal']}\nAnswer:", [doc["sol1"], doc["sol2"]], int(doc["label"]), task)
+        return _choices(
+            f"Question: {doc['goal']}\nAnswer:", [doc["sol1"], doc["sol2"]], int(doc["label"]), task
+        )
     if task == "openbookqa":
         labels = doc["choices"]["label"]
-        return _choices(doc["question_stem"], doc["choices"]["text"],
-                        labels.index(doc["answerKey"].lstrip()), task)
+        return _choices(
+            doc["question_stem"],
+            doc["choices"]["text"],
+            labels.index(doc["answerKey"].lstrip()),
+            task,
+        )
     if task == "hellaswag":
         ctx = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
-        return _choices(_preprocess_hellaswag(doc["activity_label"] + ": " + ctx),
-                        [_preprocess_hellaswag(e) for e in doc["endings"]], int(doc["label"]), task)
+        return _choices(
+            _preprocess_hellaswag(doc["activity_label"] + ": " + ctx),
+            [_preprocess_hellaswag(e) for e in doc["endings"]],
+            int(doc["label"]),
+            task,
+        )
     if task == "winogrande":
         # Partial scoring: the same continuation after each option-filled context.
         cut = doc["sentence"].index("_")
-        rest = TARGET_DELIMITER + doc["sentence"][cut + 1:].strip()
-        pairs = tuple((doc["sentence"][:cut] + opt, rest) for opt in (doc["option1"], doc["option2"]))
+        rest = TARGET_DELIMITER + doc["sentence"][cut + 1 :].strip()
+        pairs = tuple(
+            (doc["sentence"][:cut] + opt, rest) for opt in (doc["option1"], doc["option2"])
+        )
         return Item(pairs, {"1": 0, "2": 1}[doc["answer"]], task)
-    raise KeyError(f"unknown knowledge task {task!r}; known: {', '.join(PAPER_KNOWLEDGE + FIXTURE_KNOWLEDGE)}")
+    raise KeyError(
+        f"unknown knowledge task {task!r}; known: {', '.join(PAPER_KNOWLEDGE + FIXTURE_KNOWLEDGE)}"
+    )
 
 
 # The released code's knowledge score: the unweighted mean of `acc` over these six.
@@ -235,7 +284,9 @@ def load_knowledge(profile: str, n: int | None = None, seed: int = 0) -> dict[st
     out = {}
     for task in PAPER_KNOWLEDGE:
         path, config, split = KNOWLEDGE_SOURCES[task]
-        out[task] = _subset([knowledge_item(task, d) for d in hub_dataset(path, config, split)], n, seed)
+        out[task] = _subset(
+            [knowledge_item(task, d) for d in hub_dataset(path, config, split)], n, seed
+        )
     return out
 
 
@@ -253,7 +304,9 @@ def kv_words() -> tuple[str, ...]:
     assets = files("wonderwords").joinpath("assets")
     words = set()
     for name in ("nounlist.txt", "verblist.txt", "adjectivelist.txt"):
-        words.update(w for w in assets.joinpath(name).read_text().split() if w.isalpha() and w.islower())
+        words.update(
+            w for w in assets.joinpath(name).read_text().split() if w.isalpha() and w.islower()
+        )
     return tuple(sorted(words))
 
 
@@ -287,10 +340,17 @@ def kv_item(rng: random.Random, n_pairs: int, query: str = "paper", form: str = 
     sep = TARGET_DELIMITER if form == "spaced" else ""
     if form == "trailing":
         ctx += " "
-    return Item(tuple((ctx, f"{sep}{v}") for v in values), target, f"kv{n_pairs}", verbatim=form == "trailing")
+    return Item(
+        tuple((ctx, f"{sep}{v}") for v in values),
+        target,
+        f"kv{n_pairs}",
+        verbatim=form == "trailing",
+    )
 
 
-def kv_items(n_pairs: int, n: int, seed: int = 0, query: str = "paper", form: str = "released") -> list[Item]:
+def kv_items(
+    n_pairs: int, n: int, seed: int = 0, query: str = "paper", form: str = "released"
+) -> list[Item]:
     """`n` KV prompts of one dictionary size; the same (n_pairs, seed) always gives the same
     prompts (whatever the form: only how the value follows differs), and a larger n extends a
     smaller one."""
@@ -305,8 +365,10 @@ def _check_kv(n_pairs: int, query: str, form: str) -> int:
     if query not in ("paper", "repeat"):
         raise ConfigError(f"unknown KV query style {query!r}; use 'paper' or 'repeat'")
     if form not in KV_FORMS:
-        raise ConfigError(f"unknown KV form {form!r}; use one of {', '.join(map(repr, KV_FORMS))} "
-                          "('released': the value right after the query, as the released code scores it)")
+        raise ConfigError(
+            f"unknown KV form {form!r}; use one of {', '.join(map(repr, KV_FORMS))} "
+            "('released': the value right after the query, as the released code scores it)"
+        )
     return n_pairs
 
 
@@ -326,7 +388,9 @@ def hub_dataset(path: str, config: str | None = None, split: str | None = None):
     ds = load_dataset(path, config, split=split, revision=revision)
     parts = [ds[k] for k in sorted(ds)] if hasattr(ds, "keys") else [ds]
     DATASETS[path + (f" ({config})" if config else "")] = {
-        "revision": revision or "main (unpinned)", "fingerprint": ",".join(p._fingerprint[:16] for p in parts)}
+        "revision": revision or "main (unpinned)",
+        "fingerprint": ",".join(p._fingerprint[:16] for p in parts),
+    }
     return ds
 
 
@@ -337,8 +401,10 @@ def _jsonl(path: Path) -> list[dict]:
 
 def _record_committed(path: Path) -> None:
     """The CPU profile's datasets (committed under data/) are recorded like the hub's."""
-    DATASETS[path.relative_to(paths.data().parent).as_posix()] = {"revision": "committed with the code",
-                                                                 "fingerprint": _fingerprint(path)}
+    DATASETS[path.relative_to(paths.data().parent).as_posix()] = {
+        "revision": "committed with the code",
+        "fingerprint": _fingerprint(path),
+    }
 
 
 @cache

@@ -67,7 +67,7 @@ def tested(verdicts: Iterable[Verdict]) -> tuple[int, int]:
 
 
 def tested_note(verdicts: Iterable[Verdict]) -> str:
-    """"3 of 4 claims testable", for the page's verdict box and the book's summary."""
+    """ "3 of 4 claims testable", for the page's verdict box and the book's summary."""
     verdicts = list(verdicts)
     k, n = tested(verdicts)
     what = "claim" if any(v.kind == CLAIM for v in verdicts) or not verdicts else "check"
@@ -162,10 +162,14 @@ def loss_line(clean: Measured, ablated: Measured, chance: float) -> tuple[str, s
     d = paired(clean, ablated)  # ablated - clean: the loss is -d
     loss_lo, loss_hi = -d.hi, -d.lo
     need_hi, need_lo = (clean.hi - chance) / 2, (clean.lo - chance) / 2
-    outcome = REPRODUCED if loss_lo > need_hi else NOT_REPRODUCED if loss_hi < need_lo else INCONCLUSIVE
-    return outcome, (f"{ablated} against clean {clean}: loss {100 * -d.delta:.1f} points "
-                     f"[{100 * loss_lo:.1f}, {100 * loss_hi:.1f}]; most of the way to chance {chance:.0%} needs more "
-                     f"than {100 * need_lo:.1f} to {100 * need_hi:.1f} points (half the clean interval's gap)")
+    outcome = (
+        REPRODUCED if loss_lo > need_hi else NOT_REPRODUCED if loss_hi < need_lo else INCONCLUSIVE
+    )
+    return outcome, (
+        f"{ablated} against clean {clean}: loss {100 * -d.delta:.1f} points "
+        f"[{100 * loss_lo:.1f}, {100 * loss_hi:.1f}]; most of the way to chance {chance:.0%} needs more "
+        f"than {100 * need_lo:.1f} to {100 * need_hi:.1f} points (half the clean interval's gap)"
+    )
 
 
 def collapses(clean: Measured, ablated: Measured, chance: float) -> tuple[str, str]:
@@ -184,7 +188,9 @@ def below(reference: Measured, other: Measured, margin: float = MARGIN) -> tuple
     return outcome, f"{other} against {reference}: {d}"
 
 
-def falls(clean: Measured, ablated: Measured, chance: float, margin: float = MARGIN) -> tuple[str, str]:
+def falls(
+    clean: Measured, ablated: Measured, chance: float, margin: float = MARGIN
+) -> tuple[str, str]:
     """Does the ablation lower accuracy at all (`below`, paired)? Not testable where clean
     accuracy does not clear chance."""
     if not testable(clean, chance):
@@ -192,7 +198,9 @@ def falls(clean: Measured, ablated: Measured, chance: float, margin: float = MAR
     return below(clean, ablated, margin)
 
 
-def kept(reference: Measured, other: Measured, chance: float, margin: float = MARGIN) -> tuple[str, str]:
+def kept(
+    reference: Measured, other: Measured, chance: float, margin: float = MARGIN
+) -> tuple[str, str]:
     """Is accuracy kept within `margin` (an equivalence test on the paired difference)? Kept
     (reproduced) when the whole interval lies above -margin, not kept when the whole interval
     lies below -margin, inconclusive when it straddles -margin: a loss the interval cannot tell
@@ -201,7 +209,10 @@ def kept(reference: Measured, other: Measured, chance: float, margin: float = MA
         return NOT_TESTABLE, f"reference {reference} does not clear chance {chance:.0%}"
     d = paired(reference, other)
     outcome = REPRODUCED if d.lo > -margin else NOT_REPRODUCED if d.hi < -margin else INCONCLUSIVE
-    return outcome, f"{other} against {reference}: {d} (kept: no loss beyond {100 * margin:.0f} points)"
+    return (
+        outcome,
+        f"{other} against {reference}: {d} (kept: no loss beyond {100 * margin:.0f} points)",
+    )
 
 
 def lower(a: Score, b: Score, paired: bool = True) -> tuple[str, str]:
@@ -212,8 +223,14 @@ def lower(a: Score, b: Score, paired: bool = True) -> tuple[str, str]:
     return outcome, f"{b} against {a}: {d}"
 
 
-def beats_controls(clean: Measured, ablated: Measured, controls: Sequence[Measured], chance: float,
-                   margin: float = MARGIN, ablated_on_controls: Measured | None = None) -> tuple[str, str]:
+def beats_controls(
+    clean: Measured,
+    ablated: Measured,
+    controls: Sequence[Measured],
+    chance: float,
+    margin: float = MARGIN,
+    ablated_on_controls: Measured | None = None,
+) -> tuple[str, str]:
     """Is an ablation a bottleneck: does it take accuracy most of the way to chance
     (`collapses`) AND lower than every random control does (`below` against each draw, on the
     same items)? A universal claim (`every`): an ablation no more harmful than some random heads
@@ -224,24 +241,35 @@ def beats_controls(clean: Measured, ablated: Measured, controls: Sequence[Measur
     return _beyond_controls(*collapses(clean, ablated, chance), beside, controls, margin)
 
 
-def _beyond_controls(outcome: str, evidence: str, ablated: Measured, controls: Sequence[Measured],
-                     margin: float) -> tuple[str, str]:
+def _beyond_controls(
+    outcome: str, evidence: str, ablated: Measured, controls: Sequence[Measured], margin: float
+) -> tuple[str, str]:
     """A loss's outcome AND the ablation below every random control (`below` against each draw,
     on the same items); with no control drawn, inconclusive at best."""
     if outcome == NOT_TESTABLE:
         return outcome, evidence
     if not controls:
-        return (INCONCLUSIVE if outcome == REPRODUCED else outcome), evidence + "; no random control to beat"
+        return (
+            INCONCLUSIVE if outcome == REPRODUCED else outcome
+        ), evidence + "; no random control to beat"
     against = [below(c, ablated, margin) for c in controls]
     worst = min(range(len(controls)), key=lambda i: controls[i].acc)
     specific = every(o for o, _ in against)
-    return every([outcome, specific]), (evidence + f"; below every random control ({len(controls)} draws): {specific} "
-                                        f"(against the most harmful draw: {against[worst][1]})")
+    return every([outcome, specific]), (
+        evidence + f"; below every random control ({len(controls)} draws): {specific} "
+        f"(against the most harmful draw: {against[worst][1]})"
+    )
 
 
-def kept_while_falls(x_ref: Measured, x_other: Measured, y_ref: Measured, y_other: Measured, x_chance: float,
-                     margin: float = MARGIN) -> tuple[str, str]:
-    """"X is kept while Y falls" (e.g. MMLU kept while knowledge falls), a claim of three parts
+def kept_while_falls(
+    x_ref: Measured,
+    x_other: Measured,
+    y_ref: Measured,
+    y_other: Measured,
+    x_chance: float,
+    margin: float = MARGIN,
+) -> tuple[str, str]:
+    """ "X is kept while Y falls" (e.g. MMLU kept while knowledge falls), a claim of three parts
     (`verdicts.every`): X kept (`kept`, paired on X's items); Y falls (`below`, paired on Y's
     items: a Y that does not move, or rises, is no dissociation however X does); and X's change
     above Y's, the difference-in-differences (x_other - x_ref) - (y_other - y_ref) with its
@@ -254,8 +282,10 @@ def kept_while_falls(x_ref: Measured, x_other: Measured, y_ref: Measured, y_othe
     y_falls, y_evidence = below(y_ref, y_other, margin)
     did = difference_in_differences(x_ref, x_other, y_ref, y_other)
     gap = REPRODUCED if did.lo > 0 else NOT_REPRODUCED if did.hi < margin else INCONCLUSIVE
-    return every([x_kept, y_falls, gap]), (f"kept ({x_kept}): {x_evidence}; falls ({y_falls}): {y_evidence}; "
-                                           f"X's change minus Y's: {did}")
+    return every([x_kept, y_falls, gap]), (
+        f"kept ({x_kept}): {x_evidence}; falls ({y_falls}): {y_evidence}; "
+        f"X's change minus Y's: {did}"
+    )
 
 
 def another_mechanism(role: str, why: str, measured: bool, sure: bool = True) -> tuple[str, str]:
@@ -267,11 +297,16 @@ def another_mechanism(role: str, why: str, measured: bool, sure: bool = True) ->
     if not measured:
         return NOT_TESTABLE, why
     if not sure:
-        return INCONCLUSIVE, f"no {role} head for sure: {why}, but a candidate's interval reaches the line"
+        return (
+            INCONCLUSIVE,
+            f"no {role} head for sure: {why}, but a candidate's interval reaches the line",
+        )
     return NOT_REPRODUCED, f"another mechanism: no {role} head among the most harmful heads; {why}"
 
 
-def ranking_readable(clean: Score, most_harmful: tuple[float, float, float], chance: float) -> tuple[bool, str]:
+def ranking_readable(
+    clean: Score, most_harmful: tuple[float, float, float], chance: float
+) -> tuple[bool, str]:
     """Can a ranking of heads by accuracy-when-zeroed be read? Two checks before any head's
     rank counts: chance (the clean model's interval clears it: there is retrieval to remove) and
     ceiling (zeroing the most harmful head takes accuracy below the clean model's, its interval
@@ -279,16 +314,26 @@ def ranking_readable(clean: Score, most_harmful: tuple[float, float, float], cha
     or redundant model, every head ties and the order is only the screen's estimate)."""
     acc, lo, hi = most_harmful
     if not testable(clean, chance):
-        return False, f"the model is at chance on the ranking's prompts ({clean}, chance {chance:.0%})"
+        return (
+            False,
+            f"the model is at chance on the ranking's prompts ({clean}, chance {chance:.0%})",
+        )
     if not hi < clean.acc:
-        return False, (f"no single head moves it (at ceiling, or redundant): zeroing the most harmful head leaves "
-                       f"{acc:.1%} [{lo:.1%}, {hi:.1%}] against {clean.acc:.1%} clean, so no head's zeroing is told "
-                       "apart and the order is the screen's")
+        return False, (
+            f"no single head moves it (at ceiling, or redundant): zeroing the most harmful head leaves "
+            f"{acc:.1%} [{lo:.1%}, {hi:.1%}] against {clean.acc:.1%} clean, so no head's zeroing is told "
+            "apart and the order is the screen's"
+        )
     return True, ""
 
 
-def falls_beyond_controls(clean: Measured, ablated: Measured, controls: Sequence[Measured], floor: float,
-                          margin: float = MARGIN) -> tuple[str, str]:
+def falls_beyond_controls(
+    clean: Measured,
+    ablated: Measured,
+    controls: Sequence[Measured],
+    floor: float,
+    margin: float = MARGIN,
+) -> tuple[str, str]:
     """Does an ablation lower a task (`falls`, paired) AND lower it below every random control of
     the same size (`below` against each draw, on the same items)? The claim of a bottleneck on a
     task where no "chance" is the line to reach (a generative task's exact match: Table 2): not
@@ -297,12 +342,22 @@ def falls_beyond_controls(clean: Measured, ablated: Measured, controls: Sequence
     best). Not testable where clean does not clear `floor` (for open answers chance is 0: a stated
     minimum the clean interval must clear)."""
     outcome, evidence = falls(clean, ablated, floor, margin)
-    return _beyond_controls(outcome, f"lowers it: {evidence}" if outcome != NOT_TESTABLE else evidence, ablated,
-                            controls, margin)
+    return _beyond_controls(
+        outcome,
+        f"lowers it: {evidence}" if outcome != NOT_TESTABLE else evidence,
+        ablated,
+        controls,
+        margin,
+    )
 
 
-def rankings_agree(rho: tuple[float, float, float], overlap: tuple[float, float, float], chance: float,
-                   chance_line: float, what: str = "the two rankings") -> tuple[str, str]:
+def rankings_agree(
+    rho: tuple[float, float, float],
+    overlap: tuple[float, float, float],
+    chance: float,
+    chance_line: float,
+    what: str = "the two rankings",
+) -> tuple[str, str]:
     """Do two rankings of the same heads agree? `rho` = (Spearman's rho, lo, hi) and `overlap`
     = (top-k overlap, lo, hi) with their 95% intervals (lo = hi = the value where it has none);
     `chance` and `chance_line`: the overlap two random orders share on average and its 97.5%
@@ -315,12 +370,17 @@ def rankings_agree(rho: tuple[float, float, float], overlap: tuple[float, float,
     r, r_lo, r_hi = rho
     o, o_lo, o_hi = overlap
     if r != r or r_lo != r_lo:
-        return NOT_TESTABLE, f"{what}: no rank correlation (fewer than 5 common heads, or every head ties)"
+        return (
+            NOT_TESTABLE,
+            f"{what}: no rank correlation (fewer than 5 common heads, or every head ties)",
+        )
     agree = r_lo > 0 and o_lo > chance_line
     disagree = r_hi <= 0 or o_hi <= chance
     outcome = REPRODUCED if agree else NOT_REPRODUCED if disagree else INCONCLUSIVE
-    return outcome, (f"{what}: rank correlation {r:.2f} [{r_lo:.2f}, {r_hi:.2f}]; top-k overlap {o:g} [{o_lo:g}, {o_hi:g}] "
-                     f"against {chance:.2f} for random orders (97.5% point {chance_line:g})")
+    return outcome, (
+        f"{what}: rank correlation {r:.2f} [{r_lo:.2f}, {r_hi:.2f}]; top-k overlap {o:g} [{o_lo:g}, {o_hi:g}] "
+        f"against {chance:.2f} for random orders (97.5% point {chance_line:g})"
+    )
 
 
 # --- how many items a page needs ----------------------------------------------------------------
@@ -337,12 +397,16 @@ class Power:
     and the items there are, the n used, and the smallest collapse it detects."""
 
     n: int  # items used: the largest need, at least `floor`, at most `available`
-    needs: dict[str, int | None]  # kind of claim -> the n that decides it with 80% power (None: no n does)
+    needs: dict[
+        str, int | None
+    ]  # kind of claim -> the n that decides it with 80% power (None: no n does)
     floor: int
     available: int
     clean: float
     chance: float
-    detectable: float | None  # the smallest loss `collapses` reports as reproduced with 80% power at n
+    detectable: (
+        float | None
+    )  # the smallest loss `collapses` reports as reproduced with 80% power at n
 
     @property
     def n_dependent(self) -> int:
@@ -352,18 +416,31 @@ class Power:
         return min(self.n, max([x for x in self.needs.values() if x] or [self.n]))
 
     def note(self, what: str = "items") -> str:
-        needs = "; ".join(f"{kind}: {n if n is not None else 'no n'}" for kind, n in self.needs.items())
-        where = (f" (the rule asks for {max(n for n in self.needs.values() if n)}, the set has {self.available})"
-                 if self.n == self.available and self.n < max((n or 0) for n in self.needs.values()) else "")
-        line = (f"a loss of {100 * self.detectable:.1f} points or more is detected as a collapse with 80% power"
-                if self.detectable is not None else "no loss down to chance is detected as a collapse with 80% power")
-        dependent = (f" The claims that depend on a head that hurts are scored on {self.n_dependent} of them drawn at random, "
-                     "the most their rule asks for, beside what they are compared with there."
-                     if self.n_dependent < self.n else "")
-        return (f"n = {self.n} {what}{where}, from the rule: the smallest n that decides each claim with 80% power at "
-                f"the clean accuracy {self.clean:.1%} (chance {self.chance:.0%}); {needs}; at least {self.floor}. "
-                f"At n = {self.n} {line}; 'kept' is planned at {100 * KEEP_DISCORDANCE:.0f}% of items flipping either "
-                f"way.{dependent}")
+        needs = "; ".join(
+            f"{kind}: {n if n is not None else 'no n'}" for kind, n in self.needs.items()
+        )
+        where = (
+            f" (the rule asks for {max(n for n in self.needs.values() if n)}, the set has {self.available})"
+            if self.n == self.available and self.n < max((n or 0) for n in self.needs.values())
+            else ""
+        )
+        line = (
+            f"a loss of {100 * self.detectable:.1f} points or more is detected as a collapse with 80% power"
+            if self.detectable is not None
+            else "no loss down to chance is detected as a collapse with 80% power"
+        )
+        dependent = (
+            f" The claims that depend on a head that hurts are scored on {self.n_dependent} of them drawn at random, "
+            "the most their rule asks for, beside what they are compared with there."
+            if self.n_dependent < self.n
+            else ""
+        )
+        return (
+            f"n = {self.n} {what}{where}, from the rule: the smallest n that decides each claim with 80% power at "
+            f"the clean accuracy {self.clean:.1%} (chance {self.chance:.0%}); {needs}; at least {self.floor}. "
+            f"At n = {self.n} {line}; 'kept' is planned at {100 * KEEP_DISCORDANCE:.0f}% of items flipping either "
+            f"way.{dependent}"
+        )
 
 
 def plan(clean: float, chance: float, floor: int, available: int) -> Power:
@@ -377,8 +454,20 @@ def plan(clean: float, chance: float, floor: int, available: int) -> Power:
 
     collapse = lambda a, b: collapses(a, b, chance)
     keep = lambda a, b: kept(a, b, chance)
-    needs = {"a collapse to chance": powered_n(collapse, REPRODUCED, clean, chance, clean - chance),
-             "no collapse where nothing changes": powered_n(collapse, NOT_REPRODUCED, clean, clean, KEEP_DISCORDANCE),
-             "kept within 5 points": powered_n(keep, REPRODUCED, clean, clean, KEEP_DISCORDANCE)}
+    needs = {
+        "a collapse to chance": powered_n(collapse, REPRODUCED, clean, chance, clean - chance),
+        "no collapse where nothing changes": powered_n(
+            collapse, NOT_REPRODUCED, clean, clean, KEEP_DISCORDANCE
+        ),
+        "kept within 5 points": powered_n(keep, REPRODUCED, clean, clean, KEEP_DISCORDANCE),
+    }
     n = min(available, max([floor] + [x for x in needs.values() if x]))
-    return Power(n, needs, floor, available, clean, chance, detectable_loss(collapse, REPRODUCED, n, clean, chance))
+    return Power(
+        n,
+        needs,
+        floor,
+        available,
+        clean,
+        chance,
+        detectable_loss(collapse, REPRODUCED, n, clean, chance),
+    )

@@ -37,16 +37,16 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from . import evaluate, paths, synthetic
+from .adapters import MambaAdapter, adapter_for
+from .convllama import ConvLlamaConfig, ConvLlamaForCausalLM
+from .hooks import LAYER_IN, LAYER_OUT, hooked
 from .progress import bar
 from .provenance import file_hash
-from .adapters import MambaAdapter, adapter_for
-from .hooks import LAYER_IN, LAYER_OUT, hooked
-from .convllama import ConvLlamaConfig, ConvLlamaForCausalLM
 from .registry import RAD_SEEDS, Loaded, seeded
 from .ssm import discrete_hidden_attention
 
-
 # --- the zoo ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -72,35 +72,124 @@ WIDTH, LAYERS, HEADS = 64, 3, 4
 # match a two-token key only after a convolution, so the key is matched after the first layer and
 # a swap can tell "the aggregating layer" from "the first one".
 TEACHER_LAYERS = 4
-STUDENT = dict(d_model=WIDTH, n_layer=TEACHER_LAYERS, mlp_cfg={"intermediate_size": 2 * WIDTH},
-               ssm_cfg={"d_state": 16, "n_v_heads": HEADS, "n_qk_heads": HEADS, "chunk_size": 32})
-RECIPES = {r.name: r for r in [
-    Recipe("toy-transformer", "Llama-3.1 (Transformer)", "conv_llama",
-           dict(hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=TEACHER_LAYERS,
-                num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=512, rms_norm_eps=1e-5,
-                tie_word_embeddings=False, conv_kernel=4, conv_layers=[1, 2, 3]), steps=3000),
-    Recipe("toy-mamba2", "Llamba / Mamba-2 (pure SSM)", "mamba2",
-           dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, expand=2, num_heads=HEADS, head_dim=2 * WIDTH // HEADS,
-                state_size=8, n_groups=1, conv_kernel=4, chunk_size=32, tie_word_embeddings=False), steps=3000),
-    Recipe("toy-mamba1", "Falcon-Mamba (Mamba-1)", "mamba",
-           dict(hidden_size=WIDTH, num_hidden_layers=2, expand=2, state_size=16, conv_kernel=4,
-                use_mambapy=True, tie_word_embeddings=False), steps=3000, heads_per_group=16),
-    Recipe("toy-hybrid", "Zamba2 (hybrid)", "zamba2",
-           dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, layers_block_type=["mamba", "hybrid", "mamba"],
-                num_attention_heads=HEADS, n_mamba_heads=HEADS, mamba_d_state=4, mamba_ngroups=1,
-                intermediate_size=2 * WIDTH, chunk_size=32, num_mem_blocks=1, use_mem_rope=True,
-                tie_word_embeddings=False), steps=4000),
-    Recipe("toy-student", "Llamba (distilled)", "llamba", STUDENT, steps=0, teacher="toy-transformer",
-           distill_steps=(400, 3000)),
-    # The follow-up's retrieval-aware distillation: the student with one of the teacher's 16
-    # heads (6%) kept as attention, chosen by each rule (three random draws), each trained from
-    # three seeds (a seed also draws the heads each rule is measured on, and the random heads).
-    *(Recipe(seeded(f"toy-rad-{tag}", seed), f"hybrid keeping 1 head by {by}", "llamba", STUDENT, steps=0,
-             teacher="toy-transformer", distill_steps=(400, 1600), keep=1, keep_by=by, draw=draw, seed=seed)
-      for seed in RAD_SEEDS
-      for tag, by, draw in [("ga", "G&A ranking", 0), ("retrieval", "retrieval score", 0), ("random0", "random", 0),
-                            ("random1", "random", 1), ("random2", "random", 2)]),
-]}
+STUDENT = dict(
+    d_model=WIDTH,
+    n_layer=TEACHER_LAYERS,
+    mlp_cfg={"intermediate_size": 2 * WIDTH},
+    ssm_cfg={"d_state": 16, "n_v_heads": HEADS, "n_qk_heads": HEADS, "chunk_size": 32},
+)
+RECIPES = {
+    r.name: r
+    for r in [
+        Recipe(
+            "toy-transformer",
+            "Llama-3.1 (Transformer)",
+            "conv_llama",
+            dict(
+                hidden_size=WIDTH,
+                intermediate_size=2 * WIDTH,
+                num_hidden_layers=TEACHER_LAYERS,
+                num_attention_heads=HEADS,
+                num_key_value_heads=HEADS,
+                max_position_embeddings=512,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                conv_kernel=4,
+                conv_layers=[1, 2, 3],
+            ),
+            steps=3000,
+        ),
+        Recipe(
+            "toy-mamba2",
+            "Llamba / Mamba-2 (pure SSM)",
+            "mamba2",
+            dict(
+                hidden_size=WIDTH,
+                num_hidden_layers=LAYERS,
+                expand=2,
+                num_heads=HEADS,
+                head_dim=2 * WIDTH // HEADS,
+                state_size=8,
+                n_groups=1,
+                conv_kernel=4,
+                chunk_size=32,
+                tie_word_embeddings=False,
+            ),
+            steps=3000,
+        ),
+        Recipe(
+            "toy-mamba1",
+            "Falcon-Mamba (Mamba-1)",
+            "mamba",
+            dict(
+                hidden_size=WIDTH,
+                num_hidden_layers=2,
+                expand=2,
+                state_size=16,
+                conv_kernel=4,
+                use_mambapy=True,
+                tie_word_embeddings=False,
+            ),
+            steps=3000,
+            heads_per_group=16,
+        ),
+        Recipe(
+            "toy-hybrid",
+            "Zamba2 (hybrid)",
+            "zamba2",
+            dict(
+                hidden_size=WIDTH,
+                num_hidden_layers=LAYERS,
+                layers_block_type=["mamba", "hybrid", "mamba"],
+                num_attention_heads=HEADS,
+                n_mamba_heads=HEADS,
+                mamba_d_state=4,
+                mamba_ngroups=1,
+                intermediate_size=2 * WIDTH,
+                chunk_size=32,
+                num_mem_blocks=1,
+                use_mem_rope=True,
+                tie_word_embeddings=False,
+            ),
+            steps=4000,
+        ),
+        Recipe(
+            "toy-student",
+            "Llamba (distilled)",
+            "llamba",
+            STUDENT,
+            steps=0,
+            teacher="toy-transformer",
+            distill_steps=(400, 3000),
+        ),
+        # The follow-up's retrieval-aware distillation: the student with one of the teacher's 16
+        # heads (6%) kept as attention, chosen by each rule (three random draws), each trained from
+        # three seeds (a seed also draws the heads each rule is measured on, and the random heads).
+        *(
+            Recipe(
+                seeded(f"toy-rad-{tag}", seed),
+                f"hybrid keeping 1 head by {by}",
+                "llamba",
+                STUDENT,
+                steps=0,
+                teacher="toy-transformer",
+                distill_steps=(400, 1600),
+                keep=1,
+                keep_by=by,
+                draw=draw,
+                seed=seed,
+            )
+            for seed in RAD_SEEDS
+            for tag, by, draw in [
+                ("ga", "G&A ranking", 0),
+                ("retrieval", "retrieval score", 0),
+                ("random0", "random", 0),
+                ("random1", "random", 1),
+                ("random2", "random", 2),
+            ]
+        ),
+    ]
+}
 
 TRAIN_SIZES = {"kv": (2, 16), "mcq": (2, 8), "knowledge": (None, None)}
 SCHEDULE = ["kv", "mcq"] * 3 + ["knowledge"]  # task of step i: SCHEDULE[i % 7]
@@ -123,22 +212,34 @@ def recipe(name: str) -> Recipe:
 def build_model(r: Recipe, kept_attention: dict | None = None) -> nn.Module:
     """An untrained model of the recipe (weights from the current torch seed); a hybrid's kept
     heads are described by `kept_attention` (`LlambaConfig`), which its build decides."""
-    from transformers import Mamba2Config, Mamba2ForCausalLM, MambaConfig, MambaForCausalLM, Zamba2Config, \
-        Zamba2ForCausalLM
+    from transformers import (
+        Mamba2Config,
+        Mamba2ForCausalLM,
+        MambaConfig,
+        MambaForCausalLM,
+        Zamba2Config,
+        Zamba2ForCausalLM,
+    )
 
     from .llamba import LlambaConfig, LlambaForCausalLM
 
     vocab = synthetic.VOCAB_SIZE
     if r.arch == "conv_llama":
-        return ConvLlamaForCausalLM(ConvLlamaConfig(vocab_size=vocab, attn_implementation="sdpa", **r.config))
+        return ConvLlamaForCausalLM(
+            ConvLlamaConfig(vocab_size=vocab, attn_implementation="sdpa", **r.config)
+        )
     if r.arch == "mamba2":
         return Mamba2ForCausalLM(Mamba2Config(vocab_size=vocab, **r.config))
     if r.arch == "mamba":
         return MambaForCausalLM(MambaConfig(vocab_size=vocab, **r.config))
     if r.arch == "zamba2":
-        return Zamba2ForCausalLM(Zamba2Config(vocab_size=vocab, attn_implementation="sdpa", **r.config))
+        return Zamba2ForCausalLM(
+            Zamba2Config(vocab_size=vocab, attn_implementation="sdpa", **r.config)
+        )
     if r.arch == "llamba":
-        return LlambaForCausalLM(LlambaConfig(vocab_size=vocab, kept_attention=kept_attention, **r.config))
+        return LlambaForCausalLM(
+            LlambaConfig(vocab_size=vocab, kept_attention=kept_attention, **r.config)
+        )
     raise ValueError(f"unknown architecture {r.arch!r}")
 
 
@@ -152,11 +253,15 @@ def load(name: str, folder: Path | None = None) -> Loaded:
     folder = folder or checkpoints()
     path = folder / f"{name}.safetensors"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: rebuild the zoo with `python -m helpers.zoo build {name}` (make zoo)")
+        raise FileNotFoundError(
+            f"{path} is missing: rebuild the zoo with `python -m helpers.zoo build {name}` (make zoo)"
+        )
     model = build_model(r, record(name, folder).get("kept_attention"))
     load_model(model, path)
     model.eval().requires_grad_(False)
-    return Loaded(name, model, synthetic.tokenizer(), adapter_of(r, model), revision=file_hash(path))
+    return Loaded(
+        name, model, synthetic.tokenizer(), adapter_of(r, model), revision=file_hash(path)
+    )
 
 
 def record(name: str, folder: Path | None = None) -> dict:
@@ -166,6 +271,7 @@ def record(name: str, folder: Path | None = None) -> dict:
 
 
 # --- training --------------------------------------------------------------------------------------
+
 
 @contextmanager
 def one_thread():
@@ -182,7 +288,9 @@ def one_thread():
 def task_batch(step: int, rng: np.random.Generator, n: int) -> synthetic.Batch:
     task = SCHEDULE[step % len(SCHEDULE)]
     lo, hi = TRAIN_SIZES[task]
-    return synthetic.make(task, n, None if lo is None else int(rng.integers(lo, hi + 1)), rng, KV_QUERIES)
+    return synthetic.make(
+        task, n, None if lo is None else int(rng.integers(lo, hi + 1)), rng, KV_QUERIES
+    )
 
 
 def probes(seed: int, n: int) -> dict[str, synthetic.Batch]:
@@ -201,15 +309,22 @@ def final_accuracies(model: nn.Module, seed: int, n: int) -> dict[str, float]:
     out = {}
     for task, sizes in FINAL.items():
         for size in sizes:
-            out[task if size is None else f"{task}@{size}"] = accuracy(model, synthetic.make(task, n, size, rng))
+            out[task if size is None else f"{task}@{size}"] = accuracy(
+                model, synthetic.make(task, n, size, rng)
+            )
     return out
 
 
 def optimiser(params, steps: int, lr: float = 3e-3, warmup: int = 100):
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     # Linear warm-up, then cosine decay to a tenth.
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * (
-        0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, steps)))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup)
+            * (0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, steps))))
+        ),
+    )
     return opt, sched
 
 
@@ -220,8 +335,15 @@ def answer_loss(model: nn.Module, batch: synthetic.Batch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def train(model: nn.Module, steps: int, seed: int, batch: int = 64, every: int = 250, n_probe: int = 256,
-          progress: bool = True) -> list[dict]:
+def train(
+    model: nn.Module,
+    steps: int,
+    seed: int,
+    batch: int = 64,
+    every: int = 250,
+    n_probe: int = 256,
+    progress: bool = True,
+) -> list[dict]:
     """Train on the task schedule; returns the curve (loss and probe accuracies every `every` steps)."""
     rng = np.random.default_rng([seed, 0])
     held = probes(seed, n_probe)
@@ -238,8 +360,13 @@ def train(model: nn.Module, steps: int, seed: int, batch: int = 64, every: int =
         losses.append(loss.item())
         if (step + 1) % every == 0 or step + 1 == steps:
             model.eval()
-            curve.append({"step": step + 1, "loss": float(np.mean(losses[-every:])),
-                          **{t: accuracy(model, b) for t, b in held.items()}})
+            curve.append(
+                {
+                    "step": step + 1,
+                    "loss": float(np.mean(losses[-every:])),
+                    **{t: accuracy(model, b) for t, b in held.items()},
+                }
+            )
             model.train()
     model.eval()
     return curve
@@ -247,16 +374,21 @@ def train(model: nn.Module, steps: int, seed: int, batch: int = 64, every: int =
 
 # --- MOHAWK distillation (stages 1 and 2) ----------------------------------------------------------
 
+
 def copy_from_teacher(student: nn.Module, teacher: nn.Module) -> list[nn.Parameter]:
     """Give the student the teacher's embeddings, norms, MLPs and head; freeze them, and return
     the parameters left to train (the mixers)."""
     s, t = student.backbone, teacher.model
     with torch.no_grad():
-        s.embedding.weight[:t.embed_tokens.weight.shape[0]] = t.embed_tokens.weight
+        s.embedding.weight[: t.embed_tokens.weight.shape[0]] = t.embed_tokens.weight
         s.final_layernorm.weight.copy_(t.norm.weight)
-        student.lm_head.weight[:teacher.lm_head.weight.shape[0]] = teacher.lm_head.weight
+        student.lm_head.weight[: teacher.lm_head.weight.shape[0]] = teacher.lm_head.weight
         for sl, tl in zip(s.layers, t.layers):
-            norm = tl.input_layernorm[0] if isinstance(tl.input_layernorm, nn.Sequential) else tl.input_layernorm
+            norm = (
+                tl.input_layernorm[0]
+                if isinstance(tl.input_layernorm, nn.Sequential)
+                else tl.input_layernorm
+            )
             sl.input_layernorm.weight.copy_(norm.weight)
             sl.post_attention_layernorm.weight.copy_(tl.post_attention_layernorm.weight)
             sl.mlp.load_state_dict(tl.mlp.state_dict())
@@ -268,20 +400,37 @@ def copy_from_teacher(student: nn.Module, teacher: nn.Module) -> list[nn.Paramet
 
 
 @torch.no_grad()
-def teacher_states(teacher: nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+def teacher_states(
+    teacher: nn.Module, ids: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Each layer's input and output residual streams, and its attention probabilities."""
     from .attention import attention_maps
 
     layers = range(len(teacher.model.layers))
     inputs, outputs = [], []
-    taps = {(site, l): seen.append for l in layers for site, seen in ((LAYER_IN, inputs), (LAYER_OUT, outputs))}
+    taps = {
+        (site, l): seen.append
+        for l in layers
+        for site, seen in ((LAYER_IN, inputs), (LAYER_OUT, outputs))
+    }
     with hooked(teacher, taps):
         maps = attention_maps(teacher, ids, list(layers))
-    return [x.clone() for x in inputs], [x.clone() for x in outputs], [maps[i].clone() for i in layers]
+    return (
+        [x.clone() for x in inputs],
+        [x.clone() for x in outputs],
+        [maps[i].clone() for i in layers],
+    )
 
 
-def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed: int, batch: int = 64,
-            every: int = 100, progress: bool = True) -> list[dict]:
+def distill(
+    student: nn.Module,
+    teacher: nn.Module,
+    steps: tuple[int, int],
+    seed: int,
+    batch: int = 64,
+    every: int = 100,
+    progress: bool = True,
+) -> list[dict]:
     """MOHAWK stages 1 (each layer's hidden attention matched to the teacher's attention,
     per head) and 2 (each layer's output matched to the teacher's, given the teacher's input),
     every layer at once, on the task schedule's inputs."""
@@ -315,8 +464,14 @@ def distill(student: nn.Module, teacher: nn.Module, steps: tuple[int, int], seed
             losses.append(loss.item())
             step += 1
             if (i + 1) % every == 0 or i + 1 == n_steps:
-                curve.append({"step": step, "stage": stage, "loss": float(np.mean(losses[-every:])),
-                              **{t: accuracy(student, hb) for t, hb in held.items()}})
+                curve.append(
+                    {
+                        "step": step,
+                        "stage": stage,
+                        "loss": float(np.mean(losses[-every:])),
+                        **{t: accuracy(student, hb) for t, hb in held.items()},
+                    }
+                )
     student.eval().requires_grad_(False)
     return curve
 
@@ -327,7 +482,9 @@ KEEP_BY = ("G&A ranking", "retrieval score", "random")
 
 
 @torch.no_grad()
-def head_importance(teacher: Loaded, by: str, seed: int, draw: int = 0, n: int = 256) -> dict[tuple[int, int], float]:
+def head_importance(
+    teacher: Loaded, by: str, seed: int, draw: int = 0, n: int = 256
+) -> dict[tuple[int, int], float]:
     """Each teacher head's claim to stay attention (higher first), from KV prompts (8 keys) of a
     stream no probe or final score draws from. "G&A ranking": how much zeroing the head raises
     the answer's loss (the book's KV ablation ranking); "retrieval score": the attention the
@@ -343,6 +500,7 @@ def head_importance(teacher: Loaded, by: str, seed: int, draw: int = 0, n: int =
         return {heads[i]: float(-rank) for rank, i in enumerate(order)}
     batch = synthetic.make("kv", n, PROBES["kv"], np.random.default_rng([seed, 4]))
     if by == "G&A ranking":
+
         def loss() -> float:
             return answer_loss(teacher.model, batch).item()
 
@@ -367,7 +525,7 @@ def head_importance(teacher: Loaded, by: str, seed: int, draw: int = 0, n: int =
 def choose_heads(teacher: Loaded, r: Recipe, seed: int) -> dict[int, list[int]]:
     """The recipe's `keep` heads with the highest claim, {layer: [head, ...]} (ties: lower index)."""
     claim = head_importance(teacher, r.keep_by, seed, r.draw)
-    top = sorted(claim, key=lambda lh: (-claim[lh], lh))[:r.keep]
+    top = sorted(claim, key=lambda lh: (-claim[lh], lh))[: r.keep]
     kept: dict[int, list[int]] = {}
     for l, h in sorted(top):
         kept.setdefault(l, []).append(h)
@@ -377,9 +535,14 @@ def choose_heads(teacher: Loaded, r: Recipe, seed: int) -> dict[int, list[int]]:
 def kept_attention(teacher: nn.Module, kept: dict[int, list[int]]) -> dict:
     """`LlambaConfig.kept_attention` for these teacher heads."""
     c = teacher.config
-    return {"heads": {str(l): len(hs) for l, hs in kept.items()}, "from": {str(l): hs for l, hs in kept.items()},
-            "head_dim": c.head_dim, "rope_theta": c.rope_parameters["rope_theta"], "conv_kernel": c.conv_kernel,
-            "conv_layers": list(c.conv_layers)}
+    return {
+        "heads": {str(l): len(hs) for l, hs in kept.items()},
+        "from": {str(l): hs for l, hs in kept.items()},
+        "head_dim": c.head_dim,
+        "rope_theta": c.rope_parameters["rope_theta"],
+        "conv_kernel": c.conv_kernel,
+        "conv_layers": list(c.conv_layers),
+    }
 
 
 @torch.no_grad()
@@ -398,8 +561,15 @@ def copy_kept_heads(student: nn.Module, teacher: nn.Module, kept: dict[int, list
 
 # --- build -----------------------------------------------------------------------------------------
 
-def build(name: str, folder: Path | None = None, seed: int | None = None, steps: int | None = None, n_final: int = 500,
-          progress: bool = True) -> dict:
+
+def build(
+    name: str,
+    folder: Path | None = None,
+    seed: int | None = None,
+    steps: int | None = None,
+    n_final: int = 500,
+    progress: bool = True,
+) -> dict:
     """Train one zoo model from its recipe and seed (None: the recipe's); write its checkpoint
     and record."""
     r = recipe(name)
@@ -431,11 +601,25 @@ def build(name: str, folder: Path | None = None, seed: int | None = None, steps:
             trained = {"steps": n}
         final = final_accuracies(model, seed, n_final)
     wall = time.perf_counter() - start
-    rec = {"seed": seed, **trained, "batch": 64, "threads": 1, "wall_s": round(wall, 1), "curve": curve,
-           "final": final, "n_final": n_final, "torch": torch.__version__}
+    rec = {
+        "seed": seed,
+        **trained,
+        "batch": 64,
+        "threads": 1,
+        "wall_s": round(wall, 1),
+        "curve": curve,
+        "final": final,
+        "n_final": n_final,
+        "torch": torch.__version__,
+    }
     save_model(model, str(folder / f"{name}.safetensors"))
-    (folder / f"{name}.json").write_text(json.dumps(
-        {"name": name, "role": r.role, "arch": r.arch, "config": r.config, "record": rec}, indent=1) + "\n")
+    (folder / f"{name}.json").write_text(
+        json.dumps(
+            {"name": name, "role": r.role, "arch": r.arch, "config": r.config, "record": rec},
+            indent=1,
+        )
+        + "\n"
+    )
     return rec
 
 
@@ -446,7 +630,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("names", nargs="*", help=f"default: all ({', '.join(RECIPES)})")
     b.add_argument("--out", type=Path, default=None, help="default: data/zoo")
     b.add_argument("--seed", type=int, default=None, help="default: the recipe's")
-    b.add_argument("--steps", type=int, default=None, help="override the recipes' step counts (smoke runs)")
+    b.add_argument(
+        "--steps", type=int, default=None, help="override the recipes' step counts (smoke runs)"
+    )
     args = p.parse_args(argv)
     for name in args.names or list(RECIPES):
         rec = build(name, args.out, args.seed, args.steps)

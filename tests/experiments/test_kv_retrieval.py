@@ -11,9 +11,9 @@ import pytest
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import kv_retrieval as chapter
+from helpers.heads import Head
 from helpers.protocol.roles import Roles
 from helpers.protocol.shared import Ranking
-from helpers.heads import Head
 from helpers.stats import Score
 
 G, A = Head(16, 22), Head(17, 24)
@@ -23,7 +23,9 @@ def test_run_at_smoke_size_scores_every_size_and_both_rankings():
     # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
     # two shared rankings of seconds rather than minutes.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert result.sizes == [2, 8] and set(result.rankings) == {"released"}  # the zoo's token task: no query forms
+    assert result.sizes == [2, 8] and set(result.rankings) == {
+        "released"
+    }  # the zoo's token task: no query forms
     assert {len(s.correct) for by_size in result.scores.values() for s in by_size.values()} == {3}
     assert set(result.scores) == {"model"} | {f"{r} removed" for r in "GA" if result.roles.heads[r]}
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
@@ -38,21 +40,43 @@ def at(acc, n=200):
 def ranking(order, accs=None):
     """A ranking whose measured heads are `order`, most harmful first."""
     accs = accs or [0.1 + 0.05 * i for i in range(len(order))]
-    table = pd.DataFrame([dict(layer=h.layer, head=h.head, estimate=-1.0 + i, acc=a, lo=a - 0.05, hi=a + 0.05, n=200)
-                          for i, (h, a) in enumerate(zip(order, accs))])
+    table = pd.DataFrame(
+        [
+            dict(
+                layer=h.layer,
+                head=h.head,
+                estimate=-1.0 + i,
+                acc=a,
+                lo=a - 0.05,
+                hi=a + 0.05,
+                n=200,
+            )
+            for i, (h, a) in enumerate(zip(order, accs))
+        ]
+    )
     return Ranking("llama-3.1-8b-instruct", {"pairs": 8, "n": 200}, at(0.9), table)
 
 
-def made_up(model, gather, aggregate, source="paper", order=(G, A, Head(3, 1), Head(5, 2), Head(8, 0))):
+def made_up(
+    model, gather, aggregate, source="paper", order=(G, A, Head(3, 1), Head(5, 2), Head(8, 0))
+):
     """A Result over sizes 2, 8, 32 with the given accuracies per size."""
     sizes = [2, 8, 32]
-    scores = {"model": {k: at(a) for k, a in zip(sizes, model)},
-              "G removed": {k: at(a) for k, a in zip(sizes, gather)},
-              "A removed": {k: at(a) for k, a in zip(sizes, aggregate)}}
+    scores = {
+        "model": {k: at(a) for k, a in zip(sizes, model)},
+        "G removed": {k: at(a) for k, a in zip(sizes, gather)},
+        "A removed": {k: at(a) for k, a in zip(sizes, aggregate)},
+    }
     roles = Roles({"G": (G,), "A": (A,)}, source)
     ranked = ranking(list(order))
-    return chapter.Result(chapter.Config.for_profile("paper"), scores, roles, {"released": ranked, "spaced": ranked}, {},
-                          {("released", "spaced"): False, ("spaced", "trailing"): True})
+    return chapter.Result(
+        chapter.Config.for_profile("paper"),
+        scores,
+        roles,
+        {"released": ranked, "spaced": ranked},
+        {},
+        {("released", "spaced"): False, ("spaced", "trailing"): True},
+    )
 
 
 def test_the_papers_fig_4_is_reproduced():
@@ -71,31 +95,63 @@ def test_accuracy_that_rises_and_heads_that_do_nothing_are_not_the_papers_pictur
     assert aggregate.outcome == v.NOT_REPRODUCED and "the gap widens" in aggregate.evidence
     # A gap that stays the same size: not a widening one
     steady = made_up(model=[0.95, 0.85, 0.7], gather=[0.75, 0.65, 0.5], aggregate=[0.75, 0.65, 0.5])
-    assert chapter.verdicts(steady)[1].outcome != v.REPRODUCED  # too few items to exclude a small widening, but no widening
+    assert (
+        chapter.verdicts(steady)[1].outcome != v.REPRODUCED
+    )  # too few items to exclude a small widening, but no widening
 
 
 def test_a_role_no_harmful_head_plays_is_one_finding():
     import helpers.heads as hd
-    result = made_up(model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15], source="behaviour")
-    local = pd.DataFrame({hd.GATHER_MEASURE: [0.9], hd.AGGREGATE_MEASURE: [0.2], hd.LOCAL_MEASURE: [0.95]},
-                         index=pd.Index([G]))  # a previous-token head, and no aggregating one
-    measured = Roles({"G": (), "A": ()}, "behaviour", local, {"G": None, "A": None}, candidates=(G,))
-    trend, roles, gather, aggregate, *_ = chapter.verdicts(dataclasses.replace(result, roles=measured))
-    assert roles.headline and roles.outcome == v.NOT_REPRODUCED and "another mechanism" in roles.evidence
+
+    result = made_up(
+        model=[0.95, 0.85, 0.7],
+        gather=[0.9, 0.6, 0.2],
+        aggregate=[0.85, 0.5, 0.15],
+        source="behaviour",
+    )
+    local = pd.DataFrame(
+        {hd.GATHER_MEASURE: [0.9], hd.AGGREGATE_MEASURE: [0.2], hd.LOCAL_MEASURE: [0.95]},
+        index=pd.Index([G]),
+    )  # a previous-token head, and no aggregating one
+    measured = Roles(
+        {"G": (), "A": ()}, "behaviour", local, {"G": None, "A": None}, candidates=(G,)
+    )
+    trend, roles, gather, aggregate, *_ = chapter.verdicts(
+        dataclasses.replace(result, roles=measured)
+    )
+    assert (
+        roles.headline
+        and roles.outcome == v.NOT_REPRODUCED
+        and "another mechanism" in roles.evidence
+    )
     assert "L16H22 reads the previous token" in roles.evidence
     assert gather.outcome == aggregate.outcome == v.NOT_TESTABLE  # one finding, not one per claim
     unmeasured = Roles({"G": (), "A": ()}, "behaviour")
-    assert chapter.verdicts(dataclasses.replace(result, roles=unmeasured))[1].outcome == v.NOT_TESTABLE
+    assert (
+        chapter.verdicts(dataclasses.replace(result, roles=unmeasured))[1].outcome == v.NOT_TESTABLE
+    )
 
 
 def test_heads_ranked_low_are_not_top_ranked_and_heads_found_by_ranking_cannot_test_it():
     others = [Head(3, i) for i in range(6)]
-    low = made_up(model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15], order=others + [G, A])
+    low = made_up(
+        model=[0.95, 0.85, 0.7],
+        gather=[0.9, 0.6, 0.2],
+        aggregate=[0.85, 0.5, 0.15],
+        order=others + [G, A],
+    )
     assert [x.outcome for x in chapter.verdicts(low)][3:] == [v.NOT_REPRODUCED] * 2
-    unswept = made_up(model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15], order=others)
+    unswept = made_up(
+        model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15], order=others
+    )
     assert chapter.verdicts(unswept)[3].outcome == v.NOT_TESTABLE  # not read as "not reproduced"
     assert "was not swept exactly" in chapter.verdicts(unswept)[3].evidence
-    ours = made_up(model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15], source="behaviour")
+    ours = made_up(
+        model=[0.95, 0.85, 0.7],
+        gather=[0.9, 0.6, 0.2],
+        aggregate=[0.85, 0.5, 0.15],
+        source="behaviour",
+    )
     assert [x.outcome for x in chapter.verdicts(ours)][-2:] == [v.NOT_TESTABLE] * 2
 
 
@@ -105,12 +161,18 @@ def test_a_model_at_chance_cannot_lose_what_it_does_not_have():
     assert trend.outcome == gather.outcome == v.NOT_TESTABLE
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(sizes=[0, 4]), "sizes must all be at least 1"),
-    (dict(sizes=[8, 120]), "sizes: a KV dictionary for smollm2-135m-instruct holds at most 100 keys"),
-    (dict(gather=["L16H22"]), "set gather and aggregate together"),
-    (dict(n_per_size=0), "n_per_size must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(sizes=[0, 4]), "sizes must all be at least 1"),
+        (
+            dict(sizes=[8, 120]),
+            "sizes: a KV dictionary for smollm2-135m-instruct holds at most 100 keys",
+        ),
+        (dict(gather=["L16H22"]), "set gather and aggregate together"),
+        (dict(n_per_size=0), "n_per_size must be at least 1"),
+    ],
+)
 def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         chapter.Config.for_profile("cpu", **kwargs)
@@ -118,20 +180,34 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 
 def test_a_ranking_is_read_only_past_the_chance_and_the_ceiling_checks():
     result = made_up(model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15])
-    flat = ranking([G, A, Head(3, 1), Head(5, 2), Head(8, 0)], accs=[0.9] * 5)  # no head moves the clean 90%
+    flat = ranking(
+        [G, A, Head(3, 1), Head(5, 2), Head(8, 0)], accs=[0.9] * 5
+    )  # no head moves the clean 90%
     at_ceiling = dataclasses.replace(result, rankings={"released": flat, "spaced": flat})
     top_g = chapter.verdicts(at_ceiling)[3]
     assert top_g.outcome == v.NOT_TESTABLE and "no single head moves it" in top_g.evidence
     at_chance = dataclasses.replace(flat, clean=at(0.12), table=ranking([G, A]).table)
-    assert "at chance" in chapter.verdicts(dataclasses.replace(result, rankings={"released": at_chance}))[3].evidence
-    assert chapter.verdicts(result)[3].outcome == v.REPRODUCED  # the readable ranking of the paper's picture
+    assert (
+        "at chance"
+        in chapter.verdicts(dataclasses.replace(result, rankings={"released": at_chance}))[
+            3
+        ].evidence
+    )
+    assert (
+        chapter.verdicts(result)[3].outcome == v.REPRODUCED
+    )  # the readable ranking of the paper's picture
 
 
 def test_the_released_form_is_compared_with_the_spaced_one_unless_they_are_the_same_tokens():
     result = made_up(model=[0.95, 0.8, 0.5], gather=[0.5, 0.3, 0.1], aggregate=[0.4, 0.2, 0.05])
     note = chapter.forms_note(result)
-    assert note.startswith("released against spaced, top 4: 4 of 4 shared") and "same tokens as the spaced form" in note
-    same = dataclasses.replace(result, same_tokens={("released", "spaced"): True, ("spaced", "trailing"): True})
+    assert (
+        note.startswith("released against spaced, top 4: 4 of 4 shared")
+        and "same tokens as the spaced form" in note
+    )
+    same = dataclasses.replace(
+        result, same_tokens={("released", "spaced"): True, ("spaced", "trailing"): True}
+    )
     assert "same tokens on this tokenizer, one computation" in chapter.forms_note(same)
 
 
@@ -147,14 +223,22 @@ def test_the_paper_heads_layers_are_swept_exactly_whatever_the_screen_says():
         return SimpleNamespace(name=name, adapter=SimpleNamespace(n_heads=lambda layer: width))
 
     assert shared.paper_layers(fake("llama-3.1-8b-instruct", 32)) == [16, 17]
-    assert shared.paper_layers(fake("falcon-mamba-7b-instruct", 8192)) == []  # too wide to sweep one by one
-    assert shared.paper_layers(fake("smollm2-135m-instruct", 9)) == []  # the release names no heads of it
+    assert (
+        shared.paper_layers(fake("falcon-mamba-7b-instruct", 8192)) == []
+    )  # too wide to sweep one by one
+    assert (
+        shared.paper_layers(fake("smollm2-135m-instruct", 9)) == []
+    )  # the release names no heads of it
     loaded = helpers.load("toy-transformer")
-    engine = SweepEngine(loaded, loaded.tokenizer, chapter.bm.kv("toy-transformer", None, 4, 4, 0).items)
+    engine = SweepEngine(
+        loaded, loaded.tokenizer, chapter.bm.kv("toy-transformer", None, 4, 4, 0).items
+    )
     swept = lambda table: sorted(set(table.dropna(subset=["acc"]).layer.astype(int)))
     screened = swept(rank_heads(engine, top=1, progress=False))
     left_out = min(set(range(loaded.adapter.n_layers)) - set(screened))
-    assert swept(rank_heads(engine, top=1, progress=False, also=[left_out])) == sorted(screened + [left_out])
+    assert swept(rank_heads(engine, top=1, progress=False, also=[left_out])) == sorted(
+        screened + [left_out]
+    )
 
 
 def test_the_size_curves_never_reuse_the_rankings_dictionaries():
@@ -163,18 +247,42 @@ def test_the_size_curves_never_reuse_the_rankings_dictionaries():
 
     s = shared.RANKING["cpu"]
     for seed in (0, 1):
-        ranked = {it.pairs[0][0] for it in bm.kv("smollm2-135m-instruct", None, s["pairs"], s["n"], seed, s["query"]).items}
-        curve = {it.pairs[0][0] for it in bm.kv("smollm2-135m-instruct", None, s["pairs"], 100, chapter.CURVES_SEED + seed,
-                                                 s["query"]).items}
+        ranked = {
+            it.pairs[0][0]
+            for it in bm.kv(
+                "smollm2-135m-instruct", None, s["pairs"], s["n"], seed, s["query"]
+            ).items
+        }
+        curve = {
+            it.pairs[0][0]
+            for it in bm.kv(
+                "smollm2-135m-instruct",
+                None,
+                s["pairs"],
+                100,
+                chapter.CURVES_SEED + seed,
+                s["query"],
+            ).items
+        }
         assert len(ranked) == s["n"] and len(curve) == 100 and not ranked & curve
 
 
-def test_workers_beyond_this_machine_are_refused_in_the_config_before_ray_or_a_model_starts(monkeypatch, tmp_path):
+def test_workers_beyond_this_machine_are_refused_in_the_config_before_ray_or_a_model_starts(
+    monkeypatch, tmp_path
+):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))  # no `ray start` cluster to connect to
+    monkeypatch.setattr(
+        tempfile, "gettempdir", lambda: str(tmp_path)
+    )  # no `ray start` cluster to connect to
     cpus = len(os.sched_getaffinity(0))
-    with pytest.raises(ConfigError, match=rf"workers={cpus + 1}, but .* has {cpus} CPUs .* at most {cpus}"):
-        chapter.Config.for_profile("cpu", smoke=True, workers=cpus + 1)  # was refused after the model and Ray started
+    with pytest.raises(
+        ConfigError, match=rf"workers={cpus + 1}, but .* has {cpus} CPUs .* at most {cpus}"
+    ):
+        chapter.Config.for_profile(
+            "cpu", smoke=True, workers=cpus + 1
+        )  # was refused after the model and Ray started
     assert chapter.Config.for_profile("cpu", smoke=True, workers=cpus).workers == cpus
-    with pytest.raises(ConfigError, match=r"workers must be at least 1, got 0 \(None: in this process\)"):
+    with pytest.raises(
+        ConfigError, match=r"workers must be at least 1, got 0 \(None: in this process\)"
+    ):
         chapter.Config.for_profile("cpu", smoke=True, workers=0)

@@ -24,21 +24,30 @@ def test_run_at_smoke_size_removes_every_set_every_way():
     assert set(result.kinds.kind) == set(chapter.KINDS)
     assert set(result.kinds.set) == {"top 1", "top 2", "random 1 #1", "random 2 #1"}
     assert {s.n for s in result.kinds.score} == {6}
-    assert set(result.redundancy.model) == {"toy-transformer", "toy-mamba2"} and set(result.redundancy.k) == {1, 2}
+    assert set(result.redundancy.model) == {"toy-transformer", "toy-mamba2"} and set(
+        result.redundancy.k
+    ) == {1, 2}
     zero = result.kinds[result.kinds.kind == "zero"].set_index("set").score
     top = result.redundancy[(result.redundancy.model == "toy-transformer")].set_index("set").score
-    assert np.array_equal(zero["top 1"].correct, top["top 1"].correct)  # zero through the new path = the engine's zeroing
-    assert [x.outcome for x in chapter.verdicts(result)][-1] == v.NOT_TESTABLE  # the 30-head claim is Llamba-8B's
+    assert np.array_equal(
+        zero["top 1"].correct, top["top 1"].correct
+    )  # zero through the new path = the engine's zeroing
+    assert [x.outcome for x in chapter.verdicts(result)][
+        -1
+    ] == v.NOT_TESTABLE  # the 30-head claim is Llamba-8B's
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
     assert len(chapter.kinds_table(result)) == 4 and len(chapter.redundancy_table(result)) == 4
     # patching: every head the ranking measured exactly, each prompt's corruption asks another key
     p = result.patching
     assert len(p.heads) == 8 and len(p.clean) == 6 and set(p.patched) == set(p.heads["head"])
-    assert p.corrupted.mean() < p.clean.mean()  # the swapped key moves the answer: there is something to recover
+    assert (
+        p.corrupted.mean() < p.clean.mean()
+    )  # the swapped key moves the answer: there is something to recover
     # stability: two seeds of the toy's one prompt form, the screen's layers swept on each
     s = result.stability
     assert list(s.conditions.seed) == [0, 1] and len(s.pairs) == 1 and s.layers == [0, 1]
     assert len(chapter.patching_table(result)) == 8 and len(chapter.stability_table(result)) == 2
+
 
 def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path):
     # The reference condition is the book's ranking, read from its store: stability measures only
@@ -48,16 +57,19 @@ def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path
     cfg = chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer")
     ranking = chapter.shared.kv_ranking(loaded, "cpu", True)
     measure, swept = chapter.shared.measure_layer, []
-    monkeypatch.setattr(chapter.shared, "measure_layer", lambda cell: swept.append(cell) or measure(cell))
+    monkeypatch.setattr(
+        chapter.shared, "measure_layer", lambda cell: swept.append(cell) or measure(cell)
+    )
     s = chapter.run_stability(loaded, cfg)
     own = {k: ranking.settings[k] for k in chapter.shared.PROMPTS}
     assert len(s.conditions) == 2 and swept  # the toy: the ranking's seed and the next
     assert {c["seed"] for c in swept} == {ranking.settings["seed"] + 1} and all(
-        {k: c[k] for k in own} != own for c in swept)
+        {k: c[k] for k in own} != own for c in swept
+    )
     exact = ranking.table.dropna(subset=["acc"])
     acc = {f"L{l}H{h}": a for l, h, a in zip(exact.layer, exact["head"], exact.acc)}
     top = s.conditions.top[0].split(", ")
-    assert set(top) <= set(acc) and sorted(acc[h] for h in top) == sorted(acc.values())[:len(top)]
+    assert set(top) <= set(acc) and sorted(acc[h] for h in top) == sorted(acc.values())[: len(top)]
 
 
 def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():
@@ -65,7 +77,11 @@ def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():
     sets = chapter.random_sets(heads, heads[:2], 3, 5, seed=1)
     assert len(sets) == 5 and len({tuple(s) for s in sets}) == 5
     assert all(len(s) == 3 and not set(s) & set(heads[:2]) for s in sets)
-    assert sets == chapter.random_sets(heads, heads[:2], 3, 5, seed=1) != chapter.random_sets(heads, heads[:2], 3, 5, 2)
+    assert (
+        sets
+        == chapter.random_sets(heads, heads[:2], 3, 5, seed=1)
+        != chapter.random_sets(heads, heads[:2], 3, 5, 2)
+    )
     assert chapter.random_sets(heads[:3], heads[:2], 2, 5, 0) == []  # one head left: no set of two
 
 
@@ -79,14 +95,27 @@ def item(words, gold=0):
 
 
 def test_resample_donors_have_the_measured_prompts_length_and_candidates():
-    lengths = [3, 5, 3, 4, 3, 2, 2, 2]  # the draw's prompts' lengths in words; a larger draw extends a smaller one
-    draw = lambda n: [Item(((" ".join([f"p{i}"] * k), " 7"),), 0) for i, k in enumerate(lengths[:n])]
+    lengths = [
+        3,
+        5,
+        3,
+        4,
+        3,
+        2,
+        2,
+        2,
+    ]  # the draw's prompts' lengths in words; a larger draw extends a smaller one
+    draw = lambda n: [
+        Item(((" ".join([f"p{i}"] * k), " 7"),), 0) for i, k in enumerate(lengths[:n])
+    ]
     measured = [item(3), item(5), item(3), item(3)]
     out = chapter.donors(WordTokenizer(), measured, draw)
     # each donor serves once (a shared context would be packed as one row); the draw grew to 8 for the third
     assert [o.pairs[0][0].split(" ")[0] for o in out] == ["p0", "p1", "p2", "p4"]
     assert all(o.pairs[1][1] == " 2" for o in out)  # the measured prompt's own candidates
-    with pytest.raises(InterventionError, match="no unused reference prompt among 8 drawn has the layout"):
+    with pytest.raises(
+        InterventionError, match="no unused reference prompt among 8 drawn has the layout"
+    ):
         chapter.donors(WordTokenizer(), [item(6)], draw)
 
 
@@ -99,36 +128,81 @@ def test_seeds_must_keep_ranking_measuring_and_reference_prompts_apart():
 
 def test_ks_a_model_cannot_take_are_refused_before_any_load_and_said_where_left_out():
     toys = dict(model="toy-transformer", ssm_model="toy-mamba2")  # 16 and 12 heads
-    with pytest.raises(ConfigError, match=r"ks: toy-mamba2 has 12 heads, and every k of \[12, 20\] would remove"):
-        chapter.Config.for_profile("cpu", smoke=True, ks=[12, 20], **toys)  # was a KeyError after the whole run
-    result = chapter.Result(chapter.Config.for_profile("cpu", smoke=True, ks=[1, 14], **toys),
-                            pd.DataFrame(), pd.DataFrame(), {}, {}, {}, {})
-    assert chapter.skipped_ks(result) == ("Left out, as at least every head of the model: "
-                                          "k = 14 for toy-mamba2 (12 heads).")
+    with pytest.raises(
+        ConfigError, match=r"ks: toy-mamba2 has 12 heads, and every k of \[12, 20\] would remove"
+    ):
+        chapter.Config.for_profile(
+            "cpu", smoke=True, ks=[12, 20], **toys
+        )  # was a KeyError after the whole run
+    result = chapter.Result(
+        chapter.Config.for_profile("cpu", smoke=True, ks=[1, 14], **toys),
+        pd.DataFrame(),
+        pd.DataFrame(),
+        {},
+        {},
+        {},
+        {},
+    )
+    assert chapter.skipped_ks(result) == (
+        "Left out, as at least every head of the model: k = 14 for toy-mamba2 (12 heads)."
+    )
     every = chapter.Config.for_profile("cpu", smoke=True, ks=[1, 12], **toys)
-    assert chapter.skipped_ks(dataclasses.replace(result, cfg=every)) == ("Left out, as at least every head of the "
-                                                                          "model: k = 12 for toy-mamba2 (12 heads).")
-    assert chapter.skipped_ks(dataclasses.replace(result, cfg=chapter.Config.for_profile("cpu", smoke=True, **toys))) == ""
+    assert chapter.skipped_ks(dataclasses.replace(result, cfg=every)) == (
+        "Left out, as at least every head of the model: k = 12 for toy-mamba2 (12 heads)."
+    )
+    assert (
+        chapter.skipped_ks(
+            dataclasses.replace(result, cfg=chapter.Config.for_profile("cpu", smoke=True, **toys))
+        )
+        == ""
+    )
 
 
 def at(acc, n=200):
     return Score.of(np.arange(n) < round(acc * n))
 
 
-def made_up(profile="cpu", top=(0.2, 0.2, 0.2), controls=(0.78, 0.78, 0.78), clean=0.8, attn_k1=0.2, ssm_k1=0.8,
-            ssm_clean=0.8, ssm_k30=None):
+def made_up(
+    profile="cpu",
+    top=(0.2, 0.2, 0.2),
+    controls=(0.78, 0.78, 0.78),
+    clean=0.8,
+    attn_k1=0.2,
+    ssm_k1=0.8,
+    ssm_clean=0.8,
+    ssm_k30=None,
+):
     """A Result: the top-2 set's accuracy under zero, mean, resample; random sets' (each kind);
     the redundancy curves at k = 1 (and k = 30 for the SSM)."""
     cfg = chapter.Config.for_profile(profile, smoke=True)
-    kinds = pd.DataFrame([dict(kind=k, set=name, size=2, control=name != "top 2", heads="L1H0, L1H1", score=at(a))
-                          for k, t, c in zip(chapter.KINDS, top, controls)
-                          for name, a in (("top 2", t), ("random 2 #1", c))])
-    rows = [dict(model=cfg.model, k=1, control=False, set="top 1", heads="L1H0", score=at(attn_k1)),
-            dict(model=cfg.model, k=1, control=True, set="random 1 #1", heads="L2H0", score=at(clean)),
-            dict(model=cfg.ssm_model, k=1, control=False, set="top 1", heads="L1H0", score=at(ssm_k1))]
+    kinds = pd.DataFrame(
+        [
+            dict(kind=k, set=name, size=2, control=name != "top 2", heads="L1H0, L1H1", score=at(a))
+            for k, t, c in zip(chapter.KINDS, top, controls)
+            for name, a in (("top 2", t), ("random 2 #1", c))
+        ]
+    )
+    rows = [
+        dict(model=cfg.model, k=1, control=False, set="top 1", heads="L1H0", score=at(attn_k1)),
+        dict(model=cfg.model, k=1, control=True, set="random 1 #1", heads="L2H0", score=at(clean)),
+        dict(model=cfg.ssm_model, k=1, control=False, set="top 1", heads="L1H0", score=at(ssm_k1)),
+    ]
     if ssm_k30 is not None:
-        rows.append(dict(model=cfg.ssm_model, k=30, control=False, set="top 30", heads="L1H0", score=at(ssm_k30)))
-    clean_scores = {cfg.model + " (KV)": at(clean), cfg.model: at(clean), cfg.ssm_model: at(ssm_clean)}
+        rows.append(
+            dict(
+                model=cfg.ssm_model,
+                k=30,
+                control=False,
+                set="top 30",
+                heads="L1H0",
+                score=at(ssm_k30),
+            )
+        )
+    clean_scores = {
+        cfg.model + " (KV)": at(clean),
+        cfg.model: at(clean),
+        cfg.ssm_model: at(ssm_clean),
+    }
     chance = {name: 0.125 for name in clean_scores}
     tasks = {cfg.model: "KV retrieval (8 keys)", cfg.ssm_model: "MMLU (0-shot)"}
     return chapter.Result(cfg, kinds, pd.DataFrame(rows), clean_scores, chance, tasks, {})
@@ -157,11 +231,16 @@ def test_the_30_head_claim_both_ways_on_llamba_and_not_testable_elsewhere():
     lost = chapter.claim_30(made_up("paper", ssm_clean=0.6, ssm_k30=0.4))
     assert (kept.outcome, lost.outcome) == (v.REPRODUCED, v.NOT_REPRODUCED)
     assert "3 points" in kept.evidence  # 5% of 60%: the margin follows the clean accuracy
-    assert chapter.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE  # no k = 30 in the run
-    assert chapter.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE  # the toy is not Llamba-8B
+    assert (
+        chapter.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE
+    )  # no k = 30 in the run
+    assert (
+        chapter.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE
+    )  # the toy is not Llamba-8B
 
 
 # --- activation patching ------------------------------------------------------------------------------
+
 
 class CharTokenizer:
     def encode(self, s):
@@ -172,13 +251,32 @@ def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
     ctx = "Memorize the following dictionary:\nab:1\nxyz:2\ncd:3\n"
     item = Item(((ctx + "ab:", "1"), (ctx + "ab:", "2"), (ctx + "ab:", "3")), 0)
     swapped = chapter.key_swapped(CharTokenizer(), item)
-    assert swapped.pairs[0][0] == ctx + "cd:" and swapped.gold == 0 and [c for _, c in swapped.pairs] == ["1", "2", "3"]
+    assert (
+        swapped.pairs[0][0] == ctx + "cd:"
+        and swapped.gold == 0
+        and [c for _, c in swapped.pairs] == ["1", "2", "3"]
+    )
     q = ctx + "The value of the key 'cd' is"
     paper_query = Item(((q, "1"), (q, "2"), (q, "3")), 2)
-    assert chapter.key_swapped(CharTokenizer(), paper_query).pairs[1][0] == ctx + "The value of the key 'ab' is"
-    assert chapter.key_swapped(CharTokenizer(), Item(((ctx + "xyz:", "1"), (ctx + "xyz:", "2")), 1)) is None  # none of 3 letters
-    toy = Item((("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v4"), ("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v5")), 0)
-    assert chapter.key_swapped(CharTokenizer(), toy).pairs[0][0] == "<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k3 k4 :"
+    assert (
+        chapter.key_swapped(CharTokenizer(), paper_query).pairs[1][0]
+        == ctx + "The value of the key 'ab' is"
+    )
+    assert (
+        chapter.key_swapped(CharTokenizer(), Item(((ctx + "xyz:", "1"), (ctx + "xyz:", "2")), 1))
+        is None
+    )  # none of 3 letters
+    toy = Item(
+        (
+            ("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v4"),
+            ("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v5"),
+        ),
+        0,
+    )
+    assert (
+        chapter.key_swapped(CharTokenizer(), toy).pairs[0][0]
+        == "<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k3 k4 :"
+    )
     with pytest.raises(InterventionError, match="not a KV prompt"):
         chapter.key_swapped(CharTokenizer(), Item((("no query here", " 1"),), 0))
 
@@ -192,7 +290,9 @@ def swapped_runs(smol):
     return clean, corrupted
 
 
-def test_patching_every_head_restores_the_clean_answer_and_patching_none_restores_nothing(smol, swapped_runs):
+def test_patching_every_head_restores_the_clean_answer_and_patching_none_restores_nothing(
+    smol, swapped_runs
+):
     # Known answers: the candidates' tokens are the same in both runs and only attention moves
     # information between positions, so with every head of every layer patched from the clean
     # run the scored positions compute exactly what the clean run computes (recovery 1); with
@@ -206,7 +306,9 @@ def test_patching_every_head_restores_the_clean_answer_and_patching_none_restore
     # (to float32's rounding: the two ablations run side by side, a batch twice as large)
     np.testing.assert_allclose(out["every head"], c, atol=1e-4)
     np.testing.assert_allclose(out["none"], x, atol=1e-4)
-    rec = chapter.recoveries(gold(clean, c), gold(corrupted, x), np.stack([gold(corrupted, out[k]) for k in out]))
+    rec = chapter.recoveries(
+        gold(clean, c), gold(corrupted, x), np.stack([gold(corrupted, out[k]) for k in out])
+    )
     assert rec == pytest.approx([0, 1], abs=1e-4)
 
 
@@ -214,13 +316,15 @@ def test_patching_a_layers_heads_feeds_it_the_clean_runs_head_outputs(smol, swap
     clean, corrupted = swapped_runs
     layer = smol.adapter.head_layers()[-1]
     seen = []
-    hook = smol.adapter.head_site(layer).register_forward_hook(lambda m, args, out: seen.append(args[0].clone()))
+    hook = smol.adapter.head_site(layer).register_forward_hook(
+        lambda m, args, out: seen.append(args[0].clone())
+    )
     try:
         corrupted.patched({"all": {layer: list(range(smol.adapter.n_heads(layer)))}}, clean)
     finally:
         hook.remove()
     # the first calls are the clean run's own (its site inputs taken), the last the patched run's
-    patched_run = seen[-len(corrupted.batches):]
+    patched_run = seen[-len(corrupted.batches) :]
     assert len(seen) == 2 * len(clean.batches)
     assert all(torch.equal(a, b) for a, b in zip(patched_run, clean.site_inputs(layer)))
     unpatched = corrupted.site_inputs(layer)
@@ -231,52 +335,116 @@ def test_patching_a_layers_heads_feeds_it_the_clean_runs_head_outputs(smol, swap
 
 def test_recovery_rank_correlation_and_overlap_follow_the_heads_that_recover():
     # five heads measured by zeroing, most harmful first; patching recovers them in that order or reversed
-    table = pd.DataFrame(dict(layer=[1] * 5, head=range(5), acc=[0.1, 0.3, 0.5, 0.7, 0.9], estimate=0.0))
+    table = pd.DataFrame(
+        dict(layer=[1] * 5, head=range(5), acc=[0.1, 0.3, 0.5, 0.7, 0.9], estimate=0.0)
+    )
     rng = np.random.default_rng(0)
     clean, corrupted = rng.normal(2, 0.1, 50), rng.normal(0, 0.1, 50)
     same = {str(Head(1, h)): corrupted + (1 - 0.2 * h) * (clean - corrupted) for h in range(5)}
     heads, a = chapter.patch_agreement(table, same, clean, corrupted, k=2)
-    assert np.allclose(heads.recovery, [1, 0.8, 0.6, 0.4, 0.2]) and a["rho"] == pytest.approx(1) and a["overlap"] == 2
+    assert (
+        np.allclose(heads.recovery, [1, 0.8, 0.6, 0.4, 0.2])
+        and a["rho"] == pytest.approx(1)
+        and a["overlap"] == 2
+    )
     assert a["lo"] > 0 and a["overlap_lo"] == 2
     reversed_ = {str(Head(1, h)): same[str(Head(1, 4 - h))] for h in range(5)}
     _, b = chapter.patch_agreement(table, reversed_, clean, corrupted, k=2)
     assert b["rho"] == pytest.approx(-1) and b["overlap"] == 0 and b["hi"] < 0
-    assert (a["chance"], a["chance_line"]) == (pytest.approx(0.8), 2.0)  # 2 of 5 twice: 4/5 on average
+    assert (a["chance"], a["chance_line"]) == (
+        pytest.approx(0.8),
+        2.0,
+    )  # 2 of 5 twice: 4/5 on average
 
 
 def test_rankings_agree_both_ways_and_inconclusive_between():
     agree = v.rankings_agree((0.8, 0.5, 0.9), (4, 3, 5), 1.0, 2.0)
     assert agree[0] == v.REPRODUCED and "0.80 [0.50, 0.90]" in agree[1]
-    assert v.rankings_agree((-0.2, -0.5, 0.0), (3, 3, 4), 1.0, 2.0)[0] == v.NOT_REPRODUCED  # rho at or below 0
-    assert v.rankings_agree((0.8, 0.5, 0.9), (1, 0, 1), 1.0, 2.0)[0] == v.NOT_REPRODUCED  # top sets share no more than random
+    assert (
+        v.rankings_agree((-0.2, -0.5, 0.0), (3, 3, 4), 1.0, 2.0)[0] == v.NOT_REPRODUCED
+    )  # rho at or below 0
+    assert (
+        v.rankings_agree((0.8, 0.5, 0.9), (1, 0, 1), 1.0, 2.0)[0] == v.NOT_REPRODUCED
+    )  # top sets share no more than random
     assert v.rankings_agree((0.3, -0.1, 0.6), (3, 2, 4), 1.0, 2.0)[0] == v.INCONCLUSIVE
-    assert v.rankings_agree((0.8, 0.5, 0.9), (2, 2, 2), 1.0, 2.0)[0] == v.INCONCLUSIVE  # at the random 97.5% point
+    assert (
+        v.rankings_agree((0.8, 0.5, 0.9), (2, 2, 2), 1.0, 2.0)[0] == v.INCONCLUSIVE
+    )  # at the random 97.5% point
     assert v.rankings_agree((float("nan"),) * 3, (2, 2, 2), 1.0, 2.0)[0] == v.NOT_TESTABLE
 
 
 def patching_made_up(rho=(0.8, 0.5, 0.9), overlap=(4, 3, 5), gap=2.0, readable=(True, "")):
     rng = np.random.default_rng(0)
     clean = rng.normal(gap, 0.1, 40)
-    a = dict(rho=rho[0], lo=rho[1], hi=rho[2], overlap=overlap[0], overlap_lo=overlap[1], overlap_hi=overlap[2],
-             chance=1.0, chance_line=2.0, k=5, n=27, prompts=40)
-    return chapter.Patching(pd.DataFrame(), clean, np.zeros(40), {}, a, at(0.7), readable, at(0.7), at(0.1))
+    a = dict(
+        rho=rho[0],
+        lo=rho[1],
+        hi=rho[2],
+        overlap=overlap[0],
+        overlap_lo=overlap[1],
+        overlap_hi=overlap[2],
+        chance=1.0,
+        chance_line=2.0,
+        k=5,
+        n=27,
+        prompts=40,
+    )
+    return chapter.Patching(
+        pd.DataFrame(), clean, np.zeros(40), {}, a, at(0.7), readable, at(0.7), at(0.1)
+    )
 
 
 def test_the_patching_verdict_both_ways_and_not_testable_without_a_gap_or_a_readable_ranking():
     assert chapter.patching_verdict(patching_made_up()).outcome == v.REPRODUCED
-    assert chapter.patching_verdict(patching_made_up(rho=(0.0, -0.3, 0.0), overlap=(1, 0, 2))).outcome == v.NOT_REPRODUCED
-    assert chapter.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE  # nothing to recover
+    assert (
+        chapter.patching_verdict(patching_made_up(rho=(0.0, -0.3, 0.0), overlap=(1, 0, 2))).outcome
+        == v.NOT_REPRODUCED
+    )
+    assert (
+        chapter.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE
+    )  # nothing to recover
     unread = chapter.patching_verdict(patching_made_up(readable=(False, "at chance")))
     assert unread.outcome == v.NOT_TESTABLE and "at chance" in unread.evidence
 
 
 def stability_made_up(rhos, readable=None):
     readable = readable or [True] * (len(rhos) + 1)
-    conditions = pd.DataFrame([dict(seed=i, query="repeat", form="released", n=100, clean=at(0.7), readable=ok,
-                                    why="" if ok else "at chance", top="L1H0, L2H3") for i, ok in enumerate(readable)])
-    pairs = pd.DataFrame([dict(seed=i + 1, query="repeat", form="released", readable=readable[0] and readable[i + 1],
-                               rho=r[0], lo=r[1], hi=r[2], overlap=4, overlap_lo=r[3], overlap_hi=5, chance=1.0,
-                               chance_line=2.0, k=5, n=27) for i, r in enumerate(rhos)])
+    conditions = pd.DataFrame(
+        [
+            dict(
+                seed=i,
+                query="repeat",
+                form="released",
+                n=100,
+                clean=at(0.7),
+                readable=ok,
+                why="" if ok else "at chance",
+                top="L1H0, L2H3",
+            )
+            for i, ok in enumerate(readable)
+        ]
+    )
+    pairs = pd.DataFrame(
+        [
+            dict(
+                seed=i + 1,
+                query="repeat",
+                form="released",
+                readable=readable[0] and readable[i + 1],
+                rho=r[0],
+                lo=r[1],
+                hi=r[2],
+                overlap=4,
+                overlap_lo=r[3],
+                overlap_hi=5,
+                chance=1.0,
+                chance_line=2.0,
+                k=5,
+                n=27,
+            )
+            for i, r in enumerate(rhos)
+        ]
+    )
     return chapter.Stability(conditions, pairs, ["L1H0", "L2H3"], 5, [1, 2])
 
 
@@ -284,11 +452,23 @@ def test_the_stability_verdict_needs_every_condition_to_agree():
     good = (0.8, 0.5, 0.9, 3)
     assert chapter.stability_verdict(stability_made_up([good, good])).outcome == v.REPRODUCED
     assert "L1H0, L2H3" in chapter.stability_verdict(stability_made_up([good, good])).evidence
-    assert chapter.stability_verdict(stability_made_up([good, (-0.3, -0.6, -0.1, 3)])).outcome == v.NOT_REPRODUCED
-    assert chapter.stability_verdict(stability_made_up([good, (0.3, -0.1, 0.6, 3)])).outcome == v.INCONCLUSIVE
+    assert (
+        chapter.stability_verdict(stability_made_up([good, (-0.3, -0.6, -0.1, 3)])).outcome
+        == v.NOT_REPRODUCED
+    )
+    assert (
+        chapter.stability_verdict(stability_made_up([good, (0.3, -0.1, 0.6, 3)])).outcome
+        == v.INCONCLUSIVE
+    )
     # a condition at chance is left out; the reference at chance makes the claim untestable
-    assert chapter.stability_verdict(stability_made_up([good, good], [True, True, False])).outcome == v.REPRODUCED
-    assert chapter.stability_verdict(stability_made_up([good, good], [False, True, True])).outcome == v.NOT_TESTABLE
+    assert (
+        chapter.stability_verdict(stability_made_up([good, good], [True, True, False])).outcome
+        == v.REPRODUCED
+    )
+    assert (
+        chapter.stability_verdict(stability_made_up([good, good], [False, True, True])).outcome
+        == v.NOT_TESTABLE
+    )
 
 
 def test_the_random_overlap_line_is_the_hypergeometric_975_point():
@@ -302,28 +482,49 @@ def test_the_random_overlap_line_is_the_hypergeometric_975_point():
 
 
 def test_stability_conditions_factorial_and_one_factor_at_a_time():
-    full = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_design="factorial", stability_seeds=3,
-                                                                  stability_queries=2), toy=False)
+    full = chapter.stability_conditions(
+        chapter.Config.for_profile(
+            "cpu", stability_design="factorial", stability_seeds=3, stability_queries=2
+        ),
+        toy=False,
+    )
     assert len(full) == 12 and full[0] == (0, "repeat", "released") and len(set(full)) == 12
-    one = chapter.stability_conditions(chapter.Config.for_profile("cpu", stability_seeds=3, stability_queries=2),
-                                       toy=False)
-    assert one == [(0, "repeat", "released"), (1, "repeat", "released"), (2, "repeat", "released"),
-                   (0, "paper", "released"), (0, "repeat", "trailing")]  # each factor alone from the reference
-    cpu = chapter.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)  # the CPU design
+    one = chapter.stability_conditions(
+        chapter.Config.for_profile("cpu", stability_seeds=3, stability_queries=2), toy=False
+    )
+    assert one == [
+        (0, "repeat", "released"),
+        (1, "repeat", "released"),
+        (2, "repeat", "released"),
+        (0, "paper", "released"),
+        (0, "repeat", "trailing"),
+    ]  # each factor alone from the reference
+    cpu = chapter.stability_conditions(
+        chapter.Config.for_profile("cpu"), toy=False
+    )  # the CPU design
     assert cpu == [(0, "repeat", "released"), (1, "repeat", "released"), (0, "repeat", "trailing")]
     assert set(one) <= set(full)
     paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
-    assert len(paper) == 12 and paper[0] == (0, "paper", "released")  # the paper profile's query first
+    assert len(paper) == 12 and paper[0] == (
+        0,
+        "paper",
+        "released",
+    )  # the paper profile's query first
 
 
 def test_random_heads_above_clean_are_said_with_their_paired_interval_both_ways():
-    assert chapter.above_clean(made_up()) == ""  # the random set scores as clean does: nothing to explain
+    assert (
+        chapter.above_clean(made_up()) == ""
+    )  # the random set scores as clean does: nothing to explain
     result = made_up()
     r = result.redundancy.copy()
     clean = result.clean[result.cfg.model]
     wrong = np.flatnonzero(~clean.correct)
     noise = clean.correct.copy()
-    noise[wrong[:4]], noise[np.flatnonzero(clean.correct)[:2]] = True, False  # +2 items: 4 gained, 2 lost
+    noise[wrong[:4]], noise[np.flatnonzero(clean.correct)[:2]] = (
+        True,
+        False,
+    )  # +2 items: 4 gained, 2 lost
     helps = clean.correct.copy()
     helps[wrong[:30]] = True  # 30 items gained, none lost
     for correct, read in ((noise, "every interval holds 0"), (helps, "helps beyond chance")):

@@ -41,24 +41,30 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import registry
 from .. import heads as hd
+from .. import registry
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..heads import Head
+from ..protocol import base, shared
 from ..reference import paper
 from ..screen import attribution, gradient_batch_tokens
 from ..stats import Score
 from ..sweep import sweep
-from ..protocol import base, shared
 
 PAPER_TASKS = ("gsm8k", "bbh", "arc_challenge_chat", "swde")  # lm-eval's names (Table 2's tasks)
 CPU_TASKS = ("arithmetic_words", "page_field", "dialogue_fact", "choice_chat")  # data/lm_eval_tasks
 # What each of the book's own tasks stands in for on the CPU profile.
-ANALOGUE = {"arithmetic_words": "GSM8K", "page_field": "SWDE", "dialogue_fact": "dialogue comprehension (abstract)",
-            "choice_chat": "arc_challenge_chat"}
-FLOOR = 0.05  # open answers: chance is 0, so a task tests the claim only if clean's interval clears 5%
+ANALOGUE = {
+    "arithmetic_words": "GSM8K",
+    "page_field": "SWDE",
+    "dialogue_fact": "dialogue comprehension (abstract)",
+    "choice_chat": "arc_challenge_chat",
+}
+FLOOR = (
+    0.05  # open answers: chance is 0, so a task tests the claim only if clean's interval clears 5%
+)
 # Tasks answered by one of a few letters or words: a guess scores this often. BBH mixes two-way
 # questions (boolean expressions, navigate, web of lies) with 3- to 7-way ones and free answers:
 # its floor is the highest of its subtasks' guessing rates.
@@ -85,19 +91,28 @@ def floor(task: str) -> float:
 
 # --- the config --------------------------------------------------------------------------------
 
+
 def tasks_field():
     """lm-eval task names or the book's own tasks (checked against lm-eval's index when the run
     starts, by `helpers.lmeval.resolve_tasks`; here: a non-empty list of distinct names)."""
+
     def check(name, value):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a list of lm-eval task names, got {value!r} (with papermill, pass a "
-                              f"list as YAML: -y '{name}: [gsm8k, bbh]')")
+            raise ConfigError(
+                f"{name} must be a list of lm-eval task names, got {value!r} (with papermill, pass a "
+                f"list as YAML: -y '{name}: [gsm8k, bbh]')"
+            )
         values = tuple(value)
         if not values or not all(isinstance(t, str) and t.strip() for t in values):
-            raise ConfigError(f"{name} must list lm-eval task names, e.g. ['gsm8k', 'bbh'], got {list(values)}")
+            raise ConfigError(
+                f"{name} must list lm-eval task names, e.g. ['gsm8k', 'bbh'], got {list(values)}"
+            )
         if twice := sorted({t for t in values if values.count(t) > 1}):
-            raise ConfigError(f"{name} lists {', '.join(twice)} more than once: list each task once")
+            raise ConfigError(
+                f"{name} lists {', '.join(twice)} more than once: list each task once"
+            )
         return values
+
     return dataclasses.field(metadata={"check": check})  # read by base.Config.__post_init__
 
 
@@ -105,20 +120,31 @@ def tasks_field():
 class Config(base.Config):
     model: str = base.model("attention", "ssm", "hybrid")
     tasks: tuple[str, ...] = tasks_field()
-    n: int | None = base.count(optional=True)  # items per task (lm-eval's limit; per subtask of a group); None: all
+    n: int | None = base.count(
+        optional=True
+    )  # items per task (lm-eval's limit; per subtask of a group); None: all
     bbh_subtasks: int | None = base.count(optional=True)  # BBH: its first k subtasks (None: all 27)
     n_heads: int = base.count()  # the ranking's top heads, zeroed together
     ranking: str = base.one_of("shared", "screen")
     n_rank: int = base.count()  # KV prompts of the cheap ranking ("screen")
-    kv_pairs: int | None = base.count(optional=True, none_means="the shared ranking's")  # keys per prompt ("screen")
+    kv_pairs: int | None = base.count(
+        optional=True, none_means="the shared ranking's"
+    )  # keys per prompt ("screen")
     n_controls: int = base.count()
     max_gen_toks: int | None = base.count(optional=True)  # None: each task's own
     batch_size: int = base.count()
     seed: int = base.seed()
 
     chapter = "beyond_mmlu"
-    smoke_sizes = dict(n=1, bbh_subtasks=2, n_heads=2, n_rank=shared.SMOKE["n"], kv_pairs=None, n_controls=1,
-                       max_gen_toks=8)
+    smoke_sizes = dict(
+        n=1,
+        bbh_subtasks=2,
+        n_heads=2,
+        n_rank=shared.SMOKE["n"],
+        kv_pairs=None,
+        n_controls=1,
+        max_gen_toks=8,
+    )
 
     @classmethod
     def defaults(cls, profile):
@@ -128,25 +154,49 @@ class Config(base.Config):
             # four tasks' prompts hold some 60,000 tokens at 100 items each: about 3.5 minutes per condition.
             # So 100 items (a loss of about 7 points is then detected at these clean scores, `power_table`),
             # clean, the top heads and one random set; the ranking on 40 KV prompts.
-            return dict(model=registry.cast(profile, "letters"), tasks=CPU_TASKS, n=100, ranking="screen", n_rank=40,
-                        kv_pairs=16, n_controls=1, max_gen_toks=None, batch_size=32, **common)
-        return dict(model=registry.cast(profile, "letters"), tasks=PAPER_TASKS, n=None, ranking="shared", n_rank=200,
-                    kv_pairs=None, n_controls=3,
-                    max_gen_toks=None, batch_size=16, **common)
+            return dict(
+                model=registry.cast(profile, "letters"),
+                tasks=CPU_TASKS,
+                n=100,
+                ranking="screen",
+                n_rank=40,
+                kv_pairs=16,
+                n_controls=1,
+                max_gen_toks=None,
+                batch_size=32,
+                **common,
+            )
+        return dict(
+            model=registry.cast(profile, "letters"),
+            tasks=PAPER_TASKS,
+            n=None,
+            ranking="shared",
+            n_rank=200,
+            kv_pairs=None,
+            n_controls=3,
+            max_gen_toks=None,
+            batch_size=16,
+            **common,
+        )
 
     def __post_init__(self):
         super().__post_init__()
         from ..lmeval import check_model
 
-        check_model(self.model)  # a model lm-eval's HFLM can drive (not the toy zoo, not our Llamba)
+        check_model(
+            self.model
+        )  # a model lm-eval's HFLM can drive (not the toy zoo, not our Llamba)
         if self.kv_pairs is not None:
             if self.ranking == "shared":
-                raise ConfigError(f"kv_pairs sets the cheap ranking's prompts (ranking='screen'); the shared ranking's "
-                                  f"are the book's, shared with other chapters: leave kv_pairs None, not {self.kv_pairs}")
+                raise ConfigError(
+                    f"kv_pairs sets the cheap ranking's prompts (ranking='screen'); the shared ranking's "
+                    f"are the book's, shared with other chapters: leave kv_pairs None, not {self.kv_pairs}"
+                )
             base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
 # --- the heads ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TopHeads:
@@ -163,7 +213,10 @@ class TopHeads:
         together, they lower KV accuracy on prompts the ranking did not see (`verdicts.falls`,
         paired): heads picked on one set of prompts are tested on another."""
         outcome, evidence = v.falls(self.held_clean, self.held_zeroed, self.chance)
-        return outcome, f"KV retrieval on {self.held_clean.n} held-out prompts, the top heads zeroed: {evidence}"
+        return (
+            outcome,
+            f"KV retrieval on {self.held_clean.n} held-out prompts, the top heads zeroed: {evidence}",
+        )
 
 
 HELD_OUT = 100  # KV prompts after the ranking's, for its premise (`TopHeads.carry_retrieval`)
@@ -174,31 +227,59 @@ def top_heads(cfg: Config, loaded) -> TopHeads:
     cheap one (see the module's docstring); and what zeroing them together does to KV retrieval
     on HELD_OUT prompts after the ranking's, through this chapter's store."""
     s = shared.ranking_settings(cfg.profile, cfg.smoke)
-    kv = dict(pairs=cfg.kv_pairs or s["pairs"], query=s["query"], form=s["form"], seed=s["seed"],
-              n=cfg.n_rank if cfg.ranking == "screen" else s["n"])
+    kv = dict(
+        pairs=cfg.kv_pairs or s["pairs"],
+        query=s["query"],
+        form=s["form"],
+        seed=s["seed"],
+        n=cfg.n_rank if cfg.ranking == "screen" else s["n"],
+    )
     store = base.open_store(cfg.chapter, cfg.profile, "ranking", [loaded])
     if cfg.ranking == "shared":
         r = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         table, clean = r.table, r.clean
-        how = (f"the book's shared KV ranking ({kv['pairs']} keys, {kv['n']} prompts; the screen, then the layers of "
-               f"its top {s['top']} heads swept exactly)")
+        how = (
+            f"the book's shared KV ranking ({kv['pairs']} keys, {kv['n']} prompts; the screen, then the layers of "
+            f"its top {s['top']} heads swept exactly)"
+        )
     else:
-        row = sweep(store, [dict(model=cfg.model, **kv, confirm=cfg.n_heads + CONFIRM_MORE)], measure_ranking,
-                    desc="KV ranking (screen)")[0]
+        row = sweep(
+            store,
+            [dict(model=cfg.model, **kv, confirm=cfg.n_heads + CONFIRM_MORE)],
+            measure_ranking,
+            desc="KV ranking (screen)",
+        )[0]
         estimate = {Head(l, h): e for l, h, e in row["estimate"]}
-        table = hd.ranking_table(estimate, {Head.parse(k): Score.from_json(x) for k, x in row["exact"].items()})
+        table = hd.ranking_table(
+            estimate, {Head.parse(k): Score.from_json(x) for k, x in row["exact"].items()}
+        )
         clean = Score.from_json(row["clean"])
-        how = (f"the screen's estimate on {cfg.n_rank} KV prompts ({kv['pairs']} keys; one pass, alpha 1), its "
-               f"{cfg.n_heads + CONFIRM_MORE} best candidates then zeroed one at a time on the same prompts")
-    heads = tuple(hd.measured(table)[:cfg.n_heads])
+        how = (
+            f"the screen's estimate on {cfg.n_rank} KV prompts ({kv['pairs']} keys; one pass, alpha 1), its "
+            f"{cfg.n_heads + CONFIRM_MORE} best candidates then zeroed one at a time on the same prompts"
+        )
+    heads = tuple(hd.measured(table)[: cfg.n_heads])
     if len(heads) < cfg.n_heads:
-        raise ConfigError(f"n_heads={cfg.n_heads}, but the ranking measured only {len(heads)} heads exactly: "
-                          f"set n_heads to at most {len(heads)}")
-    held = dict(model=cfg.model, **{**kv, "n": HELD_OUT if not cfg.smoke else shared.SMOKE["n"]}, skip=kv["n"],
-                zero=[str(h) for h in heads])
+        raise ConfigError(
+            f"n_heads={cfg.n_heads}, but the ranking measured only {len(heads)} heads exactly: "
+            f"set n_heads to at most {len(heads)}"
+        )
+    held = dict(
+        model=cfg.model,
+        **{**kv, "n": HELD_OUT if not cfg.smoke else shared.SMOKE["n"]},
+        skip=kv["n"],
+        zero=[str(h) for h in heads],
+    )
     row = sweep(store, [held], measure_held_out, desc="KV on held-out prompts")[0]
-    return TopHeads(heads, table, clean, 1 / kv["pairs"], how, Score.from_json(row["clean"]),
-                    Score.from_json(row["zeroed"]))
+    return TopHeads(
+        heads,
+        table,
+        clean,
+        1 / kv["pairs"],
+        how,
+        Score.from_json(row["clean"]),
+        Score.from_json(row["zeroed"]),
+    )
 
 
 def measure_ranking(cell: dict) -> dict:
@@ -206,13 +287,26 @@ def measure_ranking(cell: dict) -> dict:
     pass (alpha 1) on the cell's KV prompts, then its `confirm` best candidates zeroed one at a
     time on the same prompts."""
     loaded = base.model_for(cell["model"])
-    items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"], cell["form"]).items
-    engine = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model))
+    items = bm.kv(
+        loaded.name,
+        loaded.tokenizer,
+        cell["pairs"],
+        cell["n"],
+        cell["seed"],
+        cell["query"],
+        cell["form"],
+    ).items
+    engine = SweepEngine(
+        loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model)
+    )
     estimate = attribution(engine, alpha=1.0)
-    confirm = sorted(estimate, key=estimate.get)[:cell["confirm"]]
+    confirm = sorted(estimate, key=estimate.get)[: cell["confirm"]]
     exact = engine.score_each({str(h): h.ablation for h in confirm})
-    return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],
-            "exact": {k: s.to_json() for k, s in exact.items()}}
+    return {
+        "clean": engine.score().to_json(),
+        "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],
+        "exact": {k: s.to_json() for k, s in exact.items()},
+    }
 
 
 def measure_held_out(cell: dict) -> dict:
@@ -220,18 +314,27 @@ def measure_held_out(cell: dict) -> dict:
     prompts the ranking did not see), clean and with the cell's heads zeroed together (a
     measurement, `runner`)."""
     loaded = base.model_for(cell["model"])
-    kv = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["skip"] + cell["n"], cell["seed"], cell["query"],
-               cell["form"])
+    kv = bm.kv(
+        loaded.name,
+        loaded.tokenizer,
+        cell["pairs"],
+        cell["skip"] + cell["n"],
+        cell["seed"],
+        cell["query"],
+        cell["form"],
+    )
     engine = SweepEngine(loaded, loaded.tokenizer, bm.part(kv, cell["skip"]).items)
     zeroed = hd.ablation([Head.parse(h) for h in cell["zero"]])
     return {"clean": engine.score().to_json(), "zeroed": engine.score(zeroed).to_json()}
 
 
-def controls(top: TopHeads, n_heads: dict[int, int], n_controls: int, seed: int) -> list[tuple[Head, ...]]:
+def controls(
+    top: TopHeads, n_heads: dict[int, int], n_controls: int, seed: int
+) -> list[tuple[Head, ...]]:
     """`n_controls` distinct random sets of as many heads as `top` holds, from the top heads'
     layers (all layers where those hold too few for so many distinct sets), never one of the ranking's most harmful heads
     (its top twice as many: a control must not hold the next bottleneck)."""
-    taken = set(hd.measured(top.table)[:2 * len(top.heads)]) | set(top.heads)
+    taken = set(hd.measured(top.table)[: 2 * len(top.heads)]) | set(top.heads)
     size = len(top.heads)
     for layers in (sorted({h.layer for h in top.heads}), sorted(n_heads)):
         pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
@@ -250,10 +353,13 @@ def controls(top: TopHeads, n_heads: dict[int, int], n_controls: int, seed: int)
 
 # --- the run -----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TaskScore:
     score: Score  # per item, in (subtask, doc_id) order: the same items under every condition
-    metric: str  # lm-eval's metric and filter, as its results name them ("exact_match,strict-match")
+    metric: (
+        str  # lm-eval's metric and filter, as its results name them ("exact_match,strict-match")
+    )
     lm_eval: float  # lm-eval's own aggregate of that metric
     n_shot: int | None
 
@@ -285,7 +391,9 @@ def expand(task: str, bbh_subtasks: int | None, task_manager) -> list[str]:
         return [task]
     names = list(task_manager.task_index["bbh"].cfg["task"])  # lm-eval's own order (alphabetical)
     if bbh_subtasks > len(names):
-        raise ConfigError(f"bbh_subtasks must be at most the {len(names)} subtasks of bbh, got {bbh_subtasks}")
+        raise ConfigError(
+            f"bbh_subtasks must be at most the {len(names)} subtasks of bbh, got {bbh_subtasks}"
+        )
     return names[:bbh_subtasks]
 
 
@@ -311,7 +419,9 @@ def per_item(results: dict, names: list[str], aggregate: str | None = None) -> T
     score = Score.of(correct)
     own = results["results"].get(aggregate, {}).get(key) if aggregate else None
     shots = results.get("n-shot", {}).get(sorted(names)[0])
-    return TaskScore(score, key, score.acc if own is None else float(own), None if shots is None else int(shots))
+    return TaskScore(
+        score, key, score.acc if own is None else float(own), None if shots is None else int(shots)
+    )
 
 
 def run(cfg: Config) -> Result:
@@ -323,17 +433,37 @@ def run(cfg: Config) -> Result:
     for task, names in runs.items():  # every name checked before the model loads
         lmeval.resolve_tasks(names, task_manager)
     loaded = base.load(cfg.model)
-    if (chats := [t for t in cfg.tasks if chat(t)]) and not getattr(loaded.tokenizer, "chat_template", None):
-        raise ConfigError(f"{', '.join(chats)} run in the model's chat template, but {cfg.model}'s tokenizer has none: "
-                          f"leave them out of tasks, or run a model with one (an instruct model)")
+    if (chats := [t for t in cfg.tasks if chat(t)]) and not getattr(
+        loaded.tokenizer, "chat_template", None
+    ):
+        raise ConfigError(
+            f"{', '.join(chats)} run in the model's chat template, but {cfg.model}'s tokenizer has none: "
+            f"leave them out of tasks, or run a model with one (an instruct model)"
+        )
     top = top_heads(cfg, loaded)
-    drawn = controls(top, {l: loaded.adapter.n_heads(l) for l in loaded.adapter.head_layers()}, cfg.n_controls,
-                     cfg.seed)
+    drawn = controls(
+        top,
+        {l: loaded.adapter.n_heads(l) for l in loaded.adapter.head_layers()},
+        cfg.n_controls,
+        cfg.seed,
+    )
     zeroed = {CLEAN: (), TOP: top.heads, **{control(i): c for i, c in enumerate(drawn)}}
     store = base.open_store(cfg.chapter, cfg.profile, "tasks", [loaded])
-    cells = [dict(model=cfg.model, task=task, runs=runs[task], condition=name, zero=[str(h) for h in heads], n=cfg.n,
-                  max_gen_toks=cfg.max_gen_toks, batch_size=cfg.batch_size, chat=chat(task))
-             for name, heads in zeroed.items() for task in cfg.tasks]
+    cells = [
+        dict(
+            model=cfg.model,
+            task=task,
+            runs=runs[task],
+            condition=name,
+            zero=[str(h) for h in heads],
+            n=cfg.n,
+            max_gen_toks=cfg.max_gen_toks,
+            batch_size=cfg.batch_size,
+            chat=chat(task),
+        )
+        for name, heads in zeroed.items()
+        for task in cfg.tasks
+    ]
     done: dict[tuple[str, str], dict] = {}
 
     def compute(cell):
@@ -343,25 +473,50 @@ def run(cfg: Config) -> Result:
         if (cell["condition"], cell["task"]) not in done:
             from ..progress import quiet
 
-            todo = [c["task"] for c in cells if c["condition"] == cell["condition"] and c["chat"] == cell["chat"]
-                    and c not in store]
-            gen = {} if cfg.max_gen_toks is None else {"gen_kwargs": f"max_gen_toks={cfg.max_gen_toks}"}
+            todo = [
+                c["task"]
+                for c in cells
+                if c["condition"] == cell["condition"]
+                and c["chat"] == cell["chat"]
+                and c not in store
+            ]
+            gen = (
+                {}
+                if cfg.max_gen_toks is None
+                else {"gen_kwargs": f"max_gen_toks={cfg.max_gen_toks}"}
+            )
             with quiet(), lm_eval_quiet():
-                results = lmeval.evaluate(loaded, [n for t in todo for n in runs[t]], zero=cell["zero"], limit=cfg.n,
-                                          batch_size=cfg.batch_size, log_samples=True, task_manager=task_manager,
-                                          apply_chat_template=cell["chat"], **gen)
+                results = lmeval.evaluate(
+                    loaded,
+                    [n for t in todo for n in runs[t]],
+                    zero=cell["zero"],
+                    limit=cfg.n,
+                    batch_size=cfg.batch_size,
+                    log_samples=True,
+                    task_manager=task_manager,
+                    apply_chat_template=cell["chat"],
+                    **gen,
+                )
             for t in todo:
                 names = [m for n in runs[t] for m in members(n, task_manager)]
                 s = per_item(results, names, runs[t][0] if len(runs[t]) == 1 else None)
-                done[cell["condition"], t] = {"correct": s.score.to_json()["correct"], "metric": s.metric,
-                                              "lm_eval": s.lm_eval, "n_shot": s.n_shot}
+                done[cell["condition"], t] = {
+                    "correct": s.score.to_json()["correct"],
+                    "metric": s.metric,
+                    "lm_eval": s.lm_eval,
+                    "n_shot": s.n_shot,
+                }
         return done.pop((cell["condition"], cell["task"]))
 
     rows = sweep(store, cells, compute, desc="tasks x conditions (lm-eval)")
     scores: dict[str, dict[str, TaskScore]] = {}
     for row in rows:
         scores.setdefault(row["task"], {})[row["condition"]] = TaskScore(
-            Score.from_json({"correct": row["correct"]}), row["metric"], row["lm_eval"], row["n_shot"])
+            Score.from_json({"correct": row["correct"]}),
+            row["metric"],
+            row["lm_eval"],
+            row["n_shot"],
+        )
     subtasks = {t: names for t, names in runs.items() if names != [t]}
     return Result(cfg, top, drawn, scores, subtasks, base.record(cfg, [loaded], timer))
 
@@ -390,31 +545,60 @@ def falls(result: Result, task: str) -> tuple[str, str]:
     """Does zeroing the top heads lower the task (`verdicts.falls`, paired on its items)? Judged
     only where those heads carry retrieval (`TopHeads.carry_retrieval`); not testable where the
     clean score does not clear the task's floor."""
-    return v.gated(result.top.carry_retrieval(), GATE,
-                   lambda: v.falls(result.score(task, CLEAN), result.score(task, TOP), floor(task)))
+    return v.gated(
+        result.top.carry_retrieval(),
+        GATE,
+        lambda: v.falls(result.score(task, CLEAN), result.score(task, TOP), floor(task)),
+    )
 
 
 def beyond_controls(result: Result, task: str) -> tuple[str, str]:
     """Does it lower the task more than every random set of as many heads
     (`verdicts.falls_beyond_controls`)? Gated as `falls`."""
-    return v.gated(result.top.carry_retrieval(), GATE,
-                   lambda: v.falls_beyond_controls(result.score(task, CLEAN), result.score(task, TOP),
-                                                   result.control_scores(task), floor(task)))
+    return v.gated(
+        result.top.carry_retrieval(),
+        GATE,
+        lambda: v.falls_beyond_controls(
+            result.score(task, CLEAN),
+            result.score(task, TOP),
+            result.control_scores(task),
+            floor(task),
+        ),
+    )
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
     k = len(result.top.heads)
-    out = [v.Verdict(f"The KV ranking's top {k} heads carry retrieval: zeroed together they lower KV accuracy on "
-                     "prompts the ranking did not see", "App. A.5, Table 5", *result.top.carry_retrieval(), v.CHECK)]
+    out = [
+        v.Verdict(
+            f"The KV ranking's top {k} heads carry retrieval: zeroed together they lower KV accuracy on "
+            "prompts the ranking did not see",
+            "App. A.5, Table 5",
+            *result.top.carry_retrieval(),
+            v.CHECK,
+        )
+    ]
     for task in result.cfg.tasks:
-        out.append(v.Verdict(f"Zeroing the KV ranking's top {k} heads lowers {task}", "§6, Table 2", *falls(result, task),
-                             headline=True))
-        out.append(v.Verdict(f"They lower {task} more than {k} random heads of the same layers do", "§6, Table 2",
-                             *beyond_controls(result, task)))
+        out.append(
+            v.Verdict(
+                f"Zeroing the KV ranking's top {k} heads lowers {task}",
+                "§6, Table 2",
+                *falls(result, task),
+                headline=True,
+            )
+        )
+        out.append(
+            v.Verdict(
+                f"They lower {task} more than {k} random heads of the same layers do",
+                "§6, Table 2",
+                *beyond_controls(result, task),
+            )
+        )
     return out
 
 
 # --- tables and figures ------------------------------------------------------------------------
+
 
 def describe(result: Result, condition: str) -> str:
     if condition == CLEAN:
@@ -435,15 +619,29 @@ def scores_table(result: Result) -> pd.DataFrame:
         for c in result.conditions:
             s, ts = result.score(task, c), result.scores[task][c]
             d = paired(clean, s)
-            rows.append(dict(task=task, zeroed=describe(result, c), metric=ts.metric, acc=s.acc, lo=s.lo, hi=s.hi,
-                             n=s.n, **{"vs clean [95%]": "-" if c == CLEAN else f"{d}"}))
+            rows.append(
+                dict(
+                    task=task,
+                    zeroed=describe(result, c),
+                    metric=ts.metric,
+                    acc=s.acc,
+                    lo=s.lo,
+                    hi=s.hi,
+                    n=s.n,
+                    **{"vs clean [95%]": "-" if c == CLEAN else f"{d}"},
+                )
+            )
     return pd.DataFrame(rows)
 
 
 def premise_note(result: Result) -> str:
     """The premise (`TopHeads.carry_retrieval`) in a sentence, for the page."""
     outcome, evidence = result.top.carry_retrieval()
-    said = "they carry retrieval" if outcome == v.REPRODUCED else f"{outcome}: not shown to carry retrieval"
+    said = (
+        "they carry retrieval"
+        if outcome == v.REPRODUCED
+        else f"{outcome}: not shown to carry retrieval"
+    )
     return f"**Premise** ({said}): {', '.join(map(str, result.top.heads))}; {evidence}."
 
 
@@ -456,19 +654,38 @@ def power_table(result: Result) -> pd.DataFrame:
     rows = []
     for task in result.cfg.tasks:
         clean = result.score(task, CLEAN)
-        loss = detectable_loss(lambda a, b: v.below(a, b), v.REPRODUCED, clean.n, clean.acc, floor(task))
-        rows.append({"task": task, "n": clean.n, "clean": clean.acc,
-                     "smallest loss detected (points)": "-" if loss is None else f"{100 * loss:.1f}"})
+        loss = detectable_loss(
+            lambda a, b: v.below(a, b), v.REPRODUCED, clean.n, clean.acc, floor(task)
+        )
+        rows.append(
+            {
+                "task": task,
+                "n": clean.n,
+                "clean": clean.acc,
+                "smallest loss detected (points)": "-" if loss is None else f"{100 * loss:.1f}",
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def ranking_table(result: Result) -> pd.DataFrame:
     """The ranking's exactly measured heads, most harmful first, with the screen's estimate."""
     rows = result.top.table.dropna(subset=["acc"])
-    return pd.DataFrame([dict(head=str(Head(int(r.layer), int(r.head))), chosen=Head(int(r.layer), int(r.head)) in
-                              result.top.heads, **{"KV accuracy zeroed": r.acc, "lo": r.lo, "hi": r.hi,
-                                                   "screen estimate": r.estimate})
-                         for r in rows.itertuples()])
+    return pd.DataFrame(
+        [
+            dict(
+                head=str(Head(int(r.layer), int(r.head))),
+                chosen=Head(int(r.layer), int(r.head)) in result.top.heads,
+                **{
+                    "KV accuracy zeroed": r.acc,
+                    "lo": r.lo,
+                    "hi": r.hi,
+                    "screen estimate": r.estimate,
+                },
+            )
+            for r in rows.itertuples()
+        ]
+    )
 
 
 def _paper(task: str, quantity: str, model: str):
@@ -483,28 +700,60 @@ def comparison(result: Result) -> pd.DataFrame:
     """Table 2 as the paper, the released code and this run have it, one pair of rows per task."""
     cfg = result.cfg
     released = "no Sec. 6 code in the release (data/reference/README.md)"
-    rows = [("model", "Llama-3.1-8B-Instruct, Llamba-8B, Falcon-Mamba-7B (which ones Table 2 lists is not verified)",
-             "-", f"{cfg.model} ({cfg.profile} profile)"),
-            ("heads zeroed", "the KV ranking's top heads (Table 5); how many is not verified", "-",
-             f"{', '.join(map(str, result.top.heads))} ({result.top.how})"),
-            ("harness", f"lm-eval {paper('released_settings', 'lm_eval_version').value} (the release's)", released,
-             "lm-eval's own tasks, prompts, stop sequences, filters and metrics (helpers.lmeval); the model's chat "
-             f"template for {', '.join(t for t in cfg.tasks if chat(t)) or 'no task'} (the tasks named *_chat)")]
+    rows = [
+        (
+            "model",
+            "Llama-3.1-8B-Instruct, Llamba-8B, Falcon-Mamba-7B (which ones Table 2 lists is not verified)",
+            "-",
+            f"{cfg.model} ({cfg.profile} profile)",
+        ),
+        (
+            "heads zeroed",
+            "the KV ranking's top heads (Table 5); how many is not verified",
+            "-",
+            f"{', '.join(map(str, result.top.heads))} ({result.top.how})",
+        ),
+        (
+            "harness",
+            f"lm-eval {paper('released_settings', 'lm_eval_version').value} (the release's)",
+            released,
+            "lm-eval's own tasks, prompts, stop sequences, filters and metrics (helpers.lmeval); the model's chat "
+            f"template for {', '.join(t for t in cfg.tasks if chat(t)) or 'no task'} (the tasks named *_chat)",
+        ),
+    ]
     model = registry.cast("paper", "llama") if cfg.profile == "cpu" else cfg.model
-    refs = [r for t in cfg.tasks for q in ("clean", "top_heads_ablated") if (r := _paper(t, q, model)) is not None]
+    refs = [
+        r
+        for t in cfg.tasks
+        for q in ("clean", "top_heads_ablated")
+        if (r := _paper(t, q, model)) is not None
+    ]
     unread = [r for r in refs if not r.read]
     if unread:  # the reason once, not in every cell
-        rows.append(("Table 2's numbers", f"- : {unread[0].note.split('; the model')[0]}", "-", "-"))
+        rows.append(
+            ("Table 2's numbers", f"- : {unread[0].note.split('; the model')[0]}", "-", "-")
+        )
     cell = lambda t, q: "-" if (r := _paper(t, q, model)) is None or not r.read else str(r)
     for task in cfg.tasks:
         clean, top = result.score(task, CLEAN), result.score(task, TOP)
         lo = min(c.acc for c in result.control_scores(task)) if result.controls else None
         hi = max(c.acc for c in result.control_scores(task)) if result.controls else None
-        ran = (f" ({len(result.subtasks[task])} of its subtasks)" if task in result.subtasks else
-               f" (as {ANALOGUE[task]})" if task in ANALOGUE else "")
+        ran = (
+            f" ({len(result.subtasks[task])} of its subtasks)"
+            if task in result.subtasks
+            else f" (as {ANALOGUE[task]})"
+            if task in ANALOGUE
+            else ""
+        )
         rows.append((f"{task}{ran}, clean", cell(task, "clean"), "-", f"{clean}"))
-        rows.append((f"{task}{ran}, top heads zeroed", cell(task, "top_heads_ablated"), "-",
-                     f"{top}; random heads: {lo:.1%} to {hi:.1%}" if lo is not None else f"{top}"))
+        rows.append(
+            (
+                f"{task}{ran}, top heads zeroed",
+                cell(task, "top_heads_ablated"),
+                "-",
+                f"{top}; random heads: {lo:.1%} to {hi:.1%}" if lo is not None else f"{top}",
+            )
+        )
     return base.comparison_table(rows)
 
 
@@ -520,16 +769,25 @@ def figure(result: Result):
 
     plots.style()
     tasks, conds = list(result.cfg.tasks), result.conditions
-    fig, axes = plt.subplots(1, len(tasks), figsize=(plots.WIDTH, 1.4 + 0.3 * len(conds)), sharey=True, squeeze=False)
-    labels = ["no head zeroed", f"top {len(result.top.heads)} zeroed"] + [f"random #{i + 1}" for i in
-                                                                          range(len(result.controls))]
+    fig, axes = plt.subplots(
+        1, len(tasks), figsize=(plots.WIDTH, 1.4 + 0.3 * len(conds)), sharey=True, squeeze=False
+    )
+    labels = ["no head zeroed", f"top {len(result.top.heads)} zeroed"] + [
+        f"random #{i + 1}" for i in range(len(result.controls))
+    ]
     for ax, task in zip(axes[0], tasks):
         s = [result.score(task, c) for c in conds]
         y = np.arange(len(conds))[::-1]
         acc = np.array([x.acc for x in s]) * 100
         err = [acc - np.array([x.lo for x in s]) * 100, np.array([x.hi for x in s]) * 100 - acc]
-        ax.barh(y, acc, xerr=err, capsize=2, height=0.6,
-                color=["tab:blue", "tab:red"] + ["0.55"] * len(result.controls))
+        ax.barh(
+            y,
+            acc,
+            xerr=err,
+            capsize=2,
+            height=0.6,
+            color=["tab:blue", "tab:red"] + ["0.55"] * len(result.controls),
+        )
         ax.axvline(100 * floor(task), ls=":", color="0.2", lw=1.5)
         ax.set_yticks(y, labels)
         ax.set(xlim=(0, 102), title=task, xlabel="score (%)")

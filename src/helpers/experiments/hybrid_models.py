@@ -35,11 +35,10 @@ from ..attention import mask_final_rows
 from ..errors import ConfigError
 from ..evaluate import score
 from ..interventions import swap_layers, zero_heads
+from ..protocol import base, distilled
 from ..reference import paper
 from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
-from ..protocol import base, distilled
-
 
 AS_IS, MASKED, ZEROED = "as is", "final row masked (released code)", "all attention heads zeroed"
 ABLATIONS = (MASKED, ZEROED)
@@ -54,27 +53,53 @@ class Config(base.BenchmarkConfig):
     single_heads: bool = base.flag()
 
     chapter = "hybrid_models"
-    smoke_sizes = dict(n_mmlu=4, n_knowledge=2, n_kv=4)  # Zamba2-7B's 81 layers run on CPU in the rehearsal
+    smoke_sizes = dict(
+        n_mmlu=4, n_knowledge=2, n_kv=4
+    )  # Zamba2-7B's 81 layers run on CPU in the rehearsal
 
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(hybrid=registry.cast(profile, "zamba2"), swapped=True, ssm=registry.cast(profile, "llamba"), n_mmlu=500, k_shot=0,
-                        n_knowledge=500, n_kv=500, kv_pairs=16, kv_query="repeat", n_controls=5, single_heads=True,
-                        seed=0)
+            return dict(
+                hybrid=registry.cast(profile, "zamba2"),
+                swapped=True,
+                ssm=registry.cast(profile, "llamba"),
+                n_mmlu=500,
+                k_shot=0,
+                n_knowledge=500,
+                n_kv=500,
+                kv_pairs=16,
+                kv_query="repeat",
+                n_controls=5,
+                single_heads=True,
+                seed=0,
+            )
         # On the paper's models each control or single head costs a full MMLU run: none by default.
-        return dict(hybrid=registry.cast(profile, "zamba2"), swapped=False, ssm="none", n_mmlu=None,
-                    k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=16,
-                    kv_query="paper", n_controls=0, single_heads=False, seed=0)
+        return dict(
+            hybrid=registry.cast(profile, "zamba2"),
+            swapped=False,
+            ssm="none",
+            n_mmlu=None,
+            k_shot=paper("released_settings", "num_fewshot").integer,
+            n_knowledge=None,
+            n_kv=500,
+            kv_pairs=16,
+            kv_query="paper",
+            n_controls=0,
+            single_heads=False,
+            seed=0,
+        )
 
     def __post_init__(self):
         super().__post_init__()
         base.check_kv_sizes(self.hybrid, "kv_pairs", [self.kv_pairs])
         student = self.swap().student if self.swapped else None
         if student and registry.spec(student).toy != registry.spec(self.hybrid).toy:
-            raise ConfigError(f"the swapped hybrid ({student}) runs {self.hybrid}'s tasks, so both must be toy models "
-                              f"or neither: use a {'toy' if registry.spec(student).toy else 'paper'} hybrid on the "
-                              f"{self.profile} profile, or swapped=False")
+            raise ConfigError(
+                f"the swapped hybrid ({student}) runs {self.hybrid}'s tasks, so both must be toy models "
+                f"or neither: use a {'toy' if registry.spec(student).toy else 'paper'} hybrid on the "
+                f"{self.profile} profile, or swapped=False"
+            )
 
     def swap(self) -> distilled.Pair:
         """The hybrid-swap chapter's pair on this profile: its student, teacher and layer rule."""
@@ -82,6 +107,7 @@ class Config(base.BenchmarkConfig):
 
 
 # --- hybrids and conditions -----------------------------------------------------------------------
+
 
 @dataclass
 class Hybrid:
@@ -91,8 +117,12 @@ class Hybrid:
     attention_layers: list[int]
     mamba: object  # the adapter that sees its Mamba heads
     mamba_layers: list[int]
-    running: Callable[[], ContextManager] = nullcontext  # what makes it a hybrid (a swap), if anything
-    spec: dict = field(default_factory=dict)  # what makes it again by the models' names: `hybrid_of`
+    running: Callable[[], ContextManager] = (
+        nullcontext  # what makes it a hybrid (a swap), if anything
+    )
+    spec: dict = field(
+        default_factory=dict
+    )  # what makes it again by the models' names: `hybrid_of`
 
     @property
     def attention_heads(self) -> dict[int, list[int]]:
@@ -103,17 +133,30 @@ def trained(loaded) -> Hybrid:
     """A hybrid trained as one (Zamba2): its shared attention block's call sites, and the Mamba
     heads of every layer."""
     mamba = loaded.adapter.mamba_heads()
-    return Hybrid(loaded.name, loaded, loaded.adapter, loaded.adapter.head_layers(), mamba, mamba.head_layers(),
-                  spec=dict(trained=loaded.name))
+    return Hybrid(
+        loaded.name,
+        loaded,
+        loaded.adapter,
+        loaded.adapter.head_layers(),
+        mamba,
+        mamba.head_layers(),
+        spec=dict(trained=loaded.name),
+    )
 
 
 def swapped(student, teacher, layer: int) -> Hybrid:
     """The student SSM with the teacher's layer `layer` in place of its own (the paper's §5.4
     hybrid): its attention heads are the teacher's, its Mamba heads the student's other layers'."""
-    return Hybrid(f"{student.name} + {teacher.name} L{layer}", student, teacher.adapter, [layer], student.adapter,
-                  [l for l in range(student.adapter.n_layers) if l != layer],
-                  lambda: swap_layers(student, teacher, [layer]),
-                  dict(student=student.name, teacher=teacher.name, layer=layer))
+    return Hybrid(
+        f"{student.name} + {teacher.name} L{layer}",
+        student,
+        teacher.adapter,
+        [layer],
+        student.adapter,
+        [l for l in range(student.adapter.n_layers) if l != layer],
+        lambda: swap_layers(student, teacher, [layer]),
+        dict(student=student.name, teacher=teacher.name, layer=layer),
+    )
 
 
 def hybrid_of(spec: dict) -> Hybrid:
@@ -138,13 +181,20 @@ class Condition:
     def cell(self) -> dict:
         """What the condition does, as JSON values for a results store cell (`of_cell` reads it back)."""
         text = lambda d: {str(l): list(hs) for l, hs in d.items()}
-        return dict(condition=self.name, attention=text(self.attention), mamba=text(self.mamba), final_row=self.final_row)
+        return dict(
+            condition=self.name,
+            attention=text(self.attention),
+            mamba=text(self.mamba),
+            final_row=self.final_row,
+        )
 
     @classmethod
     def of_cell(cls, cell: dict) -> "Condition":
         """The condition a cell does (its kind is not needed to run it)."""
         ints = lambda d: {int(l): list(hs) for l, hs in d.items()}
-        return cls(cell["condition"], ints(cell["attention"]), ints(cell["mamba"]), cell["final_row"])
+        return cls(
+            cell["condition"], ints(cell["attention"]), ints(cell["mamba"]), cell["final_row"]
+        )
 
 
 CONTROL = "random Mamba heads zeroed"
@@ -153,19 +203,27 @@ CONTROL = "random Mamba heads zeroed"
 def conditions(h: Hybrid, cfg: Config) -> list[Condition]:
     """As is, the two ablations, `n_controls` draws of as many random Mamba heads as the hybrid
     has attention heads, and each attention head alone (`single_heads`)."""
-    out = [Condition(AS_IS), Condition(MASKED, final_row=True, kind=ABLATION),
-           Condition(ZEROED, attention=h.attention_heads, kind=ABLATION)]
+    out = [
+        Condition(AS_IS),
+        Condition(MASKED, final_row=True, kind=ABLATION),
+        Condition(ZEROED, attention=h.attention_heads, kind=ABLATION),
+    ]
     count = sum(map(len, h.attention_heads.values()))
     pool = [(l, k) for l in h.mamba_layers for k in range(h.mamba.n_heads(l))]
     for i in range(cfg.n_controls):
-        picks = np.random.default_rng([cfg.seed, i]).choice(len(pool), min(count, len(pool)), replace=False)
+        picks = np.random.default_rng([cfg.seed, i]).choice(
+            len(pool), min(count, len(pool)), replace=False
+        )
         chosen: dict[int, list[int]] = {}
         for j in sorted(picks):
             chosen.setdefault(pool[j][0], []).append(pool[j][1])
         out.append(Condition(f"{CONTROL} #{i + 1}", mamba=chosen, kind=CONTROL_DRAW))
     if cfg.single_heads:
-        out += [Condition(f"L{l}H{k} zeroed", attention={l: [k]}, kind=SINGLE_HEAD)
-                for l, hs in h.attention_heads.items() for k in hs]
+        out += [
+            Condition(f"L{l}H{k} zeroed", attention={l: [k]}, kind=SINGLE_HEAD)
+            for l, hs in h.attention_heads.items()
+            for k in hs
+        ]
     return out
 
 
@@ -182,12 +240,17 @@ def applied(h: Hybrid, c: Condition):
 def evaluate(h: Hybrid, c: Condition, items) -> Score:
     """lm-eval's accuracy of the hybrid under `c`. The released mask needs each row's own last
     position, so it is entered around each batch with the batch's row lengths."""
-    per_batch = (lambda lengths, width: mask_final_rows(h.attention, lengths, h.attention_layers, width)) if c.final_row else None
+    per_batch = (
+        (lambda lengths, width: mask_final_rows(h.attention, lengths, h.attention_layers, width))
+        if c.final_row
+        else None
+    )
     with applied(h, c):
         return score(h.host.model, h.host.tokenizer, items, per_batch=per_batch)
 
 
 # --- the run ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Result(base.ByRole):
@@ -199,13 +262,17 @@ class Result(base.ByRole):
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
-    kinds: dict[str, dict[str, str]] = field(default_factory=dict)  # hybrid -> condition -> its `Condition.kind`
+    kinds: dict[str, dict[str, str]] = field(
+        default_factory=dict
+    )  # hybrid -> condition -> its `Condition.kind`
 
     def knowledge(self, hybrid: str, condition: str) -> TaskMean:
         """Knowledge under one condition as the release scores it: the unweighted mean over the
         knowledge tasks (paired across conditions task by task)."""
         by = self.scores[hybrid][condition]
-        return TaskMean.of([by[t] for t in self.knowledge_tasks], [self.chance[t] for t in self.knowledge_tasks])
+        return TaskMean.of(
+            [by[t] for t in self.knowledge_tasks], [self.chance[t] for t in self.knowledge_tasks]
+        )
 
     @property
     def knowledge_chance(self) -> float:
@@ -221,53 +288,85 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    base.check_available([cfg.hybrid, *((cfg.swap().student, cfg.swap().teacher) if cfg.swapped else ()),
-                          *((cfg.ssm,) if cfg.ssm != "none" else ())])
+    base.check_available(
+        [
+            cfg.hybrid,
+            *((cfg.swap().student, cfg.swap().teacher) if cfg.swapped else ()),
+            *((cfg.ssm,) if cfg.ssm != "none" else ()),
+        ]
+    )
     main = base.load(cfg.hybrid)
     tok = main.tokenizer
-    retrieval = [bm.letter_mcq(cfg.hybrid, tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
-                 bm.kv(cfg.hybrid, tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    retrieval = [
+        bm.letter_mcq(cfg.hybrid, tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+        bm.kv(cfg.hybrid, tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
+    ]
     benchmarks = retrieval + bm.knowledge(cfg.hybrid, cfg.profile, cfg.n_knowledge, cfg.seed)
     hybrids, loaded, found = [trained(main)], [main], None
     if cfg.swapped:
         pair = cfg.swap()
         student, teacher = base.load(pair.student), base.load(pair.teacher)
-        found = distilled.find_teacher_layer(teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke)
+        found = distilled.find_teacher_layer(
+            teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke
+        )
         hybrids.append(swapped(student, teacher, found.layer))
         loaded += [student, teacher]
     plans = {h.name: conditions(h, cfg) for h in hybrids}
     store = base.open_store(cfg.chapter, cfg.profile, "ablations", loaded)
-    cells = [dict(hybrid=h.name, build=h.spec, **c.cell(), **distilled.cell_of(b))
-             for h in hybrids for c in plans[h.name] for b in benchmarks]
+    cells = [
+        dict(hybrid=h.name, build=h.spec, **c.cell(), **distilled.cell_of(b))
+        for h in hybrids
+        for c in plans[h.name]
+        for b in benchmarks
+    ]
     scores: dict = {}
     for r in sweep(store, cells, measure_condition, desc="hybrids x conditions x benchmarks"):
-        scores.setdefault(r["hybrid"], {}).setdefault(r["condition"], {})[r["benchmark"]] = Score.from_json(r)
+        scores.setdefault(r["hybrid"], {}).setdefault(r["condition"], {})[r["benchmark"]] = (
+            Score.from_json(r)
+        )
     ssm = {}
     if cfg.ssm != "none":
         pure = base.load(cfg.ssm)
         loaded.append(pure)
-        rows = sweep(base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure]),
-                     [dict(model=cfg.ssm, **distilled.cell_of(b)) for b in benchmarks], measure_as_is, desc="pure SSM")
+        rows = sweep(
+            base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure]),
+            [dict(model=cfg.ssm, **distilled.cell_of(b)) for b in benchmarks],
+            measure_as_is,
+            desc="pure SSM",
+        )
         ssm = {r["benchmark"]: Score.from_json(r) for r in rows}
-    return Result(cfg, {h: [c.name for c in cs] for h, cs in plans.items()}, scores, ssm, found,
-                  {b.name: b.role for b in benchmarks}, {b.name: b.chance for b in benchmarks},
-                  base.record(cfg, loaded, timer), {h: {c.name: c.kind for c in cs} for h, cs in plans.items()})
+    return Result(
+        cfg,
+        {h: [c.name for c in cs] for h, cs in plans.items()},
+        scores,
+        ssm,
+        found,
+        {b.name: b.role for b in benchmarks},
+        {b.name: b.chance for b in benchmarks},
+        base.record(cfg, loaded, timer),
+        {h: {c.name: c.kind for c in cs} for h, cs in plans.items()},
+    )
 
 
 def measure_condition(cell: dict) -> dict:
     """The hybrid the cell builds (`hybrid_of` its "build") under the cell's condition
     (`Condition.of_cell`), on its items: lm-eval's accuracy (a measurement, `runner`)."""
     h = hybrid_of(cell["build"])
-    return evaluate(h, Condition.of_cell(cell), bm.from_spec(cell["items"], h.host.tokenizer).items).to_json()
+    return evaluate(
+        h, Condition.of_cell(cell), bm.from_spec(cell["items"], h.host.tokenizer).items
+    ).to_json()
 
 
 def measure_as_is(cell: dict) -> dict:
     """A model as it is on the cell's items (a measurement, `runner`)."""
     loaded = base.model_for(cell["model"])
-    return score(loaded.model, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items).to_json()
+    return score(
+        loaded.model, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
+    ).to_json()
 
 
 # --- verdicts ---------------------------------------------------------------------------------------
+
 
 def retrieval_part(clean: Score, ablated: Score, chance: float) -> tuple[str, str]:
     """Collapses most of the way to chance: reproduced; falls, but not that far: partly; no
@@ -287,14 +386,29 @@ def verdicts(result: Result) -> list[v.Verdict]:
     for h in result.scores:
         by = result.scores[h]
         for ablation in ABLATIONS:
-            parts = {b: retrieval_part(by[AS_IS][b], by[ablation][b], result.chance[b]) for b in result.retrieval}
-            out.append(v.Verdict(f"{h}, {ablation}: retrieval collapses towards chance",
-                                 "§5; released notebook cell 35", v.combine(o for o, _ in parts.values()),
-                                 "; ".join(f"{b}: {e}" for b, (_, e) in parts.items())))
-            outcome, evidence = v.kept(result.knowledge(h, AS_IS), result.knowledge(h, ablation),
-                                       result.knowledge_chance)
-            out.append(v.Verdict(f"{h}, {ablation}: knowledge is kept", "§5", outcome,
-                                 f"{base.knowledge_name(result)}: {evidence}"))
+            parts = {
+                b: retrieval_part(by[AS_IS][b], by[ablation][b], result.chance[b])
+                for b in result.retrieval
+            }
+            out.append(
+                v.Verdict(
+                    f"{h}, {ablation}: retrieval collapses towards chance",
+                    "§5; released notebook cell 35",
+                    v.combine(o for o, _ in parts.values()),
+                    "; ".join(f"{b}: {e}" for b, (_, e) in parts.items()),
+                )
+            )
+            outcome, evidence = v.kept(
+                result.knowledge(h, AS_IS), result.knowledge(h, ablation), result.knowledge_chance
+            )
+            out.append(
+                v.Verdict(
+                    f"{h}, {ablation}: knowledge is kept",
+                    "§5",
+                    outcome,
+                    f"{base.knowledge_name(result)}: {evidence}",
+                )
+            )
         if result.controls(h):
             out.append(control_verdict(result, h))
     return out
@@ -313,20 +427,27 @@ def control_verdict(result: Result, h: str) -> v.Verdict:
             parts.append(v.NOT_TESTABLE)
             continue
         if fell != v.REPRODUCED:
-            evidence.append(f"{b}: zeroing the attention heads takes nothing measurable away "
-                            f"({by[ZEROED][b]} against {by[AS_IS][b]}), so there is no loss to attribute")
+            evidence.append(
+                f"{b}: zeroing the attention heads takes nothing measurable away "
+                f"({by[ZEROED][b]} against {by[AS_IS][b]}), so there is no loss to attribute"
+            )
             parts.append(v.NOT_TESTABLE)
             continue
         draws = [v.below(by[c][b], by[ZEROED][b]) for c in controls]
-        parts.append(v.every(o for o, _ in draws))  # lower than every draw: one as harmful is not specific
+        parts.append(
+            v.every(o for o, _ in draws)
+        )  # lower than every draw: one as harmful is not specific
         worst = min(controls, key=lambda c: by[c][b].acc)
-        evidence.append(f"{b}: attention zeroed {by[ZEROED][b]}; {len(controls)} Mamba draws from "
-                        f"{min(by[c][b].acc for c in controls):.1%} to {max(by[c][b].acc for c in controls):.1%}; "
-                        f"against the lowest draw: {difference(by[worst][b], by[ZEROED][b])}")
+        evidence.append(
+            f"{b}: attention zeroed {by[ZEROED][b]}; {len(controls)} Mamba draws from "
+            f"{min(by[c][b].acc for c in controls):.1%} to {max(by[c][b].acc for c in controls):.1%}; "
+            f"against the lowest draw: {difference(by[worst][b], by[ZEROED][b])}"
+        )
     return v.Verdict(claim, "control (this book)", v.combine(parts), "; ".join(evidence))
 
 
 # --- tables and figures ----------------------------------------------------------------------------
+
 
 def summary(result: Result) -> pd.DataFrame:
     """One row per hybrid, condition and benchmark group: the retrieval tasks, and knowledge as
@@ -341,11 +462,22 @@ def summary(result: Result) -> pd.DataFrame:
             pooled = {b: Score.pooled(by[d][b] for d in draws) for b in by[AS_IS]}
             for b in result.retrieval:
                 s = pooled[b]
-                rows.append(dict(hybrid=h, condition=c, benchmark=b, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n))
+                rows.append(
+                    dict(hybrid=h, condition=c, benchmark=b, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
+                )
             tasks = [pooled[t] for t in result.knowledge_tasks]
             acc, lo, hi = mean_of([s.acc for s in tasks], [s.n for s in tasks])
-            rows.append(dict(hybrid=h, condition=c, benchmark=knowledge_label(result), acc=acc, lo=lo, hi=hi,
-                             n=sum(s.n for s in tasks)))
+            rows.append(
+                dict(
+                    hybrid=h,
+                    condition=c,
+                    benchmark=knowledge_label(result),
+                    acc=acc,
+                    lo=lo,
+                    hi=hi,
+                    n=sum(s.n for s in tasks),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -364,11 +496,17 @@ def figure(result: Result):
 
     table = summary(result)
     hybrids = list(result.scores)
-    fig, axes = plt.subplots(len(hybrids), 1, figsize=(plots.WIDTH, 3.9 * len(hybrids)), squeeze=False)
-    chance = {**{b: result.chance[b] for b in result.retrieval}, knowledge_label(result): float(np.mean(
-        [result.chance[t] for t in result.knowledge_tasks]))}
+    fig, axes = plt.subplots(
+        len(hybrids), 1, figsize=(plots.WIDTH, 3.9 * len(hybrids)), squeeze=False
+    )
+    chance = {
+        **{b: result.chance[b] for b in result.retrieval},
+        knowledge_label(result): float(np.mean([result.chance[t] for t in result.knowledge_tasks])),
+    }
     for ax, h in zip(axes[:, 0], hybrids):
-        plots.grouped_bars(table[table.hybrid == h], "benchmark", "condition", title=h, chance=chance, ax=ax)
+        plots.grouped_bars(
+            table[table.hybrid == h], "benchmark", "condition", title=h, chance=chance, ax=ax
+        )
     fig.tight_layout()
     return fig
 
@@ -382,8 +520,13 @@ def single_heads(result: Result) -> pd.DataFrame:
             rows.append({"hybrid": h, "attention heads zeroed": "none run (single_heads=False)"})
             continue
         for c in [AS_IS, *heads]:
-            rows.append({"hybrid": h, "attention heads zeroed": "none" if c == AS_IS else c.removesuffix(" zeroed"),
-                         **by[c]})
+            rows.append(
+                {
+                    "hybrid": h,
+                    "attention heads zeroed": "none" if c == AS_IS else c.removesuffix(" zeroed"),
+                    **by[c],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -397,25 +540,48 @@ def side_by_side(result: Result) -> pd.DataFrame:
 
 def comparison(result: Result) -> pd.DataFrame:
     mcq = result.retrieval[0]
-    ref = {q: paper("hybrid_models", q, registry.cast("paper", "zamba2")) for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")}
-    heads = [paper("hybrid_models", q, registry.cast("paper", "zamba2")) for q in ("heads_ablated", "heads_ablated_other_summary")]
-    rows = [("hybrid", "Zamba2-7B (§5)", "Zyphra/Zamba2-7B, bf16, eager attention", ", ".join(result.scores)),
-            ("attention heads ablated", f"{heads[0].value} or {heads[1].value} (secondary summaries disagree)",
-             "every shared block's last query row masked, all heads (cell 35)",
-             "every attention head zeroed, or the last row masked as released")]
+    ref = {
+        q: paper("hybrid_models", q, registry.cast("paper", "zamba2"))
+        for q in ("mmlu", "mmlu_attention_ablated", "knowledge_kept")
+    }
+    heads = [
+        paper("hybrid_models", q, registry.cast("paper", "zamba2"))
+        for q in ("heads_ablated", "heads_ablated_other_summary")
+    ]
+    rows = [
+        (
+            "hybrid",
+            "Zamba2-7B (§5)",
+            "Zyphra/Zamba2-7B, bf16, eager attention",
+            ", ".join(result.scores),
+        ),
+        (
+            "attention heads ablated",
+            f"{heads[0].value} or {heads[1].value} (secondary summaries disagree)",
+            "every shared block's last query row masked, all heads (cell 35)",
+            "every attention head zeroed, or the last row masked as released",
+        ),
+    ]
     for i, (h, by) in enumerate(result.scores.items()):
         n = by[AS_IS][mcq].n
-        reference = [("not verified", str(ref["mmlu"])), ("not verified", str(ref["mmlu_attention_ablated"])),
-                     ("'ablating attention' (§5; not verified)", "not run"),
-                     (str(ref["knowledge_kept"]), "'remains stable' (cell 35)")]
+        reference = [
+            ("not verified", str(ref["mmlu"])),
+            ("not verified", str(ref["mmlu_attention_ablated"])),
+            ("'ablating attention' (§5; not verified)", "not run"),
+            (str(ref["knowledge_kept"]), "'remains stable' (cell 35)"),
+        ]
         if i:  # the same reference numbers as for the first hybrid
             reference = [("as above", "as above")] * len(reference)
-        quantities = [(f"{mcq} as is", f"{by[AS_IS][mcq].brief}, n={n}"),
-                      (f"{mcq}, final row masked", f"{by[MASKED][mcq].brief}, n={n}"),
-                      (f"{mcq}, all attention heads zeroed", f"{by[ZEROED][mcq].brief}, n={n}"),
-                      (f"{base.knowledge_name(result)}: as is → masked → zeroed",
-                       " → ".join(result.knowledge(h, c).brief for c in (AS_IS, *ABLATIONS))
-                       + f", n={result.knowledge(h, AS_IS).n}")]
+        quantities = [
+            (f"{mcq} as is", f"{by[AS_IS][mcq].brief}, n={n}"),
+            (f"{mcq}, final row masked", f"{by[MASKED][mcq].brief}, n={n}"),
+            (f"{mcq}, all attention heads zeroed", f"{by[ZEROED][mcq].brief}, n={n}"),
+            (
+                f"{base.knowledge_name(result)}: as is → masked → zeroed",
+                " → ".join(result.knowledge(h, c).brief for c in (AS_IS, *ABLATIONS))
+                + f", n={result.knowledge(h, AS_IS).n}",
+            ),
+        ]
         rows += [(f"{h}: {q}", p, r, mine) for (q, mine), (p, r) in zip(quantities, reference)]
     return base.comparison_table(rows)
 

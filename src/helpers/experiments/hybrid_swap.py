@@ -27,10 +27,10 @@ from .. import verdicts as v
 from ..errors import ConfigError
 from ..evaluate import score
 from ..interventions import swap_layers
+from ..protocol import base, distilled
 from ..reference import paper
 from ..stats import Score, TaskMean, difference
 from ..sweep import sweep
-from ..protocol import base, distilled
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,29 @@ class Config(base.BenchmarkConfig):
 
     @classmethod
     def defaults(cls, profile):
-        pair = distilled.pair(profile)  # the student, teacher and layer rule the hybrid-models chapter swaps too
-        sizes = (dict(n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500, kv_pairs=8, kv_query="repeat") if profile == "cpu"
-                 else dict(n_mmlu=None, k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None,
-                           n_kv=500, kv_pairs=8, kv_query="paper"))
-        return dict(student=pair.student, teacher=pair.teacher, layers=None, teacher_layer_by=pair.teacher_layer_by,
-                    seed=0, **sizes)
+        pair = distilled.pair(
+            profile
+        )  # the student, teacher and layer rule the hybrid-models chapter swaps too
+        sizes = (
+            dict(n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500, kv_pairs=8, kv_query="repeat")
+            if profile == "cpu"
+            else dict(
+                n_mmlu=None,
+                k_shot=paper("released_settings", "num_fewshot").integer,
+                n_knowledge=None,
+                n_kv=500,
+                kv_pairs=8,
+                kv_query="paper",
+            )
+        )
+        return dict(
+            student=pair.student,
+            teacher=pair.teacher,
+            layers=None,
+            teacher_layer_by=pair.teacher_layer_by,
+            seed=0,
+            **sizes,
+        )
 
     def __post_init__(self):
         super().__post_init__()
@@ -59,14 +76,21 @@ class Config(base.BenchmarkConfig):
         base.check_layers_of(self.teacher, "layers", self.layers)
         student, teacher = base.shape(self.student), base.shape(self.teacher)
         if student.width != teacher.width:
-            raise ConfigError(f"student {self.student} (residual width {student.width}) and teacher {self.teacher} "
-                              f"(width {teacher.width}) cannot swap layers: their residual streams must match; pick "
-                              f"a teacher of the student's width")
+            raise ConfigError(
+                f"student {self.student} (residual width {student.width}) and teacher {self.teacher} "
+                f"(width {teacher.width}) cannot swap layers: their residual streams must match; pick "
+                f"a teacher of the student's width"
+            )
         base.check_kv_sizes(self.student, "kv_pairs", [self.kv_pairs])
-        if self.teacher_layer_by == "reference" and self.teacher not in distilled.reference_teachers():
-            raise ConfigError(f"teacher_layer_by='reference' needs a teacher whose Aggregate head the release names "
-                              f"({', '.join(distilled.reference_teachers())}), not {self.teacher}; for other teachers use "
-                              f"'layer ablation' or 'KV ranking'")
+        if (
+            self.teacher_layer_by == "reference"
+            and self.teacher not in distilled.reference_teachers()
+        ):
+            raise ConfigError(
+                f"teacher_layer_by='reference' needs a teacher whose Aggregate head the release names "
+                f"({', '.join(distilled.reference_teachers())}), not {self.teacher}; for other teachers use "
+                f"'layer ablation' or 'KV ranking'"
+            )
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -84,7 +108,9 @@ class Result(base.ByRole):
     n_layers: int
     layers: list[int]  # the layers swapped one at a time
     teacher_layer: distilled.TeacherLayer
-    scores: dict[str, dict[str, Score]]  # benchmark -> condition (student, teacher, "L3 swapped in") -> score
+    scores: dict[
+        str, dict[str, Score]
+    ]  # benchmark -> condition (student, teacher, "L3 swapped in") -> score
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
@@ -92,8 +118,10 @@ class Result(base.ByRole):
     def knowledge(self, condition: str) -> TaskMean:
         """Knowledge under one condition as the release scores it: the unweighted mean over the
         knowledge tasks (paired across conditions task by task)."""
-        return TaskMean.of([self.scores[t][condition] for t in self.knowledge_tasks],
-                           [self.chance[t] for t in self.knowledge_tasks])
+        return TaskMean.of(
+            [self.scores[t][condition] for t in self.knowledge_tasks],
+            [self.chance[t] for t in self.knowledge_tasks],
+        )
 
     @property
     def knowledge_chance(self) -> float:
@@ -114,25 +142,45 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     base.check_available([cfg.student, cfg.teacher])
     student, teacher = base.load(cfg.student), base.load(cfg.teacher)
-    try_swaps(student, teacher, cfg.layers or range(min(student.adapter.n_layers, teacher.adapter.n_layers)))
-    retrieval = [bm.letter_mcq(cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
-                 bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    try_swaps(
+        student,
+        teacher,
+        cfg.layers or range(min(student.adapter.n_layers, teacher.adapter.n_layers)),
+    )
+    retrieval = [
+        bm.letter_mcq(
+            cfg.student, student.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot
+        ),
+        bm.kv(cfg.student, student.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
+    ]
     knowledge = bm.knowledge(cfg.student, cfg.profile, cfg.n_knowledge, cfg.seed)
-    found = distilled.find_teacher_layer(teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke)
+    found = distilled.find_teacher_layer(
+        teacher, retrieval, cfg.teacher_layer_by, cfg.profile, cfg.smoke
+    )
     layers = sorted(set(cfg.layers or range(student.adapter.n_layers)) | {found.layer})
     # Retrieval under every swap; knowledge (the control) for the aggregating layer's swap.
     plan = [(b, c, None) for b in retrieval + knowledge for c in (STUDENT, TEACHER)]
     plan += [(b, swapped(l), l) for b in retrieval for l in layers]
     plan += [(b, swapped(found.layer), found.layer) for b in knowledge]
     store = base.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher])
-    cells = [dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b))
-             for b, c, l in plan]
+    cells = [
+        dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b))
+        for b, c, l in plan
+    ]
     scores: dict[str, dict[str, Score]] = {}
     for r in sweep(store, cells, measure_swap, desc="swaps x benchmarks"):
         scores.setdefault(r["benchmark"], {})[r["condition"]] = Score.from_json(r)
     benchmarks = retrieval + knowledge
-    return Result(cfg, student.adapter.n_layers, layers, found, scores, {b.name: b.role for b in benchmarks},
-                  {b.name: b.chance for b in benchmarks}, base.record(cfg, [student, teacher], timer))
+    return Result(
+        cfg,
+        student.adapter.n_layers,
+        layers,
+        found,
+        scores,
+        {b.name: b.role for b in benchmarks},
+        {b.name: b.chance for b in benchmarks},
+        base.record(cfg, [student, teacher], timer),
+    )
 
 
 def measure_swap(cell: dict) -> dict:
@@ -150,6 +198,7 @@ def measure_swap(cell: dict) -> dict:
 
 
 # --- verdicts ---------------------------------------------------------------------------------------
+
 
 def gap(result: Result, b: str) -> tuple[bool, str]:
     """Whether the student trails its teacher on `b` (paired): only then can a swap close a gap.
@@ -177,27 +226,50 @@ def best_swap_verdict(result: Result, b: str) -> v.Verdict:
     others = {l: difference(scores[swapped(l)], mine) for l in result.layers if l != L}
     if not others:
         return v.Verdict(claim, "Fig. 7", over_student, evidence + "; no other layer was swapped")
-    above_all = (v.REPRODUCED if all(d.lo > 0 for d in others.values())
-                 else v.NOT_REPRODUCED if any(d.hi < 0 for d in others.values()) else v.INCONCLUSIVE)
+    above_all = (
+        v.REPRODUCED
+        if all(d.lo > 0 for d in others.values())
+        else v.NOT_REPRODUCED
+        if any(d.hi < 0 for d in others.values())
+        else v.INCONCLUSIVE
+    )
     rival = max(others, key=lambda l: scores[swapped(l)].acc)
     ties = [l for l, d in others.items() if d.lo <= 0 <= d.hi]
-    evidence += (f"; the best other swap, L{rival}: {scores[swapped(rival)]}, L{L} ahead by {others[rival]}"
-                 + (f"; not told apart from L{L}: {', '.join(f'L{l}' for l in ties)}" if ties else ""))
-    return v.Verdict(claim, "Fig. 7", v.every([over_student, above_all]), evidence)  # above the student AND every other swap
+    evidence += (
+        f"; the best other swap, L{rival}: {scores[swapped(rival)]}, L{L} ahead by {others[rival]}"
+        + (f"; not told apart from L{L}: {', '.join(f'L{l}' for l in ties)}" if ties else "")
+    )
+    return v.Verdict(
+        claim, "Fig. 7", v.every([over_student, above_all]), evidence
+    )  # above the student AND every other swap
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
     out = [best_swap_verdict(result, b) for b in result.retrieval]
     L = result.teacher_layer.layer
-    outcome, evidence = v.kept(result.knowledge(STUDENT), result.knowledge(swapped(L)), result.knowledge_chance)
-    if all(x.outcome == v.NOT_TESTABLE for x in out):  # a control of nothing: no swap effect could be tested
-        outcome, evidence = v.NOT_TESTABLE, f"no retrieval claim could be tested, so there is nothing to control; {evidence}"
-    out.append(v.Verdict(f"Knowledge (the control) is kept when L{L} is swapped in", "control (this book)", outcome,
-                         f"{base.knowledge_name(result)}: {evidence}"))
+    outcome, evidence = v.kept(
+        result.knowledge(STUDENT), result.knowledge(swapped(L)), result.knowledge_chance
+    )
+    if all(
+        x.outcome == v.NOT_TESTABLE for x in out
+    ):  # a control of nothing: no swap effect could be tested
+        outcome, evidence = (
+            v.NOT_TESTABLE,
+            f"no retrieval claim could be tested, so there is nothing to control; {evidence}",
+        )
+    out.append(
+        v.Verdict(
+            f"Knowledge (the control) is kept when L{L} is swapped in",
+            "control (this book)",
+            outcome,
+            f"{base.knowledge_name(result)}: {evidence}",
+        )
+    )
     return out
 
 
 # --- tables and figures --------------------------------------------------------------------------
+
 
 def swap_table(result: Result) -> pd.DataFrame:
     """Every condition's accuracy on each retrieval task and on knowledge, the mean of its tasks
@@ -217,8 +289,13 @@ def teacher_layer_table(result: Result) -> pd.DataFrame:
     if not found.ablated:
         return pd.DataFrame([{"teacher layer": f"L{found.layer}", "found by": found.how}])
     rows = [{"attention heads zeroed": "none", **found.clean}]
-    rows += [{"attention heads zeroed": f"all of L{l}" + (" (chosen)" if l == found.layer else ""),
-              **{b: by[l] for b, by in found.ablated.items()}} for l in sorted(next(iter(found.ablated.values())))]
+    rows += [
+        {
+            "attention heads zeroed": f"all of L{l}" + (" (chosen)" if l == found.layer else ""),
+            **{b: by[l] for b, by in found.ablated.items()},
+        }
+        for l in sorted(next(iter(found.ablated.values())))
+    ]
     return pd.DataFrame(rows)
 
 
@@ -229,25 +306,68 @@ def comparison(result: Result) -> pd.DataFrame:
     others = [l for l in result.layers if l != L]
     best_other = max(others, key=lambda l: s[mcq][swapped(l)].acc) if others else None
     agg = paper("head_zeroing", "aggregate_head", registry.cast("paper", "llama"))
-    return base.comparison_table([
-        ("models", "Llamba-8B with layers of Llama-3.1-8B (Fig. 7)", "Llamba-8B-untied-unaligned, Llama-3.1-8B-Instruct",
-         f"{cfg.student} with layers of {cfg.teacher} ({cfg.profile} profile)"),
-        ("teacher layer that aggregates", f"L{agg.heads[0].layer}, the swap that helps (cell 37)",
-         f"Aggregate head {agg.value} (cell 15)",
-         f"L{L}: {result.teacher_layer.how}"),
-        (f"{mcq}, student", str(paper("hybrid_swap", "mmlu_before_swap", registry.cast("paper", "llamba-unaligned"))), "0-shot, lm-eval 0.4.7",
-         f"{s[mcq][STUDENT]}"),
-        (f"{mcq}, aggregating layer swapped in", str(paper("hybrid_swap", "mmlu_after_l17_swap", registry.cast("paper", "llamba-unaligned"))),
-         "each layer swapped in turn (cell 38)", f"L{L}: {s[mcq][swapped(L)]}"),
-        (f"{mcq}, best other swap", "little or even negative impact (cell 37)", "-",
-         f"L{best_other}: {s[mcq][swapped(best_other)]}" if others else "no other layer swapped"),
-        (f"{mcq}, teacher", "-", "-", f"{s[mcq][TEACHER]}"),
-        (f"{kv}: student, L{L} swapped in, teacher", "not run", "not run",
-         f"{s[kv][STUDENT].brief}, {s[kv][swapped(L)].brief}, {s[kv][TEACHER].brief}; n={s[kv][STUDENT].n}"),
-        (f"{base.knowledge_name(result)}: student, L{L} swapped in", "not reported", "not run",
-         f"{result.knowledge(STUDENT).brief}, {result.knowledge(swapped(L)).brief}; "
-         f"n={result.knowledge(STUDENT).n}"),
-    ])
+    return base.comparison_table(
+        [
+            (
+                "models",
+                "Llamba-8B with layers of Llama-3.1-8B (Fig. 7)",
+                "Llamba-8B-untied-unaligned, Llama-3.1-8B-Instruct",
+                f"{cfg.student} with layers of {cfg.teacher} ({cfg.profile} profile)",
+            ),
+            (
+                "teacher layer that aggregates",
+                f"L{agg.heads[0].layer}, the swap that helps (cell 37)",
+                f"Aggregate head {agg.value} (cell 15)",
+                f"L{L}: {result.teacher_layer.how}",
+            ),
+            (
+                f"{mcq}, student",
+                str(
+                    paper(
+                        "hybrid_swap",
+                        "mmlu_before_swap",
+                        registry.cast("paper", "llamba-unaligned"),
+                    )
+                ),
+                "0-shot, lm-eval 0.4.7",
+                f"{s[mcq][STUDENT]}",
+            ),
+            (
+                f"{mcq}, aggregating layer swapped in",
+                str(
+                    paper(
+                        "hybrid_swap",
+                        "mmlu_after_l17_swap",
+                        registry.cast("paper", "llamba-unaligned"),
+                    )
+                ),
+                "each layer swapped in turn (cell 38)",
+                f"L{L}: {s[mcq][swapped(L)]}",
+            ),
+            (
+                f"{mcq}, best other swap",
+                "little or even negative impact (cell 37)",
+                "-",
+                f"L{best_other}: {s[mcq][swapped(best_other)]}"
+                if others
+                else "no other layer swapped",
+            ),
+            (f"{mcq}, teacher", "-", "-", f"{s[mcq][TEACHER]}"),
+            (
+                f"{kv}: student, L{L} swapped in, teacher",
+                "not run",
+                "not run",
+                f"{s[kv][STUDENT].brief}, {s[kv][swapped(L)].brief}, {s[kv][TEACHER].brief}; n={s[kv][STUDENT].n}",
+            ),
+            (
+                f"{base.knowledge_name(result)}: student, L{L} swapped in",
+                "not reported",
+                "not run",
+                f"{result.knowledge(STUDENT).brief}, {result.knowledge(swapped(L)).brief}; "
+                f"n={result.knowledge(STUDENT).n}",
+            ),
+        ]
+    )
 
 
 def subject(result: Result) -> str:
@@ -263,8 +383,13 @@ def figure(result: Result):
 
     plots.style()
     L = result.teacher_layer.layer
-    fig, axes = plt.subplots(len(result.retrieval), 1, figsize=(plots.WIDTH, 2.6 * len(result.retrieval) + 0.8),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        len(result.retrieval),
+        1,
+        figsize=(plots.WIDTH, 2.6 * len(result.retrieval) + 0.8),
+        squeeze=False,
+        sharex=True,
+    )
     for ax, b in zip(axes[:, 0], result.retrieval):
         scores = [result.scores[b][swapped(l)] for l in result.layers]
         acc = np.array([s.acc for s in scores])
@@ -275,11 +400,18 @@ def figure(result: Result):
             ax.axhline(100 * result.scores[b][who].acc, ls=ls, lw=1.2, color="0.25", label=who)
         ax.axhline(100 * result.chance[b], ls=":", lw=1.2, color="0.5", label="chance")
         ax.set(title=b, ylabel="accuracy (%)", ylim=(0, 105))
-    axes[-1, 0].set(xlabel="teacher layer swapped in",
-                    xticks=result.layers if len(result.layers) <= 16 else result.layers[::2])
+    axes[-1, 0].set(
+        xlabel="teacher layer swapped in",
+        xticks=result.layers if len(result.layers) <= 16 else result.layers[::2],
+    )
     bars = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:red", "tab:blue")]
     lines, labels = axes[0, 0].get_legend_handles_labels()
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(bars + lines, [f"L{L} swapped in (aggregating)", "another layer swapped in", *labels],
-               loc="lower center", ncols=3, frameon=False)
+    fig.legend(
+        bars + lines,
+        [f"L{L} swapped in (aggregating)", "another layer swapped in", *labels],
+        loc="lower center",
+        ncols=3,
+        frameon=False,
+    )
     return fig

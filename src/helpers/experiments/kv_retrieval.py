@@ -26,15 +26,17 @@ from .. import registry, runner
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation, measured
-from ..reference import paper
-from ..stats import Estimate, Score, difference_in_differences
-from ..tasks import KV_FORMS, kv_items
-from ..sweep import sweep
 from ..protocol import base, shared
 from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, missing_role
+from ..reference import paper
+from ..stats import Estimate, Score, difference_in_differences
+from ..sweep import sweep
+from ..tasks import KV_FORMS, kv_items
 
 TOP = 4  # "the top-ranked heads" of Table 5's claim
-CURVES_SEED = 10_000  # the size curves' dictionaries: seed CURVES_SEED + seed, never the ranking's (seed)
+CURVES_SEED = (
+    10_000  # the size curves' dictionaries: seed CURVES_SEED + seed, never the ranking's (seed)
+)
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,14 @@ class Config(base.Config):
     sizes: tuple[int, ...] = base.counts()
     n_per_size: int = base.count()
     kv_query: str = base.one_of("paper", "repeat")
-    gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
+    gather: tuple[Head, ...] | None = base.heads(
+        optional=True
+    )  # None: the paper's, or found by behaviour
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     seed: int = base.seed()
-    workers: int | None = base.count(optional=True, maximum=1024, none_means="in this process")  # Ray workers for the sweeps (None: this process)
+    workers: int | None = base.count(
+        optional=True, maximum=1024, none_means="in this process"
+    )  # Ray workers for the sweeps (None: this process)
 
     chapter = "kv_retrieval"
     smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
@@ -54,33 +60,58 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(model=registry.cast(profile, "retrieval"), sizes=[2, 4, 8, 16, 32, 48], n_per_size=100, kv_query="repeat",
-                        gather=None, aggregate=None, seed=0, workers=None)
+            return dict(
+                model=registry.cast(profile, "retrieval"),
+                sizes=[2, 4, 8, 16, 32, 48],
+                n_per_size=100,
+                kv_query="repeat",
+                gather=None,
+                aggregate=None,
+                seed=0,
+                workers=None,
+            )
         # The release states 55 configurations of 1,000 samples but not their sizes: every size 1..55.
-        return dict(model=registry.cast(profile, "retrieval"),
-                    sizes=list(range(1, paper("kv_retrieval", "n_configurations").integer + 1)),
-                    n_per_size=paper("kv_retrieval", "samples_per_configuration").integer, kv_query="paper",
-                    gather=None, aggregate=None, seed=0, workers=None)
+        return dict(
+            model=registry.cast(profile, "retrieval"),
+            sizes=list(range(1, paper("kv_retrieval", "n_configurations").integer + 1)),
+            n_per_size=paper("kv_retrieval", "samples_per_configuration").integer,
+            kv_query="paper",
+            gather=None,
+            aggregate=None,
+            seed=0,
+            workers=None,
+        )
 
     def __post_init__(self):
         super().__post_init__()
         check_pair(self.gather, self.aggregate)
         base.check_kv_sizes(self.model, "sizes", self.sizes)
         check_roles_of(self.model, self.gather, self.aggregate)
-        runner.check_workers_fit(self.workers)  # Ray installed and large enough: now, before any model loads
+        runner.check_workers_fit(
+            self.workers
+        )  # Ray installed and large enough: now, before any model loads
 
 
-FORMS = ("released", "spaced")  # the rankings compared: the released scoring, and the book's spaced form
+FORMS = (
+    "released",
+    "spaced",
+)  # the rankings compared: the released scoring, and the book's spaced form
 
 
 @dataclass(frozen=True)
 class Result:
     cfg: Config
-    scores: dict[str, dict[int, Score]]  # condition ("model", "G removed", "A removed") -> size -> score
+    scores: dict[
+        str, dict[int, Score]
+    ]  # condition ("model", "G removed", "A removed") -> size -> score
     roles: Roles
-    rankings: dict[str, shared.Ranking]  # form (`FORMS`; only "released" for a toy task) -> the shared ranking
+    rankings: dict[
+        str, shared.Ranking
+    ]  # form (`FORMS`; only "released" for a toy task) -> the shared ranking
     provenance: dict
-    same_tokens: dict[tuple[str, str], bool] = field(default_factory=dict)  # (form, form) -> same model input
+    same_tokens: dict[tuple[str, str], bool] = field(
+        default_factory=dict
+    )  # (form, form) -> same model input
 
     @property
     def sizes(self) -> list[int]:
@@ -99,15 +130,26 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = base.load(cfg.model)
     toy = registry.spec(cfg.model).toy  # the zoo's token task has no query forms
-    rankings = {form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form, cfg.seed, workers=cfg.workers)
-                for form in (FORMS[:1] if toy else FORMS)}
+    rankings = {
+        form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form, cfg.seed, workers=cfg.workers)
+        for form in (FORMS[:1] if toy else FORMS)
+    }
     same = {} if toy else same_tokens(loaded.tokenizer, shared.RANKING[cfg.profile]["query"])
     roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed)
     conditions = size_conditions(heads={r: roles.heads[r] for r in ROLE_NAMES})
     store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded])
     heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}
-    cells = [dict(model=cfg.model, pairs=k, n=cfg.n_per_size, seed=CURVES_SEED + cfg.seed, query=cfg.kv_query, heads=heads)
-             for k in cfg.sizes]
+    cells = [
+        dict(
+            model=cfg.model,
+            pairs=k,
+            n=cfg.n_per_size,
+            seed=CURVES_SEED + cfg.seed,
+            query=cfg.kv_query,
+            heads=heads,
+        )
+        for k in cfg.sizes
+    ]
     rows = sweep(store, cells, measure_size, desc="dictionary sizes", workers=cfg.workers)
     scores = {c: {r["pairs"]: Score.from_json(r[c]) for r in rows} for c in conditions}
     return Result(cfg, scores, roles, rankings, base.record(cfg, [loaded], timer), same)
@@ -115,16 +157,27 @@ def run(cfg: Config) -> Result:
 
 def size_conditions(heads: dict[str, list]) -> dict[str, dict]:
     """The conditions each size is scored in: the model as it is, and each role's heads zeroed."""
-    return {"model": {}, **{condition(r): ablation([Head.parse(h) for h in heads[r]]) for r in ROLE_NAMES if heads[r]}}
+    return {
+        "model": {},
+        **{
+            condition(r): ablation([Head.parse(h) for h in heads[r]])
+            for r in ROLE_NAMES
+            if heads[r]
+        },
+    }
 
 
 def measure_size(cell: dict) -> dict:
     """One dictionary size (a cell of `run`'s sweep) in every condition, on the same prompts: a
     measurement that travels to a Ray worker (it reads only its cell, and loads the model by name)."""
     loaded = base.model_for(cell["model"])
-    items = bm.kv(cell["model"], loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"]).items
+    items = bm.kv(
+        cell["model"], loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"]
+    ).items
     engine = SweepEngine(loaded, loaded.tokenizer, items)
-    return {name: s.to_json() for name, s in engine.score_each(size_conditions(cell["heads"])).items()}
+    return {
+        name: s.to_json() for name, s in engine.score_each(size_conditions(cell["heads"])).items()
+    }
 
 
 def same_tokens(tokenizer, query: str, n: int = 4) -> dict[tuple[str, str], bool]:
@@ -133,13 +186,18 @@ def same_tokens(tokenizer, query: str, n: int = 4) -> dict[tuple[str, str], bool
     from ..packing import encode_pair
 
     def inputs(form):
-        return [sum(encode_pair(tokenizer, c, x, it.verbatim), []) for it in kv_items(8, n, 0, query, form) for c, x in it.pairs]
+        return [
+            sum(encode_pair(tokenizer, c, x, it.verbatim), [])
+            for it in kv_items(8, n, 0, query, form)
+            for c, x in it.pairs
+        ]
 
     seen = {form: inputs(form) for form in KV_FORMS}
-    return {(a, b): seen[a] == seen[b] for i, a in enumerate(KV_FORMS) for b in KV_FORMS[i + 1:]}
+    return {(a, b): seen[a] == seen[b] for i, a in enumerate(KV_FORMS) for b in KV_FORMS[i + 1 :]}
 
 
 # --- verdicts ----------------------------------------------------------------------------------
+
 
 def trend(result: Result) -> tuple[str, str]:
     """Does accuracy fall from the smallest dictionary to the largest? Independent prompts, so
@@ -149,7 +207,10 @@ def trend(result: Result) -> tuple[str, str]:
         return v.NOT_TESTABLE, f"needs two sizes above 1, got {result.sizes}"
     small, large = (result.scores["model"][k] for k in (sizes[0], sizes[-1]))
     if not small.above(result.chance(sizes[0])):
-        return v.NOT_TESTABLE, f"at {sizes[0]} keys the model is at chance ({small}): nothing can fall"
+        return (
+            v.NOT_TESTABLE,
+            f"at {sizes[0]} keys the model is at chance ({small}): nothing can fall",
+        )
     outcome, evidence = v.lower(small, large, paired=False)
     return outcome, f"{sizes[0]} keys {small}; {sizes[-1]} keys {evidence}"
 
@@ -159,9 +220,15 @@ def roles_found(result: Result) -> tuple[str, str]:
     One finding for a role no harmful head plays; the claims about that role's head are then not
     testable. (The paper's heads, where named, are tested by their rank instead: `in_top`.)"""
     model = result.scores["model"]
-    best = max(model, key=lambda k: model[k].lo - result.chance(k))  # the size the model does best above chance
-    parts = [(v.REPRODUCED, f"{ROLE_NAMES[r]}: {result.roles.describe(r)}") if result.roles.heads[r]
-             else missing_role(result.roles, r, model[best], result.chance(best)) for r in ROLE_NAMES]
+    best = max(
+        model, key=lambda k: model[k].lo - result.chance(k)
+    )  # the size the model does best above chance
+    parts = [
+        (v.REPRODUCED, f"{ROLE_NAMES[r]}: {result.roles.describe(r)}")
+        if result.roles.heads[r]
+        else missing_role(result.roles, r, model[best], result.chance(best))
+        for r in ROLE_NAMES
+    ]
     return v.every(o for o, _ in parts), "; ".join(e for _, e in parts)
 
 
@@ -182,10 +249,23 @@ def widening_gap(result: Result, role: str) -> tuple[str, str]:
     def decide():
         small, large = sizes[0], sizes[-1]
         did = difference_in_differences(model[large], removed[large], model[small], removed[small])
-        outcome = v.REPRODUCED if did.hi < 0 else v.NOT_REPRODUCED if did.lo > -v.MARGIN else v.INCONCLUSIVE
-        return outcome, (f"{small} keys: {removed[small]} against {model[small]}; {large} keys: {removed[large]} against "
-                         f"{model[large]}; the loss at {large} keys minus the loss at {small}: {did} (negative: the gap widens)")
-    return v.gated(falls[worst], f"zeroing {result.roles.label(role)} lowers retrieval at no size (at {worst} keys)", decide)
+        outcome = (
+            v.REPRODUCED
+            if did.hi < 0
+            else v.NOT_REPRODUCED
+            if did.lo > -v.MARGIN
+            else v.INCONCLUSIVE
+        )
+        return outcome, (
+            f"{small} keys: {removed[small]} against {model[small]}; {large} keys: {removed[large]} against "
+            f"{model[large]}; the loss at {large} keys minus the loss at {small}: {did} (negative: the gap widens)"
+        )
+
+    return v.gated(
+        falls[worst],
+        f"zeroing {result.roles.label(role)} lowers retrieval at no size (at {worst} keys)",
+        decide,
+    )
 
 
 def in_top(result: Result, role: str) -> tuple[str, str]:
@@ -194,29 +274,45 @@ def in_top(result: Result, role: str) -> tuple[str, str]:
     past the chance and ceiling checks (`verdicts.ranking_readable`)."""
     heads = result.roles.heads[role]
     if result.roles.source != "paper" or not heads:
-        return v.NOT_TESTABLE, (f"{ROLE_NAMES[role]} heads found by behaviour among the ranking's top heads cannot "
-                                "test the ranking; the paper profile tests it with the paper's heads")
+        return v.NOT_TESTABLE, (
+            f"{ROLE_NAMES[role]} heads found by behaviour among the ranking's top heads cannot "
+            "test the ranking; the paper profile tests it with the paper's heads"
+        )
     parts, notes = [], []
     for form, ranking in result.rankings.items():
         exact = ranking.table.dropna(subset=["acc"]).reset_index(drop=True)
         if exact.empty:
             return v.NOT_TESTABLE, f"the {form} ranking measured no head exactly"
         # the chance and ceiling checks, before any rank is read
-        readable, why = v.ranking_readable(ranking.clean, tuple(exact.loc[0, ["acc", "lo", "hi"]]), 1 / ranking.settings["pairs"])
+        readable, why = v.ranking_readable(
+            ranking.clean, tuple(exact.loc[0, ["acc", "lo", "hi"]]), 1 / ranking.settings["pairs"]
+        )
         if not readable:
             return v.NOT_TESTABLE, f"{form} form: {why}"
         order = measured(ranking.table)
         for h in heads:
             label = f"{h}, {form} form"
-            if h not in order:  # the paper heads' layers are always swept: only a layer too wide to sweep
+            if (
+                h not in order
+            ):  # the paper heads' layers are always swept: only a layer too wide to sweep
                 parts.append(v.NOT_TESTABLE)
-                notes.append(f"{label}: its layer was not swept exactly (screen rank {_screen_rank(ranking.table, h)})")
+                notes.append(
+                    f"{label}: its layer was not swept exactly (screen rank {_screen_rank(ranking.table, h)})"
+                )
                 continue
             rank = order.index(h)
             cut = exact.iloc[min(TOP, len(exact)) - 1]
-            parts.append(v.REPRODUCED if rank < TOP else v.INCONCLUSIVE if exact.lo[rank] <= cut.hi else v.NOT_REPRODUCED)
-            notes.append(f"{label}: rank {rank + 1}, {exact.acc[rank]:.1%} [{exact.lo[rank]:.1%}, {exact.hi[rank]:.1%}] "
-                         f"zeroed (rank {TOP}: {cut.acc:.1%})")
+            parts.append(
+                v.REPRODUCED
+                if rank < TOP
+                else v.INCONCLUSIVE
+                if exact.lo[rank] <= cut.hi
+                else v.NOT_REPRODUCED
+            )
+            notes.append(
+                f"{label}: rank {rank + 1}, {exact.acc[rank]:.1%} [{exact.lo[rank]:.1%}, {exact.hi[rank]:.1%}] "
+                f"zeroed (rank {TOP}: {cut.acc:.1%})"
+            )
     return v.every(parts), "; ".join(notes)  # in the top of both rankings
 
 
@@ -227,24 +323,51 @@ def _screen_rank(table: pd.DataFrame, head: Head) -> str:
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
-    out = [v.Verdict("Accuracy falls as the dictionary grows", "Fig. 4", *trend(result), headline=True)]
+    out = [
+        v.Verdict("Accuracy falls as the dictionary grows", "Fig. 4", *trend(result), headline=True)
+    ]
     if result.roles.source == "behaviour":
-        out.append(v.Verdict("Among the heads whose zeroing hurts, one behaves as a Gather head and one as an Aggregate "
-                             "head", "Table 5, Fig. 1", *roles_found(result), headline=True))
+        out.append(
+            v.Verdict(
+                "Among the heads whose zeroing hurts, one behaves as a Gather head and one as an Aggregate "
+                "head",
+                "Table 5, Fig. 1",
+                *roles_found(result),
+                headline=True,
+            )
+        )
     for r in ROLE_NAMES:
-        out.append(v.Verdict(f"Removing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) widens the gap as the "
-                             "dictionary grows", "Fig. 4", *widening_gap(result, r)))
+        out.append(
+            v.Verdict(
+                f"Removing the {ROLE_NAMES[r]} head ({result.roles.label(r)}) widens the gap as the "
+                "dictionary grows",
+                "Fig. 4",
+                *widening_gap(result, r),
+            )
+        )
     for r in ROLE_NAMES:
-        out.append(v.Verdict(f"The {ROLE_NAMES[r]} head is among the {TOP} top-ranked heads", "Table 5, App. A.5",
-                             *in_top(result, r), headline=result.roles.source == "paper"))
+        out.append(
+            v.Verdict(
+                f"The {ROLE_NAMES[r]} head is among the {TOP} top-ranked heads",
+                "Table 5, App. A.5",
+                *in_top(result, r),
+                headline=result.roles.source == "paper",
+            )
+        )
     return out
 
 
 # --- tables and figures ------------------------------------------------------------------------
 
+
 def curves(result: Result) -> pd.DataFrame:
-    return pd.DataFrame([dict(keys=k, condition=_legend(result, c), acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
-                         for c, by_size in result.scores.items() for k, s in by_size.items()])
+    return pd.DataFrame(
+        [
+            dict(keys=k, condition=_legend(result, c), acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
+            for c, by_size in result.scores.items()
+            for k, s in by_size.items()
+        ]
+    )
 
 
 def _legend(result: Result, name: str) -> str:
@@ -260,15 +383,25 @@ def top_heads(result: Result, k: int = 5) -> pd.DataFrame:
     for form, ranking in result.rankings.items():
         exact = ranking.table.dropna(subset=["acc"]).head(k)
         for rank, r in enumerate(exact.itertuples(), start=1):
-            rows.append({"value follows": FORM_LABELS[form], "rank": rank,
-                         "head": str(Head(int(r.layer), int(r.head))), "role": result.roles.role_of(Head(int(r.layer), int(r.head))),
-                         "zeroed": Estimate(r.acc, r.lo, r.hi, percent=True),
-                         "none zeroed": f"{ranking.clean.acc:.1%}", "n": int(r.n)})
+            rows.append(
+                {
+                    "value follows": FORM_LABELS[form],
+                    "rank": rank,
+                    "head": str(Head(int(r.layer), int(r.head))),
+                    "role": result.roles.role_of(Head(int(r.layer), int(r.head))),
+                    "zeroed": Estimate(r.acc, r.lo, r.hi, percent=True),
+                    "none zeroed": f"{ranking.clean.acc:.1%}",
+                    "n": int(r.n),
+                }
+            )
     return pd.DataFrame(rows)
 
 
-FORM_LABELS = {"released": "with no space (released)", "spaced": "after a space (book)",
-               "trailing": "after the prompt's trailing space"}
+FORM_LABELS = {
+    "released": "with no space (released)",
+    "spaced": "after a space (book)",
+    "trailing": "after the prompt's trailing space",
+}
 
 
 def _sizes(sizes: list[int]) -> str:
@@ -282,29 +415,65 @@ def comparison(result: Result) -> pd.DataFrame:
     model = result.scores["model"]
     settings = result.rankings["released"].settings
     removed = "; ".join(
-        f"{ROLE_NAMES[r]} {result.roles.label(r)}: " + ", ".join(f"{k} keys {result.scores[condition(r)][k].acc:.0%}"
-                                                                  for k in (sizes[0], sizes[-1]))
-        for r in ROLE_NAMES if result.roles.heads[r])
-    top = ", ".join(top_heads(result, TOP).query(f"`value follows` == '{FORM_LABELS['released']}'")["head"])
+        f"{ROLE_NAMES[r]} {result.roles.label(r)}: "
+        + ", ".join(
+            f"{k} keys {result.scores[condition(r)][k].acc:.0%}" for k in (sizes[0], sizes[-1])
+        )
+        for r in ROLE_NAMES
+        if result.roles.heads[r]
+    )
+    top = ", ".join(
+        top_heads(result, TOP).query(f"`value follows` == '{FORM_LABELS['released']}'")["head"]
+    )
     released = paper("kv_retrieval", "released_dictionary_sizes")
-    return base.comparison_table([
-        ("model", "Llama-3.1-8B (caption; the code loads -Instruct)", "Llama-3.1-8B-Instruct",
-         f"{result.cfg.model} ({result.cfg.profile} profile)"),
-        ("dictionary sizes", f"{paper('kv_retrieval', 'n_configurations').value} configurations, sizes not stated",
-         f"{len(released.integers)} sizes: {_sizes(list(released.integers))}", f"{len(sizes)} sizes: {_sizes(sizes)}"),
-        ("prompts per size", paper("kv_retrieval", "samples_per_configuration").value, "1000",
-         f"{result.cfg.n_per_size} ({result.cfg.kv_query} query; dictionaries of seed {CURVES_SEED + result.cfg.seed}, "
-         f"the ranking's and the roles' of seed {result.cfg.seed}: disjoint)"),
-        ("accuracy against size", "falls as the dictionary grows (Fig. 4)", "-",
-         f"{sizes[0]} keys {model[sizes[0]]}; {sizes[-1]} keys {model[sizes[-1]]}"),
-        ("head removed", " or ".join(map(str, paper("kv_retrieval", "head_ablated_summary").heads)) + " (Fig. 4; secondary summary)",
-         f"{paper('kv_retrieval', 'head_ablated').value} only, o_proj columns zeroed in place",
-         f"{removed or 'none found'} (heads: G {result.roles.describe('G')}, A {result.roles.describe('A')})"),
-        ("top-ranked heads", "the G and A heads (Table 5)", "-",
-         f"{top} ({settings['pairs']} keys, n={settings['n']}; G/A: {result.roles.label('G')}, {result.roles.label('A')})"),
-        ("how the value follows the query", "no space, a deliberate probe choice (App. A.5; secondary summary)",
-         "no space ('is42')", forms_note(result)),
-    ])
+    return base.comparison_table(
+        [
+            (
+                "model",
+                "Llama-3.1-8B (caption; the code loads -Instruct)",
+                "Llama-3.1-8B-Instruct",
+                f"{result.cfg.model} ({result.cfg.profile} profile)",
+            ),
+            (
+                "dictionary sizes",
+                f"{paper('kv_retrieval', 'n_configurations').value} configurations, sizes not stated",
+                f"{len(released.integers)} sizes: {_sizes(list(released.integers))}",
+                f"{len(sizes)} sizes: {_sizes(sizes)}",
+            ),
+            (
+                "prompts per size",
+                paper("kv_retrieval", "samples_per_configuration").value,
+                "1000",
+                f"{result.cfg.n_per_size} ({result.cfg.kv_query} query; dictionaries of seed {CURVES_SEED + result.cfg.seed}, "
+                f"the ranking's and the roles' of seed {result.cfg.seed}: disjoint)",
+            ),
+            (
+                "accuracy against size",
+                "falls as the dictionary grows (Fig. 4)",
+                "-",
+                f"{sizes[0]} keys {model[sizes[0]]}; {sizes[-1]} keys {model[sizes[-1]]}",
+            ),
+            (
+                "head removed",
+                " or ".join(map(str, paper("kv_retrieval", "head_ablated_summary").heads))
+                + " (Fig. 4; secondary summary)",
+                f"{paper('kv_retrieval', 'head_ablated').value} only, o_proj columns zeroed in place",
+                f"{removed or 'none found'} (heads: G {result.roles.describe('G')}, A {result.roles.describe('A')})",
+            ),
+            (
+                "top-ranked heads",
+                "the G and A heads (Table 5)",
+                "-",
+                f"{top} ({settings['pairs']} keys, n={settings['n']}; G/A: {result.roles.label('G')}, {result.roles.label('A')})",
+            ),
+            (
+                "how the value follows the query",
+                "no space, a deliberate probe choice (App. A.5; secondary summary)",
+                "no space ('is42')",
+                forms_note(result),
+            ),
+        ]
+    )
 
 
 def same_top(result: Result) -> str:
@@ -315,18 +484,28 @@ def same_top(result: Result) -> str:
     a, b = (r.table for r in result.rankings.values())
     g = shared.agreement(a, b, TOP)
     tops = [set(measured(t)[:TOP]) for t in (a, b)]
-    differ = "" if tops[0] == tops[1] else f" ({', '.join(sorted(map(str, tops[0] ^ tops[1])))} differ)"
-    rho = (f"Spearman {g['rho']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}] over the {g['n']} heads measured in both"
-           if g["rho"] == g["rho"] else f"no rank correlation ({g['n']} heads measured in both)")
-    return f"{g['overlap']} of {TOP} shared (random orders: {g['chance_overlap']:.1f}){differ}; {rho}"
+    differ = (
+        "" if tops[0] == tops[1] else f" ({', '.join(sorted(map(str, tops[0] ^ tops[1])))} differ)"
+    )
+    rho = (
+        f"Spearman {g['rho']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}] over the {g['n']} heads measured in both"
+        if g["rho"] == g["rho"]
+        else f"no rank correlation ({g['n']} heads measured in both)"
+    )
+    return (
+        f"{g['overlap']} of {TOP} shared (random orders: {g['chance_overlap']:.1f}){differ}; {rho}"
+    )
 
 
 def forms_note(result: Result) -> str:
     """The released form against the spaced one, and what the tokenizer makes of the trailing space."""
     if len(result.rankings) < 2:
         return "the released form only (the zoo's token task has no query forms)"
-    trailing = ("same tokens as the spaced form here, so not ranked apart" if result.same_tokens.get(("spaced", "trailing"))
-                else "other tokens than the spaced form here (not ranked)")
+    trailing = (
+        "same tokens as the spaced form here, so not ranked apart"
+        if result.same_tokens.get(("spaced", "trailing"))
+        else "other tokens than the spaced form here (not ranked)"
+    )
     if result.same_tokens.get(("released", "spaced")):
         return f"released and spaced: same tokens on this tokenizer, one computation; the trailing-space form: {trailing}"
     return f"released against spaced, top {TOP}: {same_top(result)}; the trailing-space form: {trailing}"
@@ -334,7 +513,9 @@ def forms_note(result: Result) -> str:
 
 def rounding_scores(result: Result) -> dict[str, Score]:
     """What the page's near-tie count reads: each condition over every size's prompts."""
-    return {_legend(result, c): Score.pooled(by_size.values()) for c, by_size in result.scores.items()}
+    return {
+        _legend(result, c): Score.pooled(by_size.values()) for c, by_size in result.scores.items()
+    }
 
 
 def subject(result: Result) -> str:
@@ -346,9 +527,21 @@ def figure(result: Result):
     role's heads zeroed, and chance (one over the number of keys)."""
     from .. import plots
 
-    ax = plots.accuracy_curves(curves(result), "keys", "condition", title=f"{result.cfg.model}: KV retrieval "
-                               f"({result.cfg.kv_query} query)", xlabel="keys in the dictionary")
+    ax = plots.accuracy_curves(
+        curves(result),
+        "keys",
+        "condition",
+        title=f"{result.cfg.model}: KV retrieval ({result.cfg.kv_query} query)",
+        xlabel="keys in the dictionary",
+    )
     keys = range(result.sizes[0], result.sizes[-1] + 1)
-    ax.plot(keys, [100 * result.chance(k) for k in keys], ls=":", lw=1.2, color="0.35", label="chance (1 / keys)")
+    ax.plot(
+        keys,
+        [100 * result.chance(k) for k in keys],
+        ls=":",
+        lw=1.2,
+        color="0.35",
+        label="chance (1 / keys)",
+    )
     plots.legend_below(ax, ncols=2)
     return ax.figure

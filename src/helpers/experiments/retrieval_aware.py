@@ -25,14 +25,14 @@ import numpy as np
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import zoo
 from .. import verdicts as v
+from .. import zoo
 from ..errors import ConfigError
 from ..evaluate import score
+from ..protocol import base
 from ..reference import paper
 from ..stats import Score, difference
 from ..sweep import sweep
-from ..protocol import base
 
 TEACHER, STUDENT = "teacher", "student (no head kept)"
 RECOVERED = 0.95  # the follow-up's "over 95% of the teacher" (data/reference: retrieval_aware)
@@ -50,12 +50,16 @@ class Config(base.BenchmarkConfig):
     @classmethod
     def defaults(cls, profile):
         # The zoo is the CPU tier: the same models and sizes whatever the profile.
-        return dict(n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500, kv_pairs=8, kv_query="repeat", seed=0)
+        return dict(
+            n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500, kv_pairs=8, kv_query="repeat", seed=0
+        )
 
     def __post_init__(self):
         super().__post_init__()
         if self.k_shot:
-            raise ConfigError(f"k_shot: the zoo's letter MCQ has no solved examples; use k_shot=0, not {self.k_shot}")
+            raise ConfigError(
+                f"k_shot: the zoo's letter MCQ has no solved examples; use k_shot=0, not {self.k_shot}"
+            )
         base.check_kv_sizes(teacher(), "kv_pairs", [self.kv_pairs])
 
 
@@ -73,7 +77,9 @@ class Result(base.ByRole):
     heads: int  # the teacher's attention heads
     kept: dict[str, str]  # hybrid -> the teacher head it keeps ("L1H2"), and the rule that chose it
     rules: dict[str, str]  # hybrid -> "G&A ranking", "retrieval score" or "random"
-    scores: dict[str, dict[str, Score]]  # benchmark -> model (TEACHER, STUDENT or a hybrid) -> score
+    scores: dict[
+        str, dict[str, Score]
+    ]  # benchmark -> model (TEACHER, STUDENT or a hybrid) -> score
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
@@ -90,24 +96,48 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    names = {TEACHER: teacher(), STUDENT: student(), **{h: h for h in zoo.RECIPES if zoo.recipe(h).keep}}
+    names = {
+        TEACHER: teacher(),
+        STUDENT: student(),
+        **{h: h for h in zoo.RECIPES if zoo.recipe(h).keep},
+    }
     loaded = {name: base.load(name) for name in names.values()}
     tok = loaded[names[STUDENT]].tokenizer
-    benchmarks = [bm.letter_mcq(names[STUDENT], tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
-                  bm.kv(names[STUDENT], tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
-                  *bm.knowledge(names[STUDENT], cfg.profile, cfg.n_knowledge, cfg.seed)]
+    benchmarks = [
+        bm.letter_mcq(names[STUDENT], tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+        bm.kv(names[STUDENT], tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
+        *bm.knowledge(names[STUDENT], cfg.profile, cfg.n_knowledge, cfg.seed),
+    ]
     store = base.open_store(cfg.chapter, cfg.profile, "scores", list(loaded.values()))
-    cells = [dict(model=name, label=label, benchmark=b.name, items=b.spec) for label, name in names.items() for b in benchmarks]
+    cells = [
+        dict(model=name, label=label, benchmark=b.name, items=b.spec)
+        for label, name in names.items()
+        for b in benchmarks
+    ]
     scores: dict[str, dict[str, Score]] = {}
     for r in sweep(store, cells, measure, desc="models x benchmarks"):
         scores.setdefault(r["benchmark"], {})[r["label"]] = Score.from_json(r)
-    kept = {h: ", ".join(f"L{l}H{x}" for l, hs in zoo.record(h)["kept_attention"]["from"].items() for x in hs)
-            for h in names if h not in (TEACHER, STUDENT)}
+    kept = {
+        h: ", ".join(
+            f"L{l}H{x}" for l, hs in zoo.record(h)["kept_attention"]["from"].items() for x in hs
+        )
+        for h in names
+        if h not in (TEACHER, STUDENT)
+    }
     rules = {h: zoo.recipe(h).keep_by for h in kept}
     a = loaded[names[TEACHER]].adapter
     heads = sum(a.n_heads(l) for l in a.head_layers())
-    return Result(cfg, heads, kept, rules, scores, {b.name: b.role for b in benchmarks}, {b.name: b.chance for b in benchmarks},
-                  base.record(cfg, list(loaded.values()), timer), {h: zoo.recipe(h).seed for h in kept})
+    return Result(
+        cfg,
+        heads,
+        kept,
+        rules,
+        scores,
+        {b.name: b.role for b in benchmarks},
+        {b.name: b.chance for b in benchmarks},
+        base.record(cfg, list(loaded.values()), timer),
+        {h: zoo.recipe(h).seed for h in kept},
+    )
 
 
 def measure(cell: dict) -> dict:
@@ -119,6 +149,7 @@ def measure(cell: dict) -> dict:
 
 
 # --- verdicts ---------------------------------------------------------------------------------------
+
 
 def gap(result: Result, b: str) -> str:
     """Why `b` cannot test a recovery claim ("" when it can): the teacher must clear chance, and
@@ -145,7 +176,9 @@ def beats(result: Result, b: str, mine: str, others: list[str]) -> tuple[str, st
             continue
         outcome, _ = v.lower(scores[mine], scores[other])  # reproduced: `other` is below `mine`
         parts.append(outcome)
-        evidence.append(f"{other} ({result.kept[other]}): {scores[other]}, {difference(scores[other], scores[mine])}")
+        evidence.append(
+            f"{other} ({result.kept[other]}): {scores[other]}, {difference(scores[other], scores[mine])}"
+        )
     return v.every(parts), f"{mine} ({result.kept[mine]}): {scores[mine]}; " + "; ".join(evidence)
 
 
@@ -159,7 +192,9 @@ def over_seeds(result: Result, judge) -> tuple[str, str]:
     then combined (`verdicts.combine`: partly reproduced where the seeds disagree): a result of
     one distillation run is not a result of the recipe."""
     judged = [(seed, *judge(seed)) for seed in result.trained_from]
-    evidence = " | ".join(f"seed {seed}: {outcome}: {e}" if len(judged) > 1 else e for seed, outcome, e in judged)
+    evidence = " | ".join(
+        f"seed {seed}: {outcome}: {e}" if len(judged) > 1 else e for seed, outcome, e in judged
+    )
     return v.combine(o for _, o, _ in judged), evidence
 
 
@@ -167,13 +202,24 @@ def verdicts(result: Result) -> list[v.Verdict]:
     ga = lambda seed: result.of("G&A ranking", seed)[0]
     other = lambda seed: result.of("retrieval score", seed)[0]
     source = "follow-up, arXiv 2602.11374"
-    seeds = f" (each of {len(result.trained_from)} training seeds)" if len(result.trained_from) > 1 else ""
+    seeds = (
+        f" (each of {len(result.trained_from)} training seeds)"
+        if len(result.trained_from) > 1
+        else ""
+    )
     out = []
     for b in result.retrieval:
         claim = f"{b}: keeping the G&A head recovers more than keeping a random head{seeds}"
         why = gap(result, b)
-        out.append(v.Verdict(claim, source, v.NOT_TESTABLE, why) if why else
-                   v.Verdict(claim, source, *over_seeds(result, lambda s: beats(result, b, ga(s), result.of("random", s)))))
+        out.append(
+            v.Verdict(claim, source, v.NOT_TESTABLE, why)
+            if why
+            else v.Verdict(
+                claim,
+                source,
+                *over_seeds(result, lambda s: beats(result, b, ga(s), result.of("random", s))),
+            )
+        )
     share_of = share(result, ga(result.trained_from[0]))
     for b in result.retrieval:
         claim = f"{b}: keeping {share_of} as attention recovers over {RECOVERED:.0%} of the teacher{seeds}"
@@ -184,7 +230,9 @@ def verdicts(result: Result) -> list[v.Verdict]:
         t = result.scores[b][TEACHER]
 
         def recovers(seed):
-            outcome, evidence = v.kept(t, result.scores[b][ga(seed)], result.chance[b], margin=(1 - RECOVERED) * t.acc)
+            outcome, evidence = v.kept(
+                t, result.scores[b][ga(seed)], result.chance[b], margin=(1 - RECOVERED) * t.acc
+            )
             return outcome, f"{ga(seed)} ({result.kept[ga(seed)]}): {evidence}"
 
         out.append(v.Verdict(claim, source, *over_seeds(result, recovers)))
@@ -192,8 +240,11 @@ def verdicts(result: Result) -> list[v.Verdict]:
     def better_rule(seed):
         parts, evidence = [], []
         for b in result.retrieval:
-            why = gap(result, b) or (f"both rules keep {result.kept[ga(seed)]}"
-                                     if result.kept[ga(seed)] == result.kept[other(seed)] else "")
+            why = gap(result, b) or (
+                f"both rules keep {result.kept[ga(seed)]}"
+                if result.kept[ga(seed)] == result.kept[other(seed)]
+                else ""
+            )
             if why:
                 parts.append(v.NOT_TESTABLE)
                 evidence.append(f"{b}: not testable: {why}")
@@ -203,31 +254,50 @@ def verdicts(result: Result) -> list[v.Verdict]:
             evidence.append(f"{b}: {outcome}: {e}")
         return v.combine(parts), "; ".join(evidence)
 
-    out.append(v.Verdict(f"The G&A ranking chooses a better head to keep than the retrieval score does{seeds}",
-                         "control (this book)", *over_seeds(result, better_rule)))
+    out.append(
+        v.Verdict(
+            f"The G&A ranking chooses a better head to keep than the retrieval score does{seeds}",
+            "control (this book)",
+            *over_seeds(result, better_rule),
+        )
+    )
     k = base.knowledge_name(result)
     t = result.scores[k][TEACHER]
 
     def knowledge_kept(seed):
-        outcome, evidence = v.kept(t, result.scores[k][ga(seed)], result.chance[k], margin=(1 - RECOVERED) * t.acc)
+        outcome, evidence = v.kept(
+            t, result.scores[k][ga(seed)], result.chance[k], margin=(1 - RECOVERED) * t.acc
+        )
         return outcome, f"{k}: {evidence}"
 
-    out.append(v.Verdict(f"Knowledge (the control) is kept by the G&A hybrid{seeds}", "control (this book)",
-                         *over_seeds(result, knowledge_kept)))
+    out.append(
+        v.Verdict(
+            f"Knowledge (the control) is kept by the G&A hybrid{seeds}",
+            "control (this book)",
+            *over_seeds(result, knowledge_kept),
+        )
+    )
     return out
 
 
 # --- tables and figures --------------------------------------------------------------------------
 
+
 def order(result: Result) -> list[str]:
     """Teacher, student, then the hybrids by rule (G&A, retrieval score, random draws), each
     recipe's seeds together."""
-    return [TEACHER, STUDENT, *(h for recipe in recipes(result) for h in hybrids_of(result, recipe))]
+    return [
+        TEACHER,
+        STUDENT,
+        *(h for recipe in recipes(result) for h in hybrids_of(result, recipe)),
+    ]
 
 
 def recipes(result: Result) -> list[str]:
     """The hybrids' recipes by rule and draw (`rule_of`: "G&A ranking", ..., "random draw 2")."""
-    ranked = sorted(result.rules, key=lambda h: (zoo.KEEP_BY.index(result.rules[h]), zoo.recipe(h).draw))
+    ranked = sorted(
+        result.rules, key=lambda h: (zoo.KEEP_BY.index(result.rules[h]), zoo.recipe(h).draw)
+    )
     return list(dict.fromkeys(rule_of(h) for h in ranked))
 
 
@@ -253,10 +323,20 @@ def scores_table(result: Result) -> pd.DataFrame:
     tasks = testable(result)
     rows = []
     for who in order(result):
-        rows.append({"model": who, "head kept": result.kept.get(who, f"all {result.heads}" if who == TEACHER else "none"),
-                     "chosen by": result.rules.get(who, "-"), "seed": result.seeds.get(who, "-"),
-                     **{b: result.scores[b][who] for b in result.scores},
-                     "retrieval recovered": float(np.mean([recovery(result, b, who) for b in tasks])) if tasks else float("nan")})
+        rows.append(
+            {
+                "model": who,
+                "head kept": result.kept.get(
+                    who, f"all {result.heads}" if who == TEACHER else "none"
+                ),
+                "chosen by": result.rules.get(who, "-"),
+                "seed": result.seeds.get(who, "-"),
+                **{b: result.scores[b][who] for b in result.scores},
+                "retrieval recovered": float(np.mean([recovery(result, b, who) for b in tasks]))
+                if tasks
+                else float("nan"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -268,7 +348,11 @@ def spread_table(result: Result) -> pd.DataFrame:
     rows = []
     for recipe in recipes(result):
         hybrids = hybrids_of(result, recipe)
-        row = {"kept by": recipe, "seeds": len(hybrids), "heads kept": ", ".join(result.kept[h] for h in hybrids)}
+        row = {
+            "kept by": recipe,
+            "seeds": len(hybrids),
+            "heads kept": ", ".join(result.kept[h] for h in hybrids),
+        }
         for b in result.scores:
             accs = [result.scores[b][h].acc for h in hybrids]
             row[b] = f"{np.mean(accs):.1%} ({min(accs):.1%} to {max(accs):.1%})"
@@ -283,11 +367,24 @@ def spread_rows(result: Result) -> pd.DataFrame:
     """What `spread_table` summarises, as numbers: each recipe's hybrids, one per training seed,
     with each task's accuracy and the retrieval recovered (its download)."""
     tasks = testable(result)
-    return pd.DataFrame([{"kept by": recipe, "hybrid": h, "seed": result.seeds[h], "head kept": result.kept[h],
-                          **{b: result.scores[b][h].acc for b in result.scores},
-                          **({"retrieval recovered": float(np.mean([recovery(result, b, h) for b in tasks]))}
-                             if tasks else {})}
-                         for recipe in recipes(result) for h in hybrids_of(result, recipe)])
+    return pd.DataFrame(
+        [
+            {
+                "kept by": recipe,
+                "hybrid": h,
+                "seed": result.seeds[h],
+                "head kept": result.kept[h],
+                **{b: result.scores[b][h].acc for b in result.scores},
+                **(
+                    {"retrieval recovered": float(np.mean([recovery(result, b, h) for b in tasks]))}
+                    if tasks
+                    else {}
+                ),
+            }
+            for recipe in recipes(result)
+            for h in hybrids_of(result, recipe)
+        ]
+    )
 
 
 def percent(x: float) -> str:
@@ -302,39 +399,70 @@ def comparison(result: Result) -> pd.DataFrame:
         """Per retrieval task, the recipe's recovery: the mean over its seeds, and their range."""
         hybrids = hybrids_of(result, recipe)
         if len(hybrids) == 1:
-            return "; ".join(f"{b}: {percent(recovery(result, b, hybrids[0])) if b in tasks else 'not testable'}"
-                             for b in result.retrieval)
+            return "; ".join(
+                f"{b}: {percent(recovery(result, b, hybrids[0])) if b in tasks else 'not testable'}"
+                for b in result.retrieval
+            )
         said = []
         for b in result.retrieval:
             rec = [recovery(result, b, h) for h in hybrids]
-            said.append(f"{b}: {percent(float(np.mean(rec)))} ({percent(min(rec))} to {percent(max(rec))} over "
-                        f"{len(rec)} seeds)" if b in tasks else f"{b}: not testable")
+            said.append(
+                f"{b}: {percent(float(np.mean(rec)))} ({percent(min(rec))} to {percent(max(rec))} over "
+                f"{len(rec)} seeds)"
+                if b in tasks
+                else f"{b}: not testable"
+            )
         return "; ".join(said)
 
-    heads = lambda recipe: ", ".join(dict.fromkeys(result.kept[h] for h in hybrids_of(result, recipe)))
-    return base.comparison_table([
-        ("models", "Llama-3 / Qwen teachers distilled into hybrids (follow-up)", "not released here",
-         f"{teacher()} distilled into {student()}'s mixers, one head kept ({result.cfg.profile} profile: the zoo), "
-         f"each hybrid from {len(result.trained_from)} training seed(s)"),
-        ("attention kept", str(paper("retrieval_aware", "kept_attention_fraction")), "-",
-         f"{share(result, ga[0])}: the G&A ranking keeps {heads('G&A ranking')}"),
-        (f"retrieval recovered, keeping {heads('G&A ranking')} (G&A)", str(paper("retrieval_aware", "retrieval_recovery")),
-         "-", recovered("G&A ranking")),
-        *((f"... keeping {heads(r)} ({r}) instead", "-", "-", recovered(r)) for r in recipes(result)[1:]),
-        ("earlier hybrids' attention", str(paper("retrieval_aware", "earlier_hybrids_attention_fraction")), "-",
-         "not run"),
-    ])
+    heads = lambda recipe: ", ".join(
+        dict.fromkeys(result.kept[h] for h in hybrids_of(result, recipe))
+    )
+    return base.comparison_table(
+        [
+            (
+                "models",
+                "Llama-3 / Qwen teachers distilled into hybrids (follow-up)",
+                "not released here",
+                f"{teacher()} distilled into {student()}'s mixers, one head kept ({result.cfg.profile} profile: the zoo), "
+                f"each hybrid from {len(result.trained_from)} training seed(s)",
+            ),
+            (
+                "attention kept",
+                str(paper("retrieval_aware", "kept_attention_fraction")),
+                "-",
+                f"{share(result, ga[0])}: the G&A ranking keeps {heads('G&A ranking')}",
+            ),
+            (
+                f"retrieval recovered, keeping {heads('G&A ranking')} (G&A)",
+                str(paper("retrieval_aware", "retrieval_recovery")),
+                "-",
+                recovered("G&A ranking"),
+            ),
+            *(
+                (f"... keeping {heads(r)} ({r}) instead", "-", "-", recovered(r))
+                for r in recipes(result)[1:]
+            ),
+            (
+                "earlier hybrids' attention",
+                str(paper("retrieval_aware", "earlier_hybrids_attention_fraction")),
+                "-",
+                "not run",
+            ),
+        ]
+    )
 
 
 def rule_of(hybrid: str) -> str:
-    """"retrieval score", "random draw 0"."""
+    """ "retrieval score", "random draw 0"."""
     r = zoo.recipe(hybrid)
     return f"random draw {r.draw}" if r.keep_by == "random" else r.keep_by
 
 
 def subject(result: Result) -> str:
-    return (f"on the zoo ({result.cfg.profile} profile): {teacher()}, its student and the hybrids that keep "
-            f"one of its heads")
+    return (
+        f"on the zoo ({result.cfg.profile} profile): {teacher()}, its student and the hybrids that keep "
+        f"one of its heads"
+    )
 
 
 def figure(result: Result):
@@ -349,26 +477,53 @@ def figure(result: Result):
     groups = [[TEACHER], [STUDENT], *(hybrids_of(result, r) for r in recipes(result))]
     tasks = list(result.scores)
     rule_colour = {"G&A ranking": "tab:red", "retrieval score": "tab:purple", "random": "tab:blue"}
-    colour = lambda who: {TEACHER: "0.3", STUDENT: "0.65"}.get(who) or rule_colour[result.rules[who]]
-    fig, axes = plt.subplots(len(tasks), 1, figsize=(plots.WIDTH, 2.3 * len(tasks) + 0.9), squeeze=False, sharex=True)
+    colour = lambda who: (
+        {TEACHER: "0.3", STUDENT: "0.65"}.get(who) or rule_colour[result.rules[who]]
+    )
+    fig, axes = plt.subplots(
+        len(tasks), 1, figsize=(plots.WIDTH, 2.3 * len(tasks) + 0.9), squeeze=False, sharex=True
+    )
     for ax, b in zip(axes[:, 0], tasks):
         for x, group in enumerate(groups):
             s = [result.scores[b][w] for w in group]
             acc = 100 * np.array([score.acc for score in s])
             if len(group) == 1 and group[0] in (TEACHER, STUDENT):
-                ax.bar(x, acc[0], yerr=[[acc[0] - 100 * s[0].lo], [100 * s[0].hi - acc[0]]], capsize=2,
-                       color=colour(group[0]))
+                ax.bar(
+                    x,
+                    acc[0],
+                    yerr=[[acc[0] - 100 * s[0].lo], [100 * s[0].hi - acc[0]]],
+                    capsize=2,
+                    color=colour(group[0]),
+                )
             else:
                 ax.bar(x, acc.mean(), color=colour(group[0]), alpha=0.55)
-                ax.scatter(x + np.linspace(-0.2, 0.2, len(acc)), acc, s=14, color=colour(group[0]), zorder=3)
+                ax.scatter(
+                    x + np.linspace(-0.2, 0.2, len(acc)),
+                    acc,
+                    s=14,
+                    color=colour(group[0]),
+                    zorder=3,
+                )
         ax.axhline(100 * result.chance[b], ls=":", lw=1.2, color="0.35", label="chance")
         ax.set(title=b, ylabel="accuracy (%)", ylim=(0, 105))
-    labels = ["teacher", "student", *(r.replace("random draw ", "random ").replace("G&A ranking", "G&A")
-                                      .replace("retrieval score", "retrieval") for r in recipes(result))]
+    labels = [
+        "teacher",
+        "student",
+        *(
+            r.replace("random draw ", "random ")
+            .replace("G&A ranking", "G&A")
+            .replace("retrieval score", "retrieval")
+            for r in recipes(result)
+        ),
+    ]
     axes[-1, 0].set_xticks(range(len(groups)), labels, fontsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in rule_colour.values()]
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.legend(handles + axes[0, 0].get_legend_handles_labels()[0],
-               ["G&A head kept", "retrieval-score head kept", "random head kept", "chance"], loc="lower center", ncols=2,
-               frameon=False)
+    fig.legend(
+        handles + axes[0, 0].get_legend_handles_labels()[0],
+        ["G&A head kept", "retrieval-score head kept", "random head kept", "chance"],
+        loc="lower center",
+        ncols=2,
+        frameon=False,
+    )
     return fig

@@ -33,17 +33,27 @@ from .. import verdicts as v
 from ..attention import attention_maps
 from ..engine import SweepEngine
 from ..errors import ConfigError, InterventionError
-from ..heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL, LOCAL_MEASURE, Head, ablation, assign_roles
+from ..heads import (
+    AGGREGATE_MEASURE,
+    GATHER_MEASURE,
+    LOCAL,
+    LOCAL_MEASURE,
+    Head,
+    ablation,
+    assign_roles,
+)
 from ..heads import measured as exactly_measured
+from ..protocol import base, shared
+from ..protocol.roles import MAX_CANDIDATES, check_roles_of
+from ..protocol.roles import harmful as harmful_heads
 from ..reference import paper
 from ..segments import Segments, measure_heads
 from ..stats import Z95, Difference, Estimate, Score, difference
 from ..sweep import sweep
-from ..protocol import base, shared
-from ..protocol.roles import MAX_CANDIDATES, check_roles_of, harmful as harmful_heads
 
-
-SWEEP_LIMIT = 256  # heads per layer the ranking sweeps exactly; Falcon-Mamba's layers have 8192 channels
+SWEEP_LIMIT = (
+    256  # heads per layer the ranking sweeps exactly; Falcon-Mamba's layers have 8192 channels
+)
 MARGIN = v.MARGIN  # a loss or difference smaller than this counts as none, as on every page
 SHARPNESS = "top segment share"  # from the final position: share of the in-segment mass on its heaviest line
 
@@ -68,21 +78,40 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         if profile == "cpu":
-            return dict(models=list(registry.cast_of(profile, ("llama", "llamba", "falcon-mamba", "llamba-unaligned"))),
-                        sizes=[2, 4, 8, 16, 24, 32], n=300, n_maps=100, seed=0)
-        fig4 = registry.cast("paper", "llama")  # the release's Fig. 4 settings, applied to every model
-        return dict(models=registry.cast_of(profile, ("llama", "llamba", "falcon-mamba")),
-                    sizes=paper("kv_retrieval", "released_dictionary_sizes", fig4).integers,
-                    n=paper("kv_retrieval", "samples_per_configuration", fig4).integer, n_maps=100, seed=0)
+            return dict(
+                models=list(
+                    registry.cast_of(
+                        profile, ("llama", "llamba", "falcon-mamba", "llamba-unaligned")
+                    )
+                ),
+                sizes=[2, 4, 8, 16, 24, 32],
+                n=300,
+                n_maps=100,
+                seed=0,
+            )
+        fig4 = registry.cast(
+            "paper", "llama"
+        )  # the release's Fig. 4 settings, applied to every model
+        return dict(
+            models=registry.cast_of(profile, ("llama", "llamba", "falcon-mamba")),
+            sizes=paper("kv_retrieval", "released_dictionary_sizes", fig4).integers,
+            n=paper("kv_retrieval", "samples_per_configuration", fig4).integer,
+            n_maps=100,
+            seed=0,
+        )
 
     def __post_init__(self):
         super().__post_init__()
         for name in self.models:
-            check_roles_of(name, None, None)  # the paper's heads, where it names them, are this model's
+            check_roles_of(
+                name, None, None
+            )  # the paper's heads, where it names them, are this model's
             most = synthetic.N_VALUES if registry.spec(name).toy else kv_values()
             if max(self.sizes) > most:
-                raise ConfigError(f"sizes: a dictionary of {name} holds at most {most} keys (one distinct value "
-                                  f"each); got {max(self.sizes)}")
+                raise ConfigError(
+                    f"sizes: a dictionary of {name} holds at most {most} keys (one distinct value "
+                    f"each); got {max(self.sizes)}"
+                )
 
 
 @dataclass(frozen=True)
@@ -93,14 +122,24 @@ class ModelRun:
     mixer: str  # "attention" or "ssm"
     by_size: dict[int, Score]  # part 1: keys -> KV accuracy
     chance: dict[int, float]  # keys -> chance level
-    prompts: dict[str, str]  # keys or "held out" -> a digest of the prompts (equal digests: paired items)
+    prompts: dict[
+        str, str
+    ]  # keys or "held out" -> a digest of the prompts (equal digests: paired items)
     ranking: pd.DataFrame | None  # the shared ranking's table; None where the model is not ranked
     candidates: tuple[Head, ...]  # the heads measured in parts 2 and 3
-    paper_sets: dict[str, tuple[Head, ...]]  # the paper's G and A heads of this model, where it names them
-    zeroed: dict[str, Score]  # part 2, held-out prompts: "clean", a ranked candidate ("L1H0"), "paper G", "paper A"
-    measures: pd.DataFrame  # part 3: `head_measures` per candidate head (a string) and held-out prompt
+    paper_sets: dict[
+        str, tuple[Head, ...]
+    ]  # the paper's G and A heads of this model, where it names them
+    zeroed: dict[
+        str, Score
+    ]  # part 2, held-out prompts: "clean", a ranked candidate ("L1H0"), "paper G", "paper A"
+    measures: (
+        pd.DataFrame
+    )  # part 3: `head_measures` per candidate head (a string) and held-out prompt
     roles: dict[str, Head | None]  # "G", "A" by behaviour among the candidates
-    maps: dict[str, tuple[Head, np.ndarray]]  # "G", "A": the head `weighed` for the role, and its (hidden)
+    maps: dict[
+        str, tuple[Head, np.ndarray]
+    ]  # "G", "A": the head `weighed` for the role, and its (hidden)
     # attention on the first held-out prompt
     segments: Segments  # the lines of that prompt
     trained_up_to: int | None  # the largest dictionary in the model's training (toys), else None
@@ -113,7 +152,11 @@ class ModelRun:
     @property
     def tested(self) -> list[str]:
         """What part 2's verdict zeroes: the ranking's most harmful head, or the paper's sets."""
-        return [str(self.candidates[0])] if self.ranking is not None else [f"paper {r}" for r in self.paper_sets]
+        return (
+            [str(self.candidates[0])]
+            if self.ranking is not None
+            else [f"paper {r}" for r in self.paper_sets]
+        )
 
     @property
     def assigning(self) -> pd.DataFrame:
@@ -150,15 +193,27 @@ class Result:
 
 # --- running ------------------------------------------------------------------------------------
 
+
 def digest(items) -> str:
     return hashlib.sha256("\x00".join(it.pairs[0][0] for it in items).encode()).hexdigest()[:12]
 
 
 def held_out(loaded, settings: dict, n: int, seed: int) -> bm.Benchmark:
     """`n` KV prompts of the ranking's size that the ranking did not see."""
-    seen = {it.pairs[0][0] for it in bm.kv(loaded.name, loaded.tokenizer, settings["pairs"], settings["n"],
-                                             settings["seed"], settings["query"]).items}
-    drawn = bm.kv(loaded.name, loaded.tokenizer, settings["pairs"], n + settings["n"], seed, settings["query"])
+    seen = {
+        it.pairs[0][0]
+        for it in bm.kv(
+            loaded.name,
+            loaded.tokenizer,
+            settings["pairs"],
+            settings["n"],
+            settings["seed"],
+            settings["query"],
+        ).items
+    }
+    drawn = bm.kv(
+        loaded.name, loaded.tokenizer, settings["pairs"], n + settings["n"], seed, settings["query"]
+    )
     return replace(drawn, items=[it for it in drawn.items if it.pairs[0][0] not in seen][:n])
 
 
@@ -166,7 +221,9 @@ def measure_size(cell: dict) -> dict:
     """The model's accuracy on KV prompts of `keys` keys (its n, seed and query; a measurement,
     `runner`)."""
     loaded = base.model_for(cell["model"])
-    items = bm.kv(loaded.name, loaded.tokenizer, cell["keys"], cell["n"], cell["seed"], cell["query"]).items
+    items = bm.kv(
+        loaded.name, loaded.tokenizer, cell["keys"], cell["n"], cell["seed"], cell["query"]
+    ).items
     return evaluate.score(loaded.model, loaded.tokenizer, items).to_json()
 
 
@@ -175,9 +232,16 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     setting = dict(model=name, n=cfg.n, seed=cfg.seed, query=query)
 
     # 1. Accuracy against dictionary size.
-    sets = {k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes}  # what `measure_size` scores
+    sets = {
+        k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes
+    }  # what `measure_size` scores
     store = base.open_store(cfg.chapter, cfg.profile, "by-size", [loaded])
-    rows = sweep(store, [dict(setting, keys=k) for k in cfg.sizes], measure_size, desc=f"{name}: dictionary sizes")
+    rows = sweep(
+        store,
+        [dict(setting, keys=k) for k in cfg.sizes],
+        measure_size,
+        desc=f"{name}: dictionary sizes",
+    )
     by_size = {r["keys"]: Score.from_json(r) for r in rows}
 
     # 2. Heads whose zeroing breaks retrieval, confirmed on held-out prompts.
@@ -194,23 +258,36 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
         ranking, measured = None, tuple(h for hs in paper_sets.values() for h in hs)
         harm_order, ranking_clean = list(measured), None
     else:
-        raise InterventionError(f"{name} has {widest} {loaded.adapter.head_kind}s in a layer, more than the "
-                                f"{SWEEP_LIMIT} the ranking sweeps, and data/reference names none of them")
+        raise InterventionError(
+            f"{name} has {widest} {loaded.adapter.head_kind}s in a layer, more than the "
+            f"{SWEEP_LIMIT} the ranking sweeps, and data/reference names none of them"
+        )
     kv = held_out(loaded, settings, max(cfg.n, cfg.n_maps), cfg.seed)
-    engine = cache(lambda: SweepEngine(loaded, tok, kv.items[:cfg.n]))
-    singles = measured if ranking is not None else ()  # an unranked model's channels are zeroed as the paper's sets
-    conditions = {**{str(h): (h,) for h in singles}, **{f"paper {r}": hs for r, hs in paper_sets.items()}, "clean": ()}
+    engine = cache(lambda: SweepEngine(loaded, tok, kv.items[: cfg.n]))
+    singles = (
+        measured if ranking is not None else ()
+    )  # an unranked model's channels are zeroed as the paper's sets
+    conditions = {
+        **{str(h): (h,) for h in singles},
+        **{f"paper {r}": hs for r, hs in paper_sets.items()},
+        "clean": (),
+    }
     # Lowest layer first and the clean run last: the engine's cached residual stream then only moves up.
-    order = sorted(conditions, key=lambda c: min((h.layer for h in conditions[c]), default=math.inf))
+    order = sorted(
+        conditions, key=lambda c: min((h.layer for h in conditions[c]), default=math.inf)
+    )
     store = base.open_store(cfg.chapter, cfg.profile, "zeroing", [loaded])
-    rows = sweep(store, [dict(setting, keys=keys, heads=[str(h) for h in conditions[c]]) for c in order],
-                 lambda cell: engine().score(ablation(map(Head.parse, cell["heads"]))).to_json(),
-                 desc=f"{name}: heads zeroed")
+    rows = sweep(
+        store,
+        [dict(setting, keys=keys, heads=[str(h) for h in conditions[c]]) for c in order],
+        lambda cell: engine().score(ablation(map(Head.parse, cell["heads"]))).to_json(),
+        desc=f"{name}: heads zeroed",
+    )
     scores = {c: Score.from_json(r) for c, r in zip(order, rows)}
     zeroed = {"clean": scores["clean"], **{c: scores[c] for c in conditions if c != "clean"}}
 
     # 3. What the candidates read, and their roles.
-    items = kv.items[:cfg.n_maps]
+    items = kv.items[: cfg.n_maps]
     store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded])
 
     def measure(cell):
@@ -218,24 +295,39 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
         return {"rows": table.assign(head=table["head"].map(str)).to_dict("records")}
 
     cell = dict(setting, n=cfg.n_maps, keys=keys, heads=[str(h) for h in measured])
-    measures = pd.DataFrame(sweep(store, [cell], measure, desc=f"{name}: attention measures")[0]["rows"])
+    measures = pd.DataFrame(
+        sweep(store, [cell], measure, desc=f"{name}: attention measures")[0]["rows"]
+    )
     assigning = halves(measures)[0]  # roles named on these prompts, judged on the others
     roles = assign_roles(means(assigning), harm_order) if harm_order else {"G": None, "A": None}
     shown = {role: h for role, h in weighed(assigning, roles).items() if h is not None}
     ids = tok(items[0].pairs[0][0], return_tensors="pt").input_ids
     layer_maps = attention_maps(loaded, ids, sorted({h.layer for h in shown.values()}))
     maps = {role: (h, layer_maps[h.layer][0, h.head].numpy()) for role, h in shown.items()}
-    return ModelRun(name, registry.spec(name).mixer, by_size, {k: s.chance for k, s in sets.items()},
-                    {**{str(k): digest(s.items) for k, s in sets.items()}, "held out": digest(items)},
-                    ranking, measured, paper_sets, zeroed, measures, roles, maps, kv.segments(items[0]),
-                    zoo.TRAIN_SIZES["kv"][1] if registry.spec(name).toy else None, ranking_clean)
+    return ModelRun(
+        name,
+        registry.spec(name).mixer,
+        by_size,
+        {k: s.chance for k, s in sets.items()},
+        {**{str(k): digest(s.items) for k, s in sets.items()}, "held out": digest(items)},
+        ranking,
+        measured,
+        paper_sets,
+        zeroed,
+        measures,
+        roles,
+        maps,
+        kv.segments(items[0]),
+        zoo.TRAIN_SIZES["kv"][1] if registry.spec(name).toy else None,
+        ranking_clean,
+    )
 
 
 def halves(measures: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-prompt measures cut in two by prompt: the first half assigns the roles, the second
     tests them (disjoint prompts, as head zeroing's screen and check are)."""
     prompts = sorted(measures["prompt"].unique())
-    first = set(prompts[:max(1, len(prompts) // 2)])
+    first = set(prompts[: max(1, len(prompts) // 2)])
     inside = measures["prompt"].isin(first)
     return measures[inside], measures[~inside]
 
@@ -246,8 +338,10 @@ def weighed(measures: pd.DataFrame, roles: dict[str, Head | None]) -> dict[str, 
     table = means(measures)
     rest = table.drop(index=[roles["A"]] if roles["A"] else [])
     rest = rest[rest[LOCAL_MEASURE] <= LOCAL]
-    return {"G": roles["G"] or (None if rest.empty else rest[GATHER_MEASURE].idxmax()),
-            "A": roles["A"] or table[AGGREGATE_MEASURE].idxmax()}
+    return {
+        "G": roles["G"] or (None if rest.empty else rest[GATHER_MEASURE].idxmax()),
+        "A": roles["A"] or table[AGGREGATE_MEASURE].idxmax(),
+    }
 
 
 def means(measures: pd.DataFrame) -> pd.DataFrame:
@@ -269,10 +363,13 @@ def run(cfg: Config) -> Result:
         record = record or base.record(cfg, [loaded], timer)
         revisions[name] = loaded.revision
         del loaded  # a paper model is dropped before the next one loads
-    return Result(cfg, settings["pairs"], runs, {**record, "models": revisions, "wall_s": timer.seconds})
+    return Result(
+        cfg, settings["pairs"], runs, {**record, "models": revisions, "wall_s": timer.seconds}
+    )
 
 
 # --- statistics ---------------------------------------------------------------------------------
+
 
 def normal_interval(values) -> tuple[float, float, float]:
     """Mean and normal 95% interval of per-prompt values (n_maps is 100 by default)."""
@@ -298,6 +395,7 @@ def pts(x: float) -> str:
 
 # --- verdicts -----------------------------------------------------------------------------------
 
+
 def falls_faster(t: ModelRun, s: ModelRun, small: int, large: int) -> tuple[str, str]:
     """Does the SSM's accuracy lose more than the Transformer's from `small` to `large` keys?
     The SSM-minus-Transformer gap at each size (paired where both read the same prompts), and
@@ -305,29 +403,46 @@ def falls_faster(t: ModelRun, s: ModelRun, small: int, large: int) -> tuple[str,
     not both are still at ceiling at `large`."""
     for r in (t, s):
         if not r.by_size[small].above(r.chance[small]):
-            return v.NOT_TESTABLE, (f"{r.name} is at chance with {small} keys ({r.by_size[small]}, chance "
-                                    f"{r.chance[small]:.1%}): it has nothing to lose")
+            return v.NOT_TESTABLE, (
+                f"{r.name} is at chance with {small} keys ({r.by_size[small]}, chance "
+                f"{r.chance[small]:.1%}): it has nothing to lose"
+            )
     if all(r.by_size[large].hi >= 1 for r in (t, s)):
-        return v.NOT_TESTABLE, (f"{t.name} and {s.name} are both at ceiling with {large} keys ({t.by_size[large]}, "
-                                f"{s.by_size[large]}): neither falls, so no fall can be compared")
-    gap = {k: difference(t.by_size[k], s.by_size[k], paired=t.prompts[str(k)] == s.prompts[str(k)])
-           for k in (small, large)}
+        return v.NOT_TESTABLE, (
+            f"{t.name} and {s.name} are both at ceiling with {large} keys ({t.by_size[large]}, "
+            f"{s.by_size[large]}): neither falls, so no fall can be compared"
+        )
+    gap = {
+        k: difference(t.by_size[k], s.by_size[k], paired=t.prompts[str(k)] == s.prompts[str(k)])
+        for k in (small, large)
+    }
     est, lo, hi = change(gap[small], gap[large])
     outcome = v.REPRODUCED if hi < 0 else v.NOT_REPRODUCED if lo > -MARGIN else v.INCONCLUSIVE
     beyond = [r.trained_up_to for r in (t, s) if r.trained_up_to and large > r.trained_up_to]
-    return outcome, (f"{s.name} minus {t.name}: {gap[small]} with {small} keys, {gap[large]} with {large} keys; "
-                     f"the gap changes by {pts(est)} points [{pts(lo)}, {pts(hi)}]"
-                     + (f" ({large} keys is beyond the {beyond[0]} keys of the toys' training: this also tests "
-                        "length generalisation)" if beyond else ""))
+    return outcome, (
+        f"{s.name} minus {t.name}: {gap[small]} with {small} keys, {gap[large]} with {large} keys; "
+        f"the gap changes by {pts(est)} points [{pts(lo)}, {pts(hi)}]"
+        + (
+            f" ({large} keys is beyond the {beyond[0]} keys of the toys' training: this also tests "
+            "length generalisation)"
+            if beyond
+            else ""
+        )
+    )
 
 
 def bottleneck(r: ModelRun, chance: float) -> tuple[str, str]:
     """Does zeroing one head (Falcon-Mamba: one of the paper's channel sets) take retrieval
     halfway to chance or further, on held-out prompts?"""
     parts = [v.collapses(r.clean, r.zeroed[label], chance) for label in r.tested]
-    what = "the ranking's top head" if r.ranking is not None else "the paper's channel sets (not ranked)"
+    what = (
+        "the ranking's top head"
+        if r.ranking is not None
+        else "the paper's channel sets (not ranked)"
+    )
     return v.every(o for o, _ in parts), f"{r.name}, {what}: " + "; ".join(
-        f"{label} zeroed: {e}" for label, (_, e) in zip(r.tested, parts))
+        f"{label} zeroed: {e}" for label, (_, e) in zip(r.tested, parts)
+    )
 
 
 def roles_found(r: ModelRun) -> tuple[str, str]:
@@ -344,10 +459,19 @@ def roles_found(r: ModelRun) -> tuple[str, str]:
         m, lo, hi = normal_interval(rows)
         # judged on the testing prompts; a head the naming prompts turned down cannot be reproduced
         below_line = v.NOT_REPRODUCED if hi < 0.5 else v.INCONCLUSIVE
-        parts.append(v.REPRODUCED if lo > 0.5 and r.roles[role] is not None else below_line if lo <= 0.5 else v.INCONCLUSIVE)
-        said.append(f"{role} {head if r.roles[role] else f'none (best {head})'}: {column} {m:.2f} [{lo:.2f}, {hi:.2f}]")
+        parts.append(
+            v.REPRODUCED
+            if lo > 0.5 and r.roles[role] is not None
+            else below_line
+            if lo <= 0.5
+            else v.INCONCLUSIVE
+        )
+        said.append(
+            f"{role} {head if r.roles[role] else f'none (best {head})'}: {column} {m:.2f} [{lo:.2f}, {hi:.2f}]"
+        )
     return v.every(parts), f"{r.name}: " + "; ".join(said) + (
-        f" (roles named on {r.assigning.prompt.nunique()} prompts, judged on {r.testing.prompt.nunique()} others)")
+        f" (roles named on {r.assigning.prompt.nunique()} prompts, judged on {r.testing.prompt.nunique()} others)"
+    )
 
 
 def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
@@ -356,9 +480,11 @@ def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
     for r in (t, s):
         if r.roles["A"] is None:
             best = weighed(r.assigning, r.roles)["A"]
-            return v.NOT_TESTABLE, (f"{r.name} has no Aggregate head among its candidates (closest: {best}, whose final "
-                                    f"position puts {means(r.assigning).loc[[best], AGGREGATE_MEASURE].iloc[0]:.2f} of its "
-                                    "in-segment read on line ends)")
+            return v.NOT_TESTABLE, (
+                f"{r.name} has no Aggregate head among its candidates (closest: {best}, whose final "
+                f"position puts {means(r.assigning).loc[[best], AGGREGATE_MEASURE].iloc[0]:.2f} of its "
+                "in-segment read on line ends)"
+            )
     a, b = t.role_values("A"), s.role_values("A")
     if t.prompts["held out"] == s.prompts["held out"]:
         both = a.index.intersection(b.index)
@@ -366,39 +492,83 @@ def smoother(t: ModelRun, s: ModelRun) -> tuple[str, str]:
         how = f"paired over {len(both)} prompts"
     else:
         (ma, la, ha), (mb, lb, hb) = normal_interval(a), normal_interval(b)
-        m, lo, hi = mb - ma, mb - ma - math.hypot(ha - ma, mb - lb), mb - ma + math.hypot(ma - la, hb - mb)
+        m, lo, hi = (
+            mb - ma,
+            mb - ma - math.hypot(ha - ma, mb - lb),
+            mb - ma + math.hypot(ma - la, hb - mb),
+        )
         how = f"unpaired, {len(a)} and {len(b)} prompts"
     outcome = v.REPRODUCED if hi < 0 else v.NOT_REPRODUCED if lo > -MARGIN else v.INCONCLUSIVE
-    return outcome, (f"share on the heaviest line: {s.name} A {s.roles['A']} {b.mean():.2f}, {t.name} A {t.roles['A']} "
-                     f"{a.mean():.2f}; difference {m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({how})")
+    return outcome, (
+        f"share on the heaviest line: {s.name} A {s.roles['A']} {b.mean():.2f}, {t.name} A {t.roles['A']} "
+        f"{a.mean():.2f}; difference {m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({how})"
+    )
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
     keys, chance = result.keys, result.kv_chance
     attention, ssms = result.of("attention"), result.of("ssm")
     retrieving = {name for name, r in result.runs.items() if r.clean.above(chance)}
-    at_chance = lambda r: (v.NOT_TESTABLE, f"{r.name} is at chance with {keys} keys ({r.clean}, chance {chance:.1%}): "
-                                          "no retrieval to break or to read")
+    at_chance = lambda r: (
+        v.NOT_TESTABLE,
+        f"{r.name} is at chance with {keys} keys ({r.clean}, chance {chance:.1%}): "
+        "no retrieval to break or to read",
+    )
     out = []
 
     small, large = min(result.cfg.sizes), max(result.cfg.sizes)
-    pairs = ([falls_faster(t, s, small, large) for t in attention for s in ssms] if small < large else
-             [(v.NOT_TESTABLE, f"one dictionary size ({small} keys): no slope to compare")])
-    out.append(v.Verdict(f"SSM retrieval falls faster than the Transformer's from {small} to {large} keys",
-                         "§4 (the text; Fig. 4 shows Llama-3.1-8B only)", combine(pairs), join(pairs)))
+    pairs = (
+        [falls_faster(t, s, small, large) for t in attention for s in ssms]
+        if small < large
+        else [(v.NOT_TESTABLE, f"one dictionary size ({small} keys): no slope to compare")]
+    )
+    out.append(
+        v.Verdict(
+            f"SSM retrieval falls faster than the Transformer's from {small} to {large} keys",
+            "§4 (the text; Fig. 4 shows Llama-3.1-8B only)",
+            combine(pairs),
+            join(pairs),
+        )
+    )
 
-    parts = [bottleneck(r, chance) if r.name in retrieving else at_chance(r) for r in result.runs.values()]
-    out.append(v.Verdict("In every model, zeroing one head takes KV retrieval halfway to chance or further",
-                         "§4", combine(parts), join(parts)))
+    parts = [
+        bottleneck(r, chance) if r.name in retrieving else at_chance(r)
+        for r in result.runs.values()
+    ]
+    out.append(
+        v.Verdict(
+            "In every model, zeroing one head takes KV retrieval halfway to chance or further",
+            "§4",
+            combine(parts),
+            join(parts),
+        )
+    )
 
     parts = [roles_found(r) if r.name in retrieving else at_chance(r) for r in result.runs.values()]
-    out.append(v.Verdict("Among each model's most harmful heads, one gathers and one aggregates (roles by behaviour)",
-                         "§4, Fig. 5", combine(parts), join(parts)))
+    out.append(
+        v.Verdict(
+            "Among each model's most harmful heads, one gathers and one aggregates (roles by behaviour)",
+            "§4, Fig. 5",
+            combine(parts),
+            join(parts),
+        )
+    )
 
-    pairs = [smoother(t, s) if {t.name, s.name} <= retrieving else at_chance(t if t.name not in retrieving else s)
-             for t in attention for s in ssms]
-    out.append(v.Verdict("The SSMs' Aggregate head reads the lines more smoothly than the Transformer's",
-                         "§4, Fig. 5", combine(pairs), join(pairs)))
+    pairs = [
+        smoother(t, s)
+        if {t.name, s.name} <= retrieving
+        else at_chance(t if t.name not in retrieving else s)
+        for t in attention
+        for s in ssms
+    ]
+    out.append(
+        v.Verdict(
+            "The SSMs' Aggregate head reads the lines more smoothly than the Transformer's",
+            "§4, Fig. 5",
+            combine(pairs),
+            join(pairs),
+        )
+    )
     return out
 
 
@@ -411,10 +581,14 @@ def combine(parts: list[tuple[str, str]]) -> str:
 
 def join(parts: list[tuple[str, str]]) -> str:
     """The parts' evidence, each once (a Transformer at chance is the reason for every pair)."""
-    return " | ".join(dict.fromkeys(f"{o}: {e}" for o, e in parts)) or "no pair of a Transformer and an SSM in this run"
+    return (
+        " | ".join(dict.fromkeys(f"{o}: {e}" for o, e in parts))
+        or "no pair of a Transformer and an SSM in this run"
+    )
 
 
 # --- tables and figures -------------------------------------------------------------------------
+
 
 def comparison(result: Result) -> pd.DataFrame:
     """The settings, then three rows per model: its accuracy from the smallest to the largest
@@ -423,31 +597,61 @@ def comparison(result: Result) -> pd.DataFrame:
     fig4 = registry.cast("paper", "llama")
     cfg = result.cfg
     small, large = min(cfg.sizes), max(cfg.sizes)
-    n_cfg, samples = paper("kv_retrieval", "n_configurations", fig4), paper("kv_retrieval", "samples_per_configuration", fig4)
+    n_cfg, samples = (
+        paper("kv_retrieval", "n_configurations", fig4),
+        paper("kv_retrieval", "samples_per_configuration", fig4),
+    )
     released = paper("kv_retrieval", "released_dictionary_sizes", fig4)
     rows = [
-        ("models", "Llama-3.1-8B, Llamba-8B, Falcon-Mamba-7B", "Llama-3.1-8B-Instruct, Llamba-8B-untied, "
-         "falcon-mamba-7b-instruct", f"{', '.join(cfg.models)} ({cfg.profile} profile)"),
-        ("dictionary sizes x prompts", f"{n_cfg.value} sizes x {samples.value} ({n_cfg.source})",
-         f"{released.value.replace(';', ', ')} x {samples.value} ({released.source.split(', ')[-1]}; fails as released)",
-         f"{', '.join(map(str, cfg.sizes))} x {cfg.n}; heads zeroed on {cfg.n} held-out prompts of {result.keys} keys"),
+        (
+            "models",
+            "Llama-3.1-8B, Llamba-8B, Falcon-Mamba-7B",
+            "Llama-3.1-8B-Instruct, Llamba-8B-untied, falcon-mamba-7b-instruct",
+            f"{', '.join(cfg.models)} ({cfg.profile} profile)",
+        ),
+        (
+            "dictionary sizes x prompts",
+            f"{n_cfg.value} sizes x {samples.value} ({n_cfg.source})",
+            f"{released.value.replace(';', ', ')} x {samples.value} ({released.source.split(', ')[-1]}; fails as released)",
+            f"{', '.join(map(str, cfg.sizes))} x {cfg.n}; heads zeroed on {cfg.n} held-out prompts of {result.keys} keys",
+        ),
     ]
     for r in result.runs.values():
-        named = {role: paper("head_zeroing", q, r.name) for role, q in (("G", "gather_head"), ("A", "aggregate_head"))
-                 if role in r.paper_sets}
+        named = {
+            role: paper("head_zeroing", q, r.name)
+            for role, q in (("G", "gather_head"), ("A", "aggregate_head"))
+            if role in r.paper_sets
+        }
         heads = ", ".join(f"{role} {ref.value.replace(';', ', ')}" for role, ref in named.items())
-        source = f" ({next(iter(named.values())).source.split(', ')[-1]}; C: channel)" if named else ""
+        source = (
+            f" ({next(iter(named.values())).source.split(', ')[-1]}; C: channel)" if named else ""
+        )
         shown = dict.fromkeys(r.tested + [f"paper {role}" for role in r.paper_sets])
         rows += [
-            (f"{r.name}: KV accuracy, {small} -> {large} keys",
-             "falls faster than a Transformer's (§4; Fig. 4 is Llama only)" if r.mixer == "ssm" else "holds better than an SSM's (§4; Fig. 4 is Llama only)",
-             "-", f"{r.by_size[small].brief} -> {r.by_size[large].brief}"),
-            (f"{r.name}: heads zeroed", f"{heads}: each breaks retrieval{source}" if named else
-             "a G or an A head breaks retrieval (§4)", "the same heads" if named else "-",
-             f"clean {r.clean.brief}; " + "; ".join(f"{label} zeroed {r.zeroed[label].brief}" for label in shown)
-             + f"; n={r.clean.n}"),
-            (f"{r.name}: G and A heads by behaviour", "G gathers, A aggregates; SSM maps smoother (§4, Fig. 5)", "-",
-             f"G {r.roles['G'] or 'none'}; A " + (sharpness(r) if r.roles["A"] else "none")),
+            (
+                f"{r.name}: KV accuracy, {small} -> {large} keys",
+                "falls faster than a Transformer's (§4; Fig. 4 is Llama only)"
+                if r.mixer == "ssm"
+                else "holds better than an SSM's (§4; Fig. 4 is Llama only)",
+                "-",
+                f"{r.by_size[small].brief} -> {r.by_size[large].brief}",
+            ),
+            (
+                f"{r.name}: heads zeroed",
+                f"{heads}: each breaks retrieval{source}"
+                if named
+                else "a G or an A head breaks retrieval (§4)",
+                "the same heads" if named else "-",
+                f"clean {r.clean.brief}; "
+                + "; ".join(f"{label} zeroed {r.zeroed[label].brief}" for label in shown)
+                + f"; n={r.clean.n}",
+            ),
+            (
+                f"{r.name}: G and A heads by behaviour",
+                "G gathers, A aggregates; SSM maps smoother (§4, Fig. 5)",
+                "-",
+                f"G {r.roles['G'] or 'none'}; A " + (sharpness(r) if r.roles["A"] else "none"),
+            ),
         ]
     return base.comparison_table(rows)
 
@@ -462,8 +666,13 @@ def subject(result: Result) -> str:
 
 
 def accuracy_by_size(result: Result) -> pd.DataFrame:
-    return pd.DataFrame([dict(model=r.name, keys=k, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
-                         for r in result.runs.values() for k, s in sorted(r.by_size.items())])
+    return pd.DataFrame(
+        [
+            dict(model=r.name, keys=k, acc=s.acc, lo=s.lo, hi=s.hi, n=s.n)
+            for r in result.runs.values()
+            for k, s in sorted(r.by_size.items())
+        ]
+    )
 
 
 def accuracy_table(result: Result) -> pd.DataFrame:
@@ -479,12 +688,36 @@ def figure_by_size(result: Result):
     intervals), chance dotted, the toys' longest training dictionary dashed."""
     from .. import plots
 
-    ax = plots.accuracy_curves(accuracy_by_size(result), "keys", "model", title="KV retrieval against dictionary size",
-                               xlabel="keys in the dictionary")
+    ax = plots.accuracy_curves(
+        accuracy_by_size(result),
+        "keys",
+        "model",
+        title="KV retrieval against dictionary size",
+        xlabel="keys in the dictionary",
+    )
     sizes = sorted(result.cfg.sizes)
-    ax.plot(sizes, [100 / k for k in sizes], ls=":", lw=1.2, color="0.35", label="chance (one over the keys)")
-    for longest in sorted({r.trained_up_to for r in result.runs.values() if r.trained_up_to and r.trained_up_to < sizes[-1]}):
-        ax.axvline(longest, color="0.3", ls="--", lw=1, label=f"longest dictionary in the toys' training ({longest})")
+    ax.plot(
+        sizes,
+        [100 / k for k in sizes],
+        ls=":",
+        lw=1.2,
+        color="0.35",
+        label="chance (one over the keys)",
+    )
+    for longest in sorted(
+        {
+            r.trained_up_to
+            for r in result.runs.values()
+            if r.trained_up_to and r.trained_up_to < sizes[-1]
+        }
+    ):
+        ax.axvline(
+            longest,
+            color="0.3",
+            ls="--",
+            lw=1,
+            label=f"longest dictionary in the toys' training ({longest})",
+        )
     plots.legend_below(ax, ncols=2)
     return ax.figure
 
@@ -498,17 +731,29 @@ def figure_heads(result: Result):
 
     plots.style()
     ranked = [r for r in result.runs.values() if r.ranking is not None]
-    tables = {r.name: r.ranking.pivot(index="layer", columns="head", values="acc").dropna(how="all") for r in ranked}
+    tables = {
+        r.name: r.ranking.pivot(index="layer", columns="head", values="acc").dropna(how="all")
+        for r in ranked
+    }
     cols = 2 if all(t.shape[1] <= 8 for t in tables.values()) and len(tables) > 1 else 1
     rows = max(1, math.ceil(len(tables) / cols))
     tall = max([t.shape[0] for t in tables.values()], default=1)
-    fig, axes = plt.subplots(rows, cols, figsize=(plots.WIDTH, rows * (1.4 + 0.35 * tall)), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(plots.WIDTH, rows * (1.4 + 0.35 * tall)), squeeze=False
+    )
     for ax, r in zip(axes.flat, ranked):
         # from chance to the clean accuracy on the ranking's prompts, never the cells' own range
-        chance = 1 / shared.ranking_settings(result.cfg.profile, result.cfg.smoke)["pairs"]  # one of the dictionary's values
-        plots.head_heatmap(tables[r.name], r.name, "accuracy: chance to clean", ax=ax,
-                           limits=(chance, r.ranking_clean.acc if r.ranking_clean else 1.0))
-    for ax in list(axes.flat)[len(ranked):]:
+        chance = (
+            1 / shared.ranking_settings(result.cfg.profile, result.cfg.smoke)["pairs"]
+        )  # one of the dictionary's values
+        plots.head_heatmap(
+            tables[r.name],
+            r.name,
+            "accuracy: chance to clean",
+            ax=ax,
+            limits=(chance, r.ranking_clean.acc if r.ranking_clean else 1.0),
+        )
+    for ax in list(axes.flat)[len(ranked) :]:
         ax.axis("off")
     if not ranked:
         axes.flat[0].text(0.5, 0.5, "no model was ranked", ha="center", va="center")
@@ -533,22 +778,44 @@ def figure_maps(result: Result, max_tokens: int = 48):
         for ax, role in zip(row, ("G", "A")):
             ax.set_xticks([]), ax.set_yticks([]), ax.grid(False)
             if role not in r.maps:
-                ax.text(0.5, 0.5, "no eligible candidate", ha="center", va="center", transform=ax.transAxes)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no eligible candidate",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
                 ax.set_title(f"{r.name}: {role}", fontsize=10)
                 continue
             head, a = r.maps[role]
             a = np.abs(a[start:, start:])
-            ax.imshow(a / (a.max(axis=1, keepdims=True) + 1e-12), cmap="Blues", aspect="auto", interpolation="nearest")
+            ax.imshow(
+                a / (a.max(axis=1, keepdims=True) + 1e-12),
+                cmap="Blues",
+                aspect="auto",
+                interpolation="nearest",
+            )
             for e in seg.ends:
                 if e >= start:
                     ax.axhline(e - start + 0.5, color="0.6", lw=0.5)
                     ax.axvline(e - start + 0.5, color="0.6", lw=0.5)
             answer = [t - start for t in range(start, len(seg)) if seg.segment[t] == seg.target]
             if answer:
-                ax.plot([answer[0] - 0.5, answer[-1] + 0.5], [len(seg) - start - 0.5] * 2, color="tab:red", lw=4,
-                        solid_capstyle="butt", clip_on=False)
-            ax.set_title(f"{r.name}: {role} {head}" if head == r.roles[role] else f"{r.name}: {head}, not {role}",
-                         fontsize=10)
+                ax.plot(
+                    [answer[0] - 0.5, answer[-1] + 0.5],
+                    [len(seg) - start - 0.5] * 2,
+                    color="tab:red",
+                    lw=4,
+                    solid_capstyle="butt",
+                    clip_on=False,
+                )
+            ax.set_title(
+                f"{r.name}: {role} {head}"
+                if head == r.roles[role]
+                else f"{r.name}: {head}, not {role}",
+                fontsize=10,
+            )
     for ax in axes[-1]:
         ax.set_xlabel("key position (read)")
     for row in axes:
@@ -573,18 +840,44 @@ def figure_sharpness(result: Result):
     label = "mean, 95% interval"
     for x, r in enumerate(runs):
         if r.roles["A"] is None:
-            ax.text(x, 0.5, "no A head", ha="center", va="center", fontsize=plots.MIN_FONT, color="0.3")
+            ax.text(
+                x, 0.5, "no A head", ha="center", va="center", fontsize=plots.MIN_FONT, color="0.3"
+            )
             continue
         values = r.role_values("A")
-        colour = "0.6" if not r.clean.above(result.kv_chance) else "tab:blue" if r.mixer == "attention" else "tab:orange"
+        colour = (
+            "0.6"
+            if not r.clean.above(result.kv_chance)
+            else "tab:blue"
+            if r.mixer == "attention"
+            else "tab:orange"
+        )
         ax.scatter(x + rng.uniform(-0.18, 0.18, len(values)), values, s=9, alpha=0.45, color=colour)
         m, lo, hi = normal_interval(values)
-        ax.errorbar(x, m, yerr=[[m - lo], [hi - m]], fmt="D", color="black", ms=5, capsize=4, label=label)
+        ax.errorbar(
+            x, m, yerr=[[m - lo], [hi - m]], fmt="D", color="black", ms=5, capsize=4, label=label
+        )
         label = None
-    ax.axhline(result.kv_chance, ls=":", lw=1.2, color="0.35", label=f"uniform over the {result.keys} lines")
+    ax.axhline(
+        result.kv_chance,
+        ls=":",
+        lw=1.2,
+        color="0.35",
+        label=f"uniform over the {result.keys} lines",
+    )
     ax.set_xlim(-0.5, len(runs) - 0.5)
-    ax.set_xticks(range(len(runs)), [f"{r.name}\nA {r.roles['A'] or '-'}" + ("" if r.clean.above(result.kv_chance) else
-                                     "\n(at chance)") for r in runs])
-    ax.set(ylim=(0, 1.05), ylabel="share on the heaviest line", title="Aggregate heads: how sharply the final position reads")
+    ax.set_xticks(
+        range(len(runs)),
+        [
+            f"{r.name}\nA {r.roles['A'] or '-'}"
+            + ("" if r.clean.above(result.kv_chance) else "\n(at chance)")
+            for r in runs
+        ],
+    )
+    ax.set(
+        ylim=(0, 1.05),
+        ylabel="share on the heaviest line",
+        title="Aggregate heads: how sharply the final position reads",
+    )
     plots.legend_below(ax, ncols=2)
     return fig

@@ -17,15 +17,18 @@ import pandas as pd
 
 from .. import evaluate, registry, synthetic, zoo
 from .. import verdicts as v
+from ..protocol import base
 from ..stats import Score
 from ..sweep import sweep
-from ..protocol import base
-
 
 TOLERANCE = 2  # examples per cell, out of the record's n (tests/test_zoo.py)
 # Each toy model and the paper model whose part it plays (the released code loads these).
 PLAYS = {toy: registry.cast("paper", part) for part, toy in registry.CAST["cpu"].items()}
-PROBE_CHANCE = {"kv": 1 / zoo.PROBES["kv"], "mcq": 1 / zoo.PROBES["mcq"], "knowledge": 1 / synthetic.N_VALUES}
+PROBE_CHANCE = {
+    "kv": 1 / zoo.PROBES["kv"],
+    "mcq": 1 / zoo.PROBES["mcq"],
+    "knowledge": 1 / synthetic.N_VALUES,
+}
 
 
 def recorded_n() -> int:
@@ -52,7 +55,9 @@ class Result:
     cfg: Config
     models: pd.DataFrame  # one row per model: what it plays, its shape and its training
     records: dict[str, dict]  # each model's training record (data/zoo/<name>.json)
-    remeasured: dict[str, dict[str, Score]]  # model -> cell ("kv@8") -> score on this run's examples
+    remeasured: dict[
+        str, dict[str, Score]
+    ]  # model -> cell ("kv@8") -> score on this run's examples
     provenance: dict
 
 
@@ -60,21 +65,36 @@ def final_scores(model, seed: int, n: int) -> dict[str, Score]:
     """`zoo.final_accuracies` as Scores (per-example correctness): the same examples, drawn in
     the same order from the record's seed, scored by the same scorer."""
     rng = np.random.default_rng([seed, 2])
-    return {task if size is None else f"{task}@{size}":
-            evaluate.score(model, synthetic.tokenizer(), synthetic.items(synthetic.make(task, n, size, rng)))
-            for task, sizes in zoo.FINAL.items() for size in sizes}
+    return {
+        task if size is None else f"{task}@{size}": evaluate.score(
+            model, synthetic.tokenizer(), synthetic.items(synthetic.make(task, n, size, rng))
+        )
+        for task, sizes in zoo.FINAL.items()
+        for size in sizes
+    }
 
 
 def describe(loaded, name: str) -> dict:
     """One row of the models table."""
     rec, a = zoo.record(name), loaded.adapter
     layer = a.head_layers()[0]
-    heads = f"{a.n_heads(layer)} {a.head_kind}s" + (f" of {a.head_dim(layer)}" if a.head_kind != "head" else "")
-    training = (f"{rec['steps']} steps" if "steps" in rec else
-                f"MOHAWK stages 1, 2: {' + '.join(map(str, rec['distill_steps']))} steps from {rec['teacher']}")
-    return {"model": name, "class": type(loaded.model).__name__, "layers": a.n_layers, "heads per layer": heads,
-            "parameters": f"{sum(p.numel() for p in loaded.model.parameters()):,}", "training": training,
-            "wall time (s, 1 thread)": f"{rec['wall_s']:.0f}"}
+    heads = f"{a.n_heads(layer)} {a.head_kind}s" + (
+        f" of {a.head_dim(layer)}" if a.head_kind != "head" else ""
+    )
+    training = (
+        f"{rec['steps']} steps"
+        if "steps" in rec
+        else f"MOHAWK stages 1, 2: {' + '.join(map(str, rec['distill_steps']))} steps from {rec['teacher']}"
+    )
+    return {
+        "model": name,
+        "class": type(loaded.model).__name__,
+        "layers": a.n_layers,
+        "heads per layer": heads,
+        "parameters": f"{sum(p.numel() for p in loaded.model.parameters()):,}",
+        "training": training,
+        "wall time (s, 1 thread)": f"{rec['wall_s']:.0f}",
+    }
 
 
 def run(cfg: Config) -> Result:
@@ -84,7 +104,9 @@ def run(cfg: Config) -> Result:
     store = base.open_store(cfg.chapter, cfg.profile, "final", list(loaded.values()))
     cells = [dict(model=name, seed=records[name]["seed"], n=cfg.n) for name in zoo.RECIPES]
     rows = sweep(store, cells, measure_final, desc="re-measuring the zoo")
-    remeasured = {r["model"]: {k: Score.from_json(r[k]) for k in records[r["model"]]["final"]} for r in rows}
+    remeasured = {
+        r["model"]: {k: Score.from_json(r[k]) for k in records[r["model"]]["final"]} for r in rows
+    }
     models = pd.DataFrame([describe(loaded[name], name) for name in zoo.RECIPES])
     return Result(cfg, models, records, remeasured, base.record(cfg, list(loaded.values()), timer))
 
@@ -99,17 +121,27 @@ def measure_final(cell: dict) -> dict:
 
 # --- what the page shows ------------------------------------------------------------------------
 
+
 def examples(seed: int = 0) -> pd.DataFrame:
     """One example of each task as the models read it, after the BOS token `<s>` that starts
     every prompt, with its answer and chance level."""
     rng = np.random.default_rng(seed)
     rows = []
-    for task, size, label in [("kv", 3, "KV retrieval (3 keys)"), ("mcq", 3, "letter MCQ (3 options)"),
-                              ("knowledge", None, "knowledge")]:
+    for task, size, label in [
+        ("kv", 3, "KV retrieval (3 keys)"),
+        ("mcq", 3, "letter MCQ (3 options)"),
+        ("knowledge", None, "knowledge"),
+    ]:
         item = synthetic.items(synthetic.make(task, 1, size, rng))[0]
         prompt = item.pairs[0][0].removeprefix(synthetic.name(synthetic.BOS) + " ")
-        rows.append({"task": label, "prompt": prompt, "answer": item.pairs[item.gold][1].strip(),
-                     "chance": 1 / len(item.pairs)})
+        rows.append(
+            {
+                "task": label,
+                "prompt": prompt,
+                "answer": item.pairs[item.gold][1].strip(),
+                "chance": 1 / len(item.pairs),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -120,8 +152,16 @@ def gaps(result: Result) -> pd.DataFrame:
     for name, rec in result.records.items():
         for cell, recorded in rec["final"].items():
             now = result.remeasured[name][cell]
-            rows.append(dict(model=name, cell=cell, recorded=recorded, remeasured=now.acc, n=now.n,
-                             examples=round(abs(now.acc - recorded) * rec["n_final"])))
+            rows.append(
+                dict(
+                    model=name,
+                    cell=cell,
+                    recorded=recorded,
+                    remeasured=now.acc,
+                    n=now.n,
+                    examples=round(abs(now.acc - recorded) * rec["n_final"]),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -129,8 +169,9 @@ def accuracy_table(result: Result) -> pd.DataFrame:
     """Re-measured (recorded) accuracy in percent, one row per task and size, one column per model."""
     g = gaps(result)
     g["text"] = [f"{100 * a:.1f} ({100 * b:.1f})" for a, b in zip(g.remeasured, g.recorded)]
-    table = g.pivot(index="cell", columns="model", values="text").reindex(index=list(dict.fromkeys(g.cell)),
-                                                                          columns=list(result.records))
+    table = g.pivot(index="cell", columns="model", values="text").reindex(
+        index=list(dict.fromkeys(g.cell)), columns=list(result.records)
+    )
     return table.rename_axis(index="task@size", columns=None).reset_index()
 
 
@@ -140,26 +181,52 @@ def verdicts(result: Result) -> list[v.Verdict]:
     claim = f"Every re-measured accuracy equals its record within {TOLERANCE} examples in {recorded_n()}"
     source = "data/zoo records; tests/test_zoo.py"
     if result.cfg.n != recorded_n():
-        return [v.Verdict(claim, source, v.NOT_TESTABLE,
-                          f"n={result.cfg.n} draws other examples than the records' {recorded_n()}; "
-                          f"run with n={recorded_n()} (the default) to compare", v.CHECK)]
+        return [
+            v.Verdict(
+                claim,
+                source,
+                v.NOT_TESTABLE,
+                f"n={result.cfg.n} draws other examples than the records' {recorded_n()}; "
+                f"run with n={recorded_n()} (the default) to compare",
+                v.CHECK,
+            )
+        ]
     g = gaps(result)
     worst = g.loc[g.examples.idxmax()]
     outcome = v.REPRODUCED if worst.examples <= TOLERANCE else v.NOT_REPRODUCED
     if worst.examples == 0:
-        return [v.Verdict(claim, source, outcome, f"all {len(g)} cells ({len(result.records)} models) equal their "
-                                                  f"records exactly, n={recorded_n()} each", v.CHECK)]
-    return [v.Verdict(claim, source, outcome,
-                      f"{(g.examples == 0).sum()} of {len(g)} cells equal exactly; the largest gap is "
-                      f"{worst.examples} example(s) of {recorded_n()}: {worst.model} {worst.cell}, "
-                      f"{worst.remeasured:.1%} re-measured against {worst.recorded:.1%} recorded"
-                      + ("" if outcome == v.REPRODUCED else "; checkpoints and records are out of step: rebuild with `make zoo`"),
-                      v.CHECK)]
+        return [
+            v.Verdict(
+                claim,
+                source,
+                outcome,
+                f"all {len(g)} cells ({len(result.records)} models) equal their "
+                f"records exactly, n={recorded_n()} each",
+                v.CHECK,
+            )
+        ]
+    return [
+        v.Verdict(
+            claim,
+            source,
+            outcome,
+            f"{(g.examples == 0).sum()} of {len(g)} cells equal exactly; the largest gap is "
+            f"{worst.examples} example(s) of {recorded_n()}: {worst.model} {worst.cell}, "
+            f"{worst.remeasured:.1%} re-measured against {worst.recorded:.1%} recorded"
+            + (
+                ""
+                if outcome == v.REPRODUCED
+                else "; checkpoints and records are out of step: rebuild with `make zoo`"
+            ),
+            v.CHECK,
+        )
+    ]
 
 
 def comparison(result: Result) -> pd.DataFrame:
     """Each toy model beside the paper model whose part it plays, with its re-measured KV
     accuracy at the size the SSM chapters probe (8 keys)."""
+
     def kv(name):
         s = result.remeasured[name]["kv@8"]
         return f"KV, 8 keys: {s.brief}, n={s.n}"
@@ -167,7 +234,9 @@ def comparison(result: Result) -> pd.DataFrame:
     def plays(name):  # the follow-up's hybrids (retrieval_aware) stand for no released model
         return registry.spec(PLAYS[name]).hub_id if name in PLAYS else "-"
 
-    return base.comparison_table([(name, zoo.RECIPES[name].role, plays(name), kv(name)) for name in result.records])
+    return base.comparison_table(
+        [(name, zoo.RECIPES[name].role, plays(name), kv(name)) for name in result.records]
+    )
 
 
 def subject(result: Result) -> str:
@@ -184,12 +253,21 @@ def figure(result: Result):
     from .. import plots
 
     plots.style()
-    curves = pd.concat([pd.DataFrame(rec["curve"]).assign(model=name) for name, rec in result.records.items()
-                        if name in PLAYS])
+    curves = pd.concat(
+        [
+            pd.DataFrame(rec["curve"]).assign(model=name)
+            for name, rec in result.records.items()
+            if name in PLAYS
+        ]
+    )
     colour = dict(zip(PLAYS, sns.color_palette("deep")))
     fig, axes = plt.subplots(2, 2, figsize=(plots.WIDTH, 6.2), sharex=True)
-    panels = [("loss", "answer loss (log scale)"), ("kv", "held-out KV, 8 keys"),
-              ("mcq", "held-out MCQ, 4 options"), ("knowledge", "held-out knowledge")]
+    panels = [
+        ("loss", "answer loss (log scale)"),
+        ("kv", "held-out KV, 8 keys"),
+        ("mcq", "held-out MCQ, 4 options"),
+        ("knowledge", "held-out knowledge"),
+    ]
     for ax, (column, title) in zip(axes.flat, panels):
         for name, part in curves.groupby("model", sort=False):
             if column == "loss" and "stage" in part and part["stage"].notna().any():
@@ -200,8 +278,16 @@ def figure(result: Result):
             ax.set(yscale="log", ylabel="loss")
         else:
             ax.axhline(100 * PROBE_CHANCE[column], ls=":", lw=1.2, color="0.35")
-            ax.annotate(f"chance {PROBE_CHANCE[column]:.1%}", (1, PROBE_CHANCE[column] * 100), xycoords=("axes fraction", "data"),
-                        xytext=(-2, 3), textcoords="offset points", ha="right", fontsize=plots.MIN_FONT, color="0.35")
+            ax.annotate(
+                f"chance {PROBE_CHANCE[column]:.1%}",
+                (1, PROBE_CHANCE[column] * 100),
+                xycoords=("axes fraction", "data"),
+                xytext=(-2, 3),
+                textcoords="offset points",
+                ha="right",
+                fontsize=plots.MIN_FONT,
+                color="0.35",
+            )
             ax.set(ylim=(0, 102), ylabel="accuracy (%)")
         ax.set_title(title)
     for ax in axes[1]:

@@ -35,10 +35,12 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import pandas as pd
 
-from .. import benchmarks as bm, paths, provenance, registry, tasks
+from .. import benchmarks as bm
+from .. import paths, provenance, registry, tasks
 from ..errors import ConfigError, StaleResults, StoreError
 from ..heads import Head
-from ..sweep import Store, lock as store_lock, os_error, writable
+from ..sweep import Store, os_error, writable
+from ..sweep import lock as store_lock
 
 # --- field checkers --------------------------------------------------------------------------
 
@@ -59,7 +61,12 @@ def _integer(name: str, value) -> int:
 MAX_COUNT = 100_000  # a count of prompts, layers or runs beyond this would not finish (a typo such as 10**12)
 
 
-def count(minimum: int = 1, optional: bool = False, maximum: int = MAX_COUNT, none_means: str = "all of them") -> Any:
+def count(
+    minimum: int = 1,
+    optional: bool = False,
+    maximum: int = MAX_COUNT,
+    none_means: str = "all of them",
+) -> Any:
     """An integer in minimum..maximum (None allowed when `optional`; what None means is said in
     the refusal)."""
     hint = f" (None: {none_means})" if optional else ""
@@ -71,9 +78,12 @@ def count(minimum: int = 1, optional: bool = False, maximum: int = MAX_COUNT, no
         if value < minimum:
             raise ConfigError(f"{name} must be at least {minimum}, got {value}{hint}")
         if value > maximum:
-            raise ConfigError(f"{name} must be at most {maximum:,}, got {value:,}: a run that large would not finish; "
-                              f"set a smaller {name}{hint}")
+            raise ConfigError(
+                f"{name} must be at most {maximum:,}, got {value:,}: a run that large would not finish; "
+                f"set a smaller {name}{hint}"
+            )
         return value
+
     return _spec(check)
 
 
@@ -84,6 +94,7 @@ def seed() -> Any:
 
 def counts(minimum: int = 1) -> Any:
     """A non-empty list of distinct integers >= minimum, kept in order (a tuple)."""
+
     def check(name, value):
         values = tuple(_integer(name, v) for v in _sequence(name, value))
         if not values:
@@ -93,42 +104,54 @@ def counts(minimum: int = 1) -> Any:
         if len(set(values)) < len(values):
             raise ConfigError(f"{name} lists a value twice: {list(values)}")
         return values
+
     return _spec(check)
 
 
 def layers(optional: bool = True) -> Any:
     """Layer indices (>= 0), distinct, in increasing order; None when `optional`."""
+
     def check(name, value):
         if value is None and optional:
             return None
         values = tuple(_integer(name, v) for v in _sequence(name, value))
         if any(v < 0 for v in values) or list(values) != sorted(set(values)) or not values:
-            raise ConfigError(f"{name} must be distinct layer indices >= 0 in increasing order, got {list(values)}")
+            raise ConfigError(
+                f"{name} must be distinct layer indices >= 0 in increasing order, got {list(values)}"
+            )
         return values
+
     return _spec(check)
 
 
 def one_of(*options: Any) -> Any:
     def check(name, value):
         if value not in options:
-            raise ConfigError(f"{name} must be one of {', '.join(map(repr, options))}; got {value!r}")
+            raise ConfigError(
+                f"{name} must be one of {', '.join(map(repr, options))}; got {value!r}"
+            )
         return value
+
     return _spec(check)
 
 
 def number(lo: float, hi: float) -> Any:
     """A real number in [lo, hi]."""
+
     def check(name, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
             raise ConfigError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
         return float(value)
+
     return _spec(check)
 
 
 def model(*mixers: str) -> Any:
     """A model name of `helpers.registry.MODELS` (of these mixer kinds, when given)."""
+
     def check(name, value):
         return _model_name(name, value, mixers)
+
     return _spec(check)
 
 
@@ -138,17 +161,22 @@ def models(*mixers: str) -> Any:
         if not values:
             raise ConfigError(f"{name} must name at least one model")
         if twice := sorted({v for v in values if values.count(v) > 1}):
-            raise ConfigError(f"{name} lists {', '.join(twice)} more than once: list each model once")
+            raise ConfigError(
+                f"{name} lists {', '.join(twice)} more than once: list each model once"
+            )
         return values
+
     return _spec(check)
 
 
 def head(optional: bool = False) -> Any:
     """A head, from "L16H22", [16, 22] or a Head (None when `optional`)."""
+
     def check(name, value):
         if value is None and optional:
             return None
         return _head(name, value)
+
     return _spec(check)
 
 
@@ -157,6 +185,7 @@ def heads(optional: bool = False) -> Any:
         if value is None and optional:
             return None
         return tuple(_head(name, v) for v in _sequence(name, value))
+
     return _spec(check)
 
 
@@ -165,6 +194,7 @@ def flag() -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be True or False, got {value!r}")
         return value
+
     return _spec(check)
 
 
@@ -172,7 +202,11 @@ def _sequence(name: str, value) -> tuple:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         listed = value.strip() if isinstance(value, str) else ""
         listed = listed if listed.startswith("[") and listed.endswith("]") else f"[{value}]"
-        hint = f" (with papermill, pass a list as YAML: -y '{name}: {listed}')" if isinstance(value, str) else ""
+        hint = (
+            f" (with papermill, pass a list as YAML: -y '{name}: {listed}')"
+            if isinstance(value, str)
+            else ""
+        )
         raise ConfigError(f"{name} must be a list, got {value!r}{hint}")
     return tuple(value)
 
@@ -181,7 +215,9 @@ def _model_name(name: str, value, mixers: tuple[str, ...]) -> str:
     known = registry.names() if not mixers else [n for m in mixers for n in registry.names(m)]
     if value not in known:
         kind = f" ({' or '.join(mixers)})" if mixers else ""
-        raise ConfigError(f"{name} must be a model{kind} of the book: one of {', '.join(sorted(known))}; got {value!r}")
+        raise ConfigError(
+            f"{name} must be a model{kind} of the book: one of {', '.join(sorted(known))}; got {value!r}"
+        )
     return value
 
 
@@ -193,6 +229,7 @@ def _head(name: str, value) -> Head:
 
 
 # --- configs -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Config:
@@ -215,10 +252,14 @@ class Config:
         override of None means "the profile's default" (what papermill passes for an unset
         parameter)."""
         if profile not in registry.PROFILES:
-            raise ConfigError(f"unknown profile {profile!r}: use one of {', '.join(registry.PROFILES)}")
+            raise ConfigError(
+                f"unknown profile {profile!r}: use one of {', '.join(registry.PROFILES)}"
+            )
         names = [f.name for f in dataclasses.fields(cls) if f.name not in ("profile", "smoke")]
         if unknown := sorted(set(overrides) - set(names)):
-            raise ConfigError(f"{cls.chapter} has no parameter {', '.join(unknown)}; its parameters: {', '.join(names)}")
+            raise ConfigError(
+                f"{cls.chapter} has no parameter {', '.join(unknown)}; its parameters: {', '.join(names)}"
+            )
         given = {k: v for k, v in overrides.items() if v is not None}
         values = {**cls.defaults(profile), **(cls.smoke_sizes if smoke else {}), **given}
         return cls(profile=profile, smoke=flag_value(smoke), **{k: values[k] for k in names})
@@ -252,8 +293,10 @@ class BenchmarkConfig(Config):
         super().__post_init__()
         most = tasks.most_shots(self.profile)
         if most is not None and self.k_shot > most:
-            raise ConfigError(f"k_shot must be at most {most} on the {self.profile} profile: some subjects of its "
-                              f"MMLU have only {most} solved examples (dev rows); got {self.k_shot}")
+            raise ConfigError(
+                f"k_shot must be at most {most} on the {self.profile} profile: some subjects of its "
+                f"MMLU have only {most} solved examples (dev rows); got {self.k_shot}"
+            )
 
 
 def _json(value):
@@ -271,6 +314,7 @@ def flag_value(value) -> bool:
 
 
 # --- checks against the model a run will load (from its config: no weights read) ---------------
+
 
 def shape(name: str):
     """An adapter of model `name` built on the meta device from its config alone: its layers and
@@ -309,7 +353,9 @@ def _shape(name: str, config_file: str | None):
 
                 from ..llamba import LlambaConfig
 
-                config = (LlambaConfig if s.ours else AutoConfig).from_pretrained(Path(config_file).parent)
+                config = (LlambaConfig if s.ours else AutoConfig).from_pretrained(
+                    Path(config_file).parent
+                )
             else:
                 config = models.paper_config(name)
         return adapter_for(models.model_from_config(config))
@@ -321,17 +367,26 @@ def _packaged_config(name: str):
     return models.packaged_config(name)
 
 
-def check_layers_of(model: str, name: str, layers: Iterable[int] | None, below: int | None = None) -> None:
+def check_layers_of(
+    model: str, name: str, layers: Iterable[int] | None, below: int | None = None
+) -> None:
     """Every layer in `layers` (the parameter `name`) is one of `model`'s (and below `below`,
     e.g. the layers a run keeps)."""
     n = shape(model).n_layers if below is None else min(below, shape(model).n_layers)
     if bad := [l for l in layers or () if l >= n]:
         kept = f" of the {n} it runs" if below is not None and below < shape(model).n_layers else ""
-        raise ConfigError(f"{name}: {model} has no layer {', '.join(map(str, bad))}{kept}: its layers are 0..{n - 1}")
+        raise ConfigError(
+            f"{name}: {model} has no layer {', '.join(map(str, bad))}{kept}: its layers are 0..{n - 1}"
+        )
 
 
-def check_heads_of(model: str, name: str, heads: Iterable[Head] | None, paper: bool = False,
-                   below: int | None = None) -> None:
+def check_heads_of(
+    model: str,
+    name: str,
+    heads: Iterable[Head] | None,
+    paper: bool = False,
+    below: int | None = None,
+) -> None:
     """Every head in `heads` is one of `model`'s (in its first `below` layers, when given). With
     `paper`, the heads are the paper's, used because the parameter `name` was left unset: the
     message says to set it (and its partner) to heads of this model."""
@@ -342,15 +397,20 @@ def check_heads_of(model: str, name: str, heads: Iterable[Head] | None, paper: b
     for h in heads or ():
         try:
             if h.layer >= n_layers:
-                raise InterventionError(f"its layers are 0..{n_layers - 1}" if n_layers == adapter.n_layers else
-                                        f"of its {adapter.n_layers} layers the run keeps 0..{n_layers - 1}")
+                raise InterventionError(
+                    f"its layers are 0..{n_layers - 1}"
+                    if n_layers == adapter.n_layers
+                    else f"of its {adapter.n_layers} layers the run keeps 0..{n_layers - 1}"
+                )
             adapter.check_heads(h.layer, [h.head])
         except InterventionError as e:
             why = str(e).split(": ", 1)[-1]
             if paper:
-                raise ConfigError(f"the paper's heads for {model} include {h}, which {model} does not have ({why}): "
-                                  f"set gather and aggregate to heads of this model (with papermill: -y 'gather: "
-                                  f"[L1H0]' -y 'aggregate: [L2H0]')") from None
+                raise ConfigError(
+                    f"the paper's heads for {model} include {h}, which {model} does not have ({why}): "
+                    f"set gather and aggregate to heads of this model (with papermill: -y 'gather: "
+                    f"[L1H0]' -y 'aggregate: [L2H0]')"
+                ) from None
             raise ConfigError(f"{name}: {model} has no {adapter.head_kind} {h} ({why})") from None
 
 
@@ -360,25 +420,37 @@ def kv_limit(model: str) -> int:
     from .. import synthetic
     from ..reference import paper
 
-    return synthetic.N_VALUES if registry.spec(model).toy else len(paper("kv_retrieval", "value_range").integers)
+    return (
+        synthetic.N_VALUES
+        if registry.spec(model).toy
+        else len(paper("kv_retrieval", "value_range").integers)
+    )
 
 
 def check_kv_sizes(model: str, name: str, sizes: Iterable[int]) -> None:
     """Dictionary sizes (the parameter `name`) that `model`'s KV task can draw."""
     most = kv_limit(model)
     if bad := [k for k in sizes if k > most]:
-        raise ConfigError(f"{name}: a KV dictionary for {model} holds at most {most} keys (one distinct value each); "
-                          f"got {', '.join(map(str, bad))}")
+        raise ConfigError(
+            f"{name}: a KV dictionary for {model} holds at most {most} keys (one distinct value each); "
+            f"got {', '.join(map(str, bad))}"
+        )
 
 
 def refuse_toy(chapter: str, name: str, model: str) -> None:
     """A chapter scored on MMLU and the knowledge tasks cannot run a toy model, which speaks only
     the zoo's token tasks: say so by name, with the models it can run."""
     if registry.spec(model).toy:
-        usable = [n for n in registry.names() if not registry.spec(n).toy and registry.spec(n).mixer != "hybrid"]
-        raise ConfigError(f"{name}: {chapter} scores MMLU and the knowledge tasks, which the toy model {model} does "
-                          f"not read (it speaks only the zoo's token tasks; see the toy_zoo chapter); use one of "
-                          f"{', '.join(usable)}")
+        usable = [
+            n
+            for n in registry.names()
+            if not registry.spec(n).toy and registry.spec(n).mixer != "hybrid"
+        ]
+        raise ConfigError(
+            f"{name}: {chapter} scores MMLU and the knowledge tasks, which the toy model {model} does "
+            f"not read (it speaks only the zoo's token tasks; see the toy_zoo chapter); use one of "
+            f"{', '.join(usable)}"
+        )
 
 
 def check_available(names: Iterable[str]) -> None:
@@ -396,6 +468,7 @@ def check_available(names: Iterable[str]) -> None:
 
 # --- running -----------------------------------------------------------------------------------
 
+
 @lru_cache(maxsize=None)
 def _small(name: str):
     from ..models import load
@@ -406,7 +479,10 @@ def _small(name: str):
 def weights(record: dict) -> str:
     """How a run's models' weights are stored, from its record (the registry's `quantization`
     text, which the page's provenance block shows too): for the chapters' comparison tables."""
-    return "; ".join(f"{k}: {v}" for k, v in record.get("quantization", {}).items()) or "as published (not quantized)"
+    return (
+        "; ".join(f"{k}: {v}" for k, v in record.get("quantization", {}).items())
+        or "as published (not quantized)"
+    )
 
 
 def load(name: str):
@@ -418,8 +494,12 @@ def load(name: str):
     return hold(_small(name) if registry.spec(name).profile == "cpu" else load_model(name))
 
 
-_held_models: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()  # name -> the model this process runs
-_kept: dict[str, Any] = {}  # the paper model a Ray worker loaded for its measurements (one at a time)
+_held_models: "weakref.WeakValueDictionary[str, Any]" = (
+    weakref.WeakValueDictionary()
+)  # name -> the model this process runs
+_kept: dict[
+    str, Any
+] = {}  # the paper model a Ray worker loaded for its measurements (one at a time)
 
 
 def hold(loaded):
@@ -453,10 +533,15 @@ def dtype_tag(loaded: list) -> str:
     rerun in another dtype (`GA_DTYPE`) neither reads nor mixes in the other's results."""
     modules = [getattr(m, "model", m) for m in loaded]
     weights = [next(m.parameters(), None) for m in modules if hasattr(m, "parameters")]
-    return "".join(f"{d}-" for d in sorted({str(w.dtype).removeprefix("torch.") for w in weights if w is not None}))
+    return "".join(
+        f"{d}-"
+        for d in sorted({str(w.dtype).removeprefix("torch.") for w in weights if w is not None})
+    )
 
 
-def open_store(chapter: str, profile: str, part: str, loaded: list, module: str | None = None) -> Store:
+def open_store(
+    chapter: str, profile: str, part: str, loaded: list, module: str | None = None
+) -> Store:
     """The results store of one part of a chapter's run. Its file name carries the models' dtype
     (`dtype_tag`) and the version of the code and data its cells are computed by
     (`provenance.measurement_version` of `module`:
@@ -478,32 +563,45 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
     try:
         folder = paths.results_dir(chapter)
     except OSError as e:
-        raise os_error(Path(os.environ.get("GA_RESULTS", "results")) / chapter, "create the results folder", e) from None
+        raise os_error(
+            Path(os.environ.get("GA_RESULTS", "results")) / chapter, "create the results folder", e
+        ) from None
     path = folder / f"{part}-{profile}-{dtype_tag(loaded)}{version}.jsonl"
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     with store_lock(path):
-        if writable(path):  # a sidecar write killed before its rename left its temporary file (nothing writes one now)
+        if writable(
+            path
+        ):  # a sidecar write killed before its rename left its temporary file (nothing writes one now)
             for stale in folder.glob(f"{glob.escape(meta.name)}.*.tmp"):
                 stale.unlink(missing_ok=True)
         recorded = _recorded_revisions(meta, path)
         if recorded is None and path.exists() and path.stat().st_size > 0:
-            raise StaleResults(f"{path} holds results but its sidecar {meta} is missing, so nothing says which weights "
-                               f"computed them: delete {path} to compute them again, or set GA_RESULTS to a fresh folder")
+            raise StaleResults(
+                f"{path} holds results but its sidecar {meta} is missing, so nothing says which weights "
+                f"computed them: delete {path} to compute them again, or set GA_RESULTS to a fresh folder"
+            )
         recorded = recorded or {}
         store = Store(path)
         # This run's models whose results the store holds must be in the sidecar already: else
         # writing their revisions now would certify results of unknown weights.
-        new = set(revisions) - set(recorded)  # usually none: the records are read only when there are
+        new = set(revisions) - set(
+            recorded
+        )  # usually none: the records are read only when there are
         if new and (unnamed := sorted(models_named(store.cells()) & new)):
-            raise StaleResults(f"{path} holds results of {', '.join(unnamed)} but its sidecar {meta} does not say which "
-                               f"weights computed them: delete {path} and {meta} to compute them again, or set "
-                               f"GA_RESULTS to a fresh folder")
-        changed = {k: (recorded[k], v) for k, v in revisions.items() if k in recorded and recorded[k] != v}
+            raise StaleResults(
+                f"{path} holds results of {', '.join(unnamed)} but its sidecar {meta} does not say which "
+                f"weights computed them: delete {path} and {meta} to compute them again, or set "
+                f"GA_RESULTS to a fresh folder"
+            )
+        changed = {
+            k: (recorded[k], v) for k, v in revisions.items() if k in recorded and recorded[k] != v
+        }
         if changed:
             raise StaleResults(
                 f"{path} holds results of other weights ({', '.join(f'{k}: {a} -> now {b}' for k, (a, b) in changed.items())}): "
-                f"delete {path} and {meta} to compute them again, or set GA_RESULTS to a fresh folder")
+                f"delete {path} and {meta} to compute them again, or set GA_RESULTS to a fresh folder"
+            )
         if {**recorded, **revisions} != recorded or not meta.exists():
             _replace(meta, json.dumps({**recorded, **revisions}, indent=1))
         _opened.setdefault(chapter, {})[path.name] = None
@@ -513,16 +611,20 @@ def open_store(chapter: str, profile: str, part: str, loaded: list, module: str 
 def models_named(cells) -> set[str]:
     """The registered models the cells name anywhere in their settings: the ones whose weights
     computed their results."""
+
     def strings(value):
         if isinstance(value, dict):
             return [s for v in value.values() for s in strings(v)]
         if isinstance(value, list):
             return [s for v in value for s in strings(v)]
         return [value] if isinstance(value, str) else []
+
     return {s for cell in cells for s in strings(cell) if s in registry.MODELS}
 
 
-_opened: dict[str, dict[str, None]] = {}  # chapter -> the store files (names) this process opened, in order
+_opened: dict[
+    str, dict[str, None]
+] = {}  # chapter -> the store files (names) this process opened, in order
 
 
 def _recorded_revisions(meta: Path, path: Path) -> dict[str, str] | None:
@@ -537,12 +639,19 @@ def _recorded_revisions(meta: Path, path: Path) -> dict[str, str] | None:
         recorded = json.loads(text)
     except ValueError as e:
         recorded = e
-    if not isinstance(recorded, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items()):
-        what = f"not JSON ({recorded})" if isinstance(recorded, ValueError) else \
-            f"not a mapping of model names to revisions ({type(recorded).__name__})"
-        raise StoreError(f"{meta}, the record of which weights computed {path}, is {what} (a write cut short, e.g. "
-                         f"by a full disk): delete both files to compute the results again, or set GA_RESULTS to a "
-                         f"fresh folder")
+    if not isinstance(recorded, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in recorded.items()
+    ):
+        what = (
+            f"not JSON ({recorded})"
+            if isinstance(recorded, ValueError)
+            else f"not a mapping of model names to revisions ({type(recorded).__name__})"
+        )
+        raise StoreError(
+            f"{meta}, the record of which weights computed {path}, is {what} (a write cut short, e.g. "
+            f"by a full disk): delete both files to compute the results again, or set GA_RESULTS to a "
+            f"fresh folder"
+        )
     return recorded
 
 
@@ -594,8 +703,12 @@ class Timer:
 def record(cfg: Config, loaded: list, timer: Timer) -> dict:
     """What a Result carries about how it was made, with the names of the results stores of its
     chapter this process opened (the page links them: `book.run_stores`)."""
-    return {**provenance.record(loaded, cfg.parameters()), "profile": cfg.profile, "wall_s": timer.seconds,
-            "stores": list(_opened.get(cfg.chapter, {}))}
+    return {
+        **provenance.record(loaded, cfg.parameters()),
+        "profile": cfg.profile,
+        "wall_s": timer.seconds,
+        "stores": list(_opened.get(cfg.chapter, {})),
+    }
 
 
 def comparison_table(rows: list[tuple[str, str, str, str]]) -> pd.DataFrame:

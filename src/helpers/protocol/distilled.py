@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from .. import benchmarks as bm
 from .. import registry
 from ..engine import SweepEngine
@@ -54,7 +53,9 @@ class TeacherLayer:
     layer: int
     how: str  # how it was found, with the numbers that decided it
     clean: dict[str, Score]  # benchmark -> the teacher as is (layer ablation only)
-    ablated: dict[str, dict[int, Score]]  # benchmark -> layer -> attention heads of that layer zeroed
+    ablated: dict[
+        str, dict[int, Score]
+    ]  # benchmark -> layer -> attention heads of that layer zeroed
 
 
 def cell_of(b: bm.Benchmark) -> dict:
@@ -63,7 +64,9 @@ def cell_of(b: bm.Benchmark) -> dict:
     return dict(benchmark=b.name, items=b.spec)
 
 
-def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profile: str, smoke: bool) -> TeacherLayer:
+def find_teacher_layer(
+    teacher, retrieval: list[bm.Benchmark], rule: str, profile: str, smoke: bool
+) -> TeacherLayer:
     """The teacher layer that holds its aggregation, by `rule` (see the module's docstring)."""
     if rule == "reference":
         head = paper("head_zeroing", "aggregate_head", teacher.name).heads[0]
@@ -72,31 +75,60 @@ def find_teacher_layer(teacher, retrieval: list[bm.Benchmark], rule: str, profil
         # By behaviour even where the paper names the teacher's heads (measured beside them): `found`.
         found = (roles.find_roles(teacher, profile, smoke).found or {}).get("A")
         if found is not None:
-            return TeacherLayer(found.layer, f"the Aggregate head of the KV ranking, {found} "
-                                f"(assigned by behaviour among its top heads)", {}, {})
+            return TeacherLayer(
+                found.layer,
+                f"the Aggregate head of the KV ranking, {found} "
+                f"(assigned by behaviour among its top heads)",
+                {},
+                {},
+            )
         ranking = shared.kv_ranking(teacher, profile, smoke)
         top = Head(int(ranking.table.layer[0]), int(ranking.table["head"][0]))
-        return TeacherLayer(top.layer, f"no top head of the KV ranking reads the segments' ends as an Aggregate "
-                            f"head does; the layer of its most harmful head, {top}", {}, {})
+        return TeacherLayer(
+            top.layer,
+            f"no top head of the KV ranking reads the segments' ends as an Aggregate "
+            f"head does; the layer of its most harmful head, {top}",
+            {},
+            {},
+        )
     # Zero every attention head of one teacher layer at a time, on each retrieval task.
     store = base.open_store("hybrid_swap", profile, "teacher-layers", [teacher])
     layers = teacher.adapter.head_layers()
-    cells = [dict(teacher=teacher.name, layer=l, **cell_of(b)) for b in retrieval for l in [None, *layers]]
+    cells = [
+        dict(teacher=teacher.name, layer=l, **cell_of(b))
+        for b in retrieval
+        for l in [None, *layers]
+    ]
     rows = sweep(store, cells, measure_teacher_layer, desc="teacher layers zeroed")
     clean = {r["benchmark"]: Score.from_json(r) for r in rows if r["layer"] is None}
-    ablated = {b.name: {r["layer"]: Score.from_json(r) for r in rows if r["benchmark"] == b.name and r["layer"] is not None}
-               for b in retrieval}
+    ablated = {
+        b.name: {
+            r["layer"]: Score.from_json(r)
+            for r in rows
+            if r["benchmark"] == b.name and r["layer"] is not None
+        }
+        for b in retrieval
+    }
     # The layer whose loss hurts the retrieval tasks most, their items pooled.
     pooled = {l: Score.pooled(ablated[b.name][l] for b in retrieval) for l in layers}
     layer = min(layers, key=lambda l: pooled[l].acc)
-    return TeacherLayer(layer, f"the layer whose attention heads, zeroed, leave the teacher's retrieval lowest: "
-                        f"{pooled[layer]} (pooled over {', '.join(b.name for b in retrieval)})", clean, ablated)
+    return TeacherLayer(
+        layer,
+        f"the layer whose attention heads, zeroed, leave the teacher's retrieval lowest: "
+        f"{pooled[layer]} (pooled over {', '.join(b.name for b in retrieval)})",
+        clean,
+        ablated,
+    )
 
 
 def measure_teacher_layer(cell: dict) -> dict:
     """The teacher on one benchmark (the cell's items) with every attention head of `layer`
     zeroed (None: none), its score (a measurement, `runner`)."""
     teacher = base.model_for(cell["teacher"])
-    engine = SweepEngine(teacher, teacher.tokenizer, bm.from_spec(cell["items"], teacher.tokenizer).items)
+    engine = SweepEngine(
+        teacher, teacher.tokenizer, bm.from_spec(cell["items"], teacher.tokenizer).items
+    )
     layer = cell["layer"]
-    return engine.score({} if layer is None else {layer: list(range(teacher.adapter.n_heads(layer)))}).to_json()
+    return engine.score(
+        {} if layer is None else {layer: list(range(teacher.adapter.n_heads(layer)))}
+    ).to_json()

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import registry
 from .. import heads as hd
-from ..reference import paper_heads
+from .. import registry
+from .. import verdicts as v
 from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..heads import Head
-from .. import verdicts as v
+from ..reference import paper_heads
 from ..screen import attribution, gradient_batch_tokens
 from ..stats import Difference, Score, TaskMean, paired, rank_correlation
 from ..sweep import sweep
@@ -39,12 +39,15 @@ from . import base, minimal, shared
 from .roles import Roles, check_pair, check_roles_of, find_roles
 
 SWEEP_ALL = 64  # a minimal model with at most this many heads is swept whole
-CHECK_FLOOR = 500  # the CPU profile's check: at least this many questions (more where the claims need more)
+CHECK_FLOOR = (
+    500  # the CPU profile's check: at least this many questions (more where the claims need more)
+)
 AGREEMENT_TOP = 5  # the screen's top-k recall is read at this k
 MAX_SWEPT = 1024  # an exact sweep covers at most this many heads (Falcon-Mamba has 8192 one-channel heads a layer)
 
 
 # --- the config --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ScreenConfig(base.Config):
@@ -52,7 +55,9 @@ class ScreenConfig(base.Config):
 
     model: str = base.model("attention", "ssm")
     task: str = base.one_of("kv", "mmlu")
-    layers_kept: int | None = base.count(optional=True)  # None: the published minimal model, else found on the screen
+    layers_kept: int | None = base.count(
+        optional=True
+    )  # None: the published minimal model, else found on the screen
     n_screen: int | None = base.count(optional=True)  # MMLU: None = half the test set
     n_check: int | None = base.count(optional=True)  # MMLU: None = the other half
     n_knowledge: int | None = base.count(optional=True)  # knowledge items per task (None: all)
@@ -60,44 +65,80 @@ class ScreenConfig(base.Config):
     kv_query: str = base.one_of("paper", "repeat")
     top: int = base.count()
     screen_alpha: float = base.number(0, 1)
-    sweep_layers: tuple[int, ...] | None = base.layers(optional=True)  # None: where the harm is, the paper's heads' and the screen's
+    sweep_layers: tuple[int, ...] | None = base.layers(
+        optional=True
+    )  # None: where the harm is, the paper's heads' and the screen's
     harm_layers: int = base.count()  # of the layers whose attention matters, how many are swept exactly (most letter-specific first)
-    gather: tuple[Head, ...] | None = base.heads(optional=True)  # None: the paper's, or found by behaviour
+    gather: tuple[Head, ...] | None = base.heads(
+        optional=True
+    )  # None: the paper's, or found by behaviour
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     n_controls: int = base.count()
     seed: int = base.seed()
 
     chapter = "head_zeroing"
-    smoke_sizes = dict(n_screen=shared.SMOKE["n"], top=1, n_check=4, n_controls=1, n_knowledge=4, harm_layers=1)
+    smoke_sizes = dict(
+        n_screen=shared.SMOKE["n"], top=1, n_check=4, n_controls=1, n_knowledge=4, harm_layers=1
+    )
 
     @classmethod
     def defaults(cls, profile):
         # The screen's settings are the shared KV ranking's, so that on KV the ranking is computed once for the book.
         s = shared.RANKING[profile]
-        common = dict(kv_pairs=s["pairs"], kv_query=s["query"], sweep_layers=None,
-                      gather=None, aggregate=None, n_controls=5, seed=s["seed"], layers_kept=None)
+        common = dict(
+            kv_pairs=s["pairs"],
+            kv_query=s["query"],
+            sweep_layers=None,
+            gather=None,
+            aggregate=None,
+            n_controls=5,
+            seed=s["seed"],
+            layers_kept=None,
+        )
         if profile == "cpu":
             # A 1.5B model on 2 CPU cores: 80 screen questions; the screen's gradient in one pass (alpha = 1); of the
             # layers whose attention matters the three most letter-specific swept exactly, and the screen's top two heads;
             # the check as large as its claims need, at least CHECK_FLOOR questions (n_check None), its knowledge the
             # cloze twins. (At 100 screen questions, alone on 2 cores: the layer scan 6:24, the screen 8:05 with two
             # more layers swept whole, the check 4:30.)
-            return dict(model=registry.cast(profile, "letters"), task="mmlu", n_screen=80, n_check=None, n_knowledge=None,
-                        top=2, harm_layers=3, screen_alpha=1.0, **common)
+            return dict(
+                model=registry.cast(profile, "letters"),
+                task="mmlu",
+                n_screen=80,
+                n_check=None,
+                n_knowledge=None,
+                top=2,
+                harm_layers=3,
+                screen_alpha=1.0,
+                **common,
+            )
         # MMLU, split in two; on a 16 GB GPU the 3B model's screen takes 500 questions.
-        return dict(model=registry.cast(profile, "letters"), task="mmlu", n_screen=None if profile == "paper" else 500, n_check=None,
-                    n_knowledge=500, top=s["top"], harm_layers=8, screen_alpha=s["alpha"], **common)
+        return dict(
+            model=registry.cast(profile, "letters"),
+            task="mmlu",
+            n_screen=None if profile == "paper" else 500,
+            n_check=None,
+            n_knowledge=500,
+            top=s["top"],
+            harm_layers=8,
+            screen_alpha=s["alpha"],
+            **common,
+        )
 
     def __post_init__(self):
         super().__post_init__()
         check_pair(self.gather, self.aggregate)
         if self.task == "kv" and (self.n_screen is None or self.n_check is None):
-            raise ConfigError("task='kv' needs n_screen and n_check as numbers of KV prompts, e.g. 200 and 1000 "
-                              "(None means half of MMLU)")
+            raise ConfigError(
+                "task='kv' needs n_screen and n_check as numbers of KV prompts, e.g. 200 and 1000 "
+                "(None means half of MMLU)"
+            )
         # Against the model, from its config: before the screen runs.
         n_layers = base.shape(self.model).n_layers
         if self.layers_kept is not None and self.layers_kept > n_layers:
-            raise ConfigError(f"layers_kept must be at most {n_layers} for {self.model}, got {self.layers_kept}")
+            raise ConfigError(
+                f"layers_kept must be at most {n_layers} for {self.model}, got {self.layers_kept}"
+            )
         kept = self.layers_kept or minimal.published_minimal(self.model) or n_layers
         base.check_layers_of(self.model, "sweep_layers", self.sweep_layers, below=kept)
         check_roles_of(self.model, self.gather, self.aggregate, below=kept)
@@ -106,32 +147,48 @@ class ScreenConfig(base.Config):
         elif (held := bm.letter_mcq_size(self.model, self.profile)) is not None:
             asked = (self.n_screen or held // 2) + (self.n_check or 0)
             if asked > held:
-                raise ConfigError(f"n_screen + n_check must be at most the {held} letter questions of {self.model} on "
-                                  f"the {self.profile} profile, got {asked} (n_screen None: half of them; n_check None: "
-                                  f"as many as the claims need of the rest)")
+                raise ConfigError(
+                    f"n_screen + n_check must be at most the {held} letter questions of {self.model} on "
+                    f"the {self.profile} profile, got {asked} (n_screen None: half of them; n_check None: "
+                    f"as many as the claims need of the rest)"
+                )
 
 
-def prompts(cfg: ScreenConfig, loaded, clean: float | None = None) -> tuple[bm.Benchmark, bm.Benchmark, v.Power | None]:
+def prompts(
+    cfg: ScreenConfig, loaded, clean: float | None = None
+) -> tuple[bm.Benchmark, bm.Benchmark, v.Power | None]:
     """The screen's prompts and the check's, disjoint: KV dictionaries of two seeds, or MMLU's
     test set shuffled with `seed` and cut in two (the screen's part first). The check's size,
     where not set: on the CPU profile the n its claims need at the expected clean accuracy
     `clean` (`verdicts.plan`, at least CHECK_FLOOR, at most what the set holds), else the rest
     of MMLU."""
     if cfg.task == "kv":
-        make = lambda n, seed: bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, n, seed, cfg.kv_query)
+        make = lambda n, seed: bm.kv(
+            cfg.model, loaded.tokenizer, cfg.kv_pairs, n, seed, cfg.kv_query
+        )
         return make(cfg.n_screen, cfg.seed), make(cfg.n_check, cfg.seed + 1), None
     every = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, None, cfg.seed)
     n_screen = cfg.n_screen or len(every) // 2
     power = None
     if cfg.n_check is None and cfg.profile == "cpu":
         chance = every.chance
-        power = v.plan(chance if clean is None else clean, chance, min(CHECK_FLOOR, len(every) - n_screen),
-                       len(every) - n_screen)
+        power = v.plan(
+            chance if clean is None else clean,
+            chance,
+            min(CHECK_FLOOR, len(every) - n_screen),
+            len(every) - n_screen,
+        )
     n_check = cfg.n_check or (power.n if power else len(every) - n_screen)
     if n_screen + n_check > len(every):
-        raise ConfigError(f"n_screen + n_check must be at most the {len(every)} MMLU questions, got {n_screen + n_check}")
+        raise ConfigError(
+            f"n_screen + n_check must be at most the {len(every)} MMLU questions, got {n_screen + n_check}"
+        )
     shuffle = f"mmlu-split-{cfg.seed}"
-    return bm.part(every, 0, n_screen, shuffle), bm.part(every, n_screen, n_screen + n_check, shuffle), power
+    return (
+        bm.part(every, 0, n_screen, shuffle),
+        bm.part(every, n_screen, n_screen + n_check, shuffle),
+        power,
+    )
 
 
 def check_part(check: bm.Benchmark, n: int, seed: int) -> bm.Benchmark:
@@ -141,20 +198,45 @@ def check_part(check: bm.Benchmark, n: int, seed: int) -> bm.Benchmark:
     return bm.part(check, 0, n, f"check-part-{seed}")
 
 
-def rank(cfg: ScreenConfig, loaded, screen: bm.Benchmark, layers: list[int], sweep_layers: list[int] | None,
-         add_top: bool = True) -> tuple[Score, pd.DataFrame]:
+def rank(
+    cfg: ScreenConfig,
+    loaded,
+    screen: bm.Benchmark,
+    layers: list[int],
+    sweep_layers: list[int] | None,
+    add_top: bool = True,
+) -> tuple[Score, pd.DataFrame]:
     """The screen's ranking on its prompts: the shared KV ranking where this is the same
     computation, else the screen here, through this chapter's store (`measure_screen`: the
     layers `sweep_layers` swept exactly, with `add_top` those of the screen's `top` heads too)."""
     settings = shared.ranking_settings(cfg.profile, cfg.smoke)
-    mine = dict(pairs=cfg.kv_pairs, n=cfg.n_screen, query=cfg.kv_query, form="released", top=cfg.top,
-                alpha=cfg.screen_alpha, seed=cfg.seed)  # `prompts` draws the released form (bm.kv's default)
-    if cfg.task == "kv" and len(layers) == loaded.adapter.n_layers and not sweep_layers and mine == settings:
+    mine = dict(
+        pairs=cfg.kv_pairs,
+        n=cfg.n_screen,
+        query=cfg.kv_query,
+        form="released",
+        top=cfg.top,
+        alpha=cfg.screen_alpha,
+        seed=cfg.seed,
+    )  # `prompts` draws the released form (bm.kv's default)
+    if (
+        cfg.task == "kv"
+        and len(layers) == loaded.adapter.n_layers
+        and not sweep_layers
+        and mine == settings
+    ):
         ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         return ranking.clean, ranking.table
     store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded])
-    cell = dict(model=cfg.model, items=screen.spec, layers=len(layers), sweep_layers=sweep_layers, top=cfg.top,
-                alpha=cfg.screen_alpha, add_top=add_top)
+    cell = dict(
+        model=cfg.model,
+        items=screen.spec,
+        layers=len(layers),
+        sweep_layers=sweep_layers,
+        top=cfg.top,
+        alpha=cfg.screen_alpha,
+        add_top=add_top,
+    )
     row = sweep(store, [cell], measure_screen, desc="screen")[0]
     return Score.from_json(row["clean"]), pd.DataFrame(row["table"])
 
@@ -168,16 +250,26 @@ def measure_screen(cell: dict) -> dict:
     loaded = base.model_for(cell["model"])
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
     layers = list(range(cell["layers"]))
-    engine = SweepEngine(loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model))
+    engine = SweepEngine(
+        loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model)
+    )
     estimate = attribution(engine, layers, cell["alpha"])
     chosen = list(cell["sweep_layers"] or [])
     if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
         chosen = []  # one-channel heads: the screen's estimate stands alone
     exact = engine.head_sweep(layers=chosen, model_layers=layers) if chosen else {}
     if cell["add_top"]:
-        tops = [h for h in sorted(estimate, key=estimate.get)[:cell["top"]] if h.layer not in chosen]
-        exact |= {Head.parse(k): s for k, s in engine.score_each({str(h): h.ablation for h in tops}, layers).items()}
-    return {"clean": engine.score(layers=layers).to_json(), "table": hd.ranking_table(estimate, exact).to_dict("records")}
+        tops = [
+            h for h in sorted(estimate, key=estimate.get)[: cell["top"]] if h.layer not in chosen
+        ]
+        exact |= {
+            Head.parse(k): s
+            for k, s in engine.score_each({str(h): h.ablation for h in tops}, layers).items()
+        }
+    return {
+        "clean": engine.score(layers=layers).to_json(),
+        "table": hd.ranking_table(estimate, exact).to_dict("records"),
+    }
 
 
 def measure_conditions(cell: dict) -> dict:
@@ -185,9 +277,14 @@ def measure_conditions(cell: dict) -> dict:
     cell's `ablations` ({condition: {layer: [heads]}}, layers as text), {condition: score} (a
     measurement, `runner`): the layer scan's and head zeroing's check's."""
     loaded = base.model_for(cell["model"])
-    engine = SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
+    engine = SweepEngine(
+        loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
+    )
     ablations = {name: {int(l): hs for l, hs in a.items()} for name, a in cell["ablations"].items()}
-    return {name: s.to_json() for name, s in engine.score_each(ablations, list(range(cell["layers"]))).items()}
+    return {
+        name: s.to_json()
+        for name, s in engine.score_each(ablations, list(range(cell["layers"]))).items()
+    }
 
 
 # --- where the harm is -------------------------------------------------------------------------
@@ -223,8 +320,10 @@ class LayerScan:
         attention zeroed; None where no knowledge was scored."""
         if not self.knowledge:
             return None
-        means = {c: TaskMean.of([t[c] for t in self.knowledge.values()], [0.0] * len(self.knowledge))
-                 for c in (NONE, attention_of(layer))}
+        means = {
+            c: TaskMean.of([t[c] for t in self.knowledge.values()], [0.0] * len(self.knowledge))
+            for c in (NONE, attention_of(layer))
+        }
         return paired(means[NONE], means[attention_of(layer)])
 
     def matters(self, layer: int) -> bool:
@@ -239,22 +338,38 @@ class LayerScan:
 
     def that_matter(self) -> list[int]:
         """The layers whose attention matters, most letter-specific first (`specific`)."""
-        return sorted((l for l in self.layers if self.matters(l)), key=lambda l: (-self.specific(l), l))
+        return sorted(
+            (l for l in self.layers if self.matters(l)), key=lambda l: (-self.specific(l), l)
+        )
 
 
 def layer_scan(cfg: ScreenConfig, loaded, screened: bm.Benchmark, kept: int) -> LayerScan:
     """Each layer's attention zeroed in turn in the first `kept` layers, on the screen's prompts
     and beside them knowledge (`benchmarks.knowledge_of`: the cloze twins where there are),
     through the chapter's results store, one cell per benchmark."""
-    knowledge = bm.knowledge_of(screened, min(cfg.n_knowledge or len(screened), len(screened)), cfg.seed)
-    ablations = {NONE: {}, **{attention_of(l): {str(l): list(range(loaded.adapter.n_heads(l)))} for l in range(kept)}}
+    knowledge = bm.knowledge_of(
+        screened, min(cfg.n_knowledge or len(screened), len(screened)), cfg.seed
+    )
+    ablations = {
+        NONE: {},
+        **{attention_of(l): {str(l): list(range(loaded.adapter.n_heads(l)))} for l in range(kept)},
+    }
     store = base.open_store(cfg.chapter, cfg.profile, "layers", [loaded])
-    cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, layers=kept, ablations=ablations)
-             for b in [screened, *knowledge]]
-    rows = {r["benchmark"]: r for r in sweep(store, cells, measure_conditions, desc="each layer's attention zeroed")}
+    cells = [
+        dict(model=cfg.model, benchmark=b.name, items=b.spec, layers=kept, ablations=ablations)
+        for b in [screened, *knowledge]
+    ]
+    rows = {
+        r["benchmark"]: r
+        for r in sweep(store, cells, measure_conditions, desc="each layer's attention zeroed")
+    }
     scores = lambda name: {c: Score.from_json(rows[name][c]) for c in ablations}
-    return LayerScan(scores(screened.name), {b.name: scores(b.name) for b in knowledge}, screened.chance,
-                     bm.twins(screened) is not None)
+    return LayerScan(
+        scores(screened.name),
+        {b.name: scores(b.name) for b in knowledge},
+        screened.chance,
+        bm.twins(screened) is not None,
+    )
 
 
 def agreement(ranking: pd.DataFrame, k: int = AGREEMENT_TOP) -> dict:
@@ -275,7 +390,9 @@ class Screen:
     screen: bm.Benchmark  # the screen's prompts
     check: bm.Benchmark  # the check's, disjoint from the screen's
     layers_kept: int  # the minimal model's layers
-    depths: dict[int, Score]  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found
+    depths: dict[
+        int, Score
+    ]  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found
     screen_clean: Score  # no head zeroed, on the screen's prompts
     ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
     roles: Roles
@@ -292,10 +409,17 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
     """The minimal model, the prompts split, where the harm is, the screen's ranking and the
     roles of `loaded`."""
     given = cfg.layers_kept or minimal.published_minimal(cfg.model)
-    depths, chance = ({}, None) if given else minimal.task_depths(loaded, cfg.profile, cfg.smoke, cfg.seed, cfg.task,
-                                                                  cfg.kv_pairs, cfg.kv_query)
+    depths, chance = (
+        ({}, None)
+        if given
+        else minimal.task_depths(
+            loaded, cfg.profile, cfg.smoke, cfg.seed, cfg.task, cfg.kv_pairs, cfg.kv_query
+        )
+    )
     kept = given or minimal.minimal_depth(depths, chance)
-    check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)  # the minimal model found may be shallower
+    check_roles_of(
+        cfg.model, cfg.gather, cfg.aggregate, below=kept
+    )  # the minimal model found may be shallower
     screened, check, power = prompts(cfg, loaded, depths[kept].acc if depths else None)
     layers = list(range(kept))
     named = paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
@@ -303,13 +427,29 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
     # Swept exactly: as set; else every head of a toy; else the layers of the paper's heads, the most
     # letter-specific of the layers that matter, and (in `measure_screen`) the screen's top heads.
     toy = sum(loaded.adapter.n_heads(l) for l in layers) <= SWEEP_ALL
-    harm = scan.that_matter()[:cfg.harm_layers] if scan else []
-    sweep_layers = (list(cfg.sweep_layers) if cfg.sweep_layers else layers if toy else
-                    sorted({h.layer for hs in (named or {}).values() for h in hs} | set(harm)))
+    harm = scan.that_matter()[: cfg.harm_layers] if scan else []
+    sweep_layers = (
+        list(cfg.sweep_layers)
+        if cfg.sweep_layers
+        else layers
+        if toy
+        else sorted({h.layer for hs in (named or {}).values() for h in hs} | set(harm))
+    )
     if bad := [l for l in sweep_layers if l >= kept]:
         raise ConfigError(f"sweep_layers {bad} are not in the model's layers 0..{kept - 1}")
-    screen_clean, ranking = rank(cfg, loaded, screened, layers, sweep_layers, add_top=not cfg.sweep_layers)
-    roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, screened, ranking, screen_clean,
-                       name="the letter screen" if cfg.task == "mmlu" else "the KV screen")
+    screen_clean, ranking = rank(
+        cfg, loaded, screened, layers, sweep_layers, add_top=not cfg.sweep_layers
+    )
+    roles = find_roles(
+        loaded,
+        cfg.profile,
+        cfg.smoke,
+        cfg.gather,
+        cfg.aggregate,
+        screened,
+        ranking,
+        screen_clean,
+        name="the letter screen" if cfg.task == "mmlu" else "the KV screen",
+    )
     swept = tuple(sorted({h.layer for h in hd.measured(ranking)}))
     return Screen(screened, check, kept, depths, screen_clean, ranking, roles, scan, swept, power)

@@ -44,11 +44,26 @@ class PruningConfig(base.BenchmarkConfig):
     def defaults(cls, profile):
         if profile == "cpu":
             # The letter model; letters and cloze on the same 150 facts, one walk up the stream each.
-            return dict(model=registry.cast(profile, "letters"), n_mmlu=150, k_shot=0, n_knowledge=150, n_kv=60, kv_pairs=8,
-                        kv_query="repeat", seed=0)
-        return dict(model=registry.cast(profile, "letters"), n_mmlu=None,
-                    k_shot=paper("released_settings", "num_fewshot").integer, n_knowledge=None, n_kv=500, kv_pairs=8,
-                    kv_query="paper", seed=0)
+            return dict(
+                model=registry.cast(profile, "letters"),
+                n_mmlu=150,
+                k_shot=0,
+                n_knowledge=150,
+                n_kv=60,
+                kv_pairs=8,
+                kv_query="repeat",
+                seed=0,
+            )
+        return dict(
+            model=registry.cast(profile, "letters"),
+            n_mmlu=None,
+            k_shot=paper("released_settings", "num_fewshot").integer,
+            n_knowledge=None,
+            n_kv=500,
+            kv_pairs=8,
+            kv_query="paper",
+            seed=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -66,10 +81,18 @@ class LetterCheck:
     def by_letter(self) -> pd.DataFrame:
         """Accuracy by the answer's letter, as drawn and with the options moved."""
         rows = []
-        for name, score, gold in (("as drawn", self.original, self.gold), ("options moved", self.moved, self.gold_moved)):
+        for name, score, gold in (
+            ("as drawn", self.original, self.gold),
+            ("options moved", self.moved, self.gold_moved),
+        ):
             for g in sorted(set(gold)):
-                rows.append({"options": name, "answer's letter": "ABCD"[g],
-                             **_brief(score.subset([k for k, x in enumerate(gold) if x == g]))})
+                rows.append(
+                    {
+                        "options": name,
+                        "answer's letter": "ABCD"[g],
+                        **_brief(score.subset([k for k, x in enumerate(gold) if x == g])),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def by_group(self) -> pd.DataFrame:
@@ -77,8 +100,14 @@ class LetterCheck:
         rows = []
         for group in sorted(set(self.groups)):
             at = [k for k, x in enumerate(self.groups) if x == group]
-            rows.append({"table": group, "n": len(at), "as drawn": self.original.subset(at).acc,
-                         "options moved": self.moved.subset(at).acc})
+            rows.append(
+                {
+                    "table": group,
+                    "n": len(at),
+                    "as drawn": self.original.subset(at).acc,
+                    "options moved": self.moved.subset(at).acc,
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -96,8 +125,12 @@ class Pruned(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
-    kinds: dict[str, str] = field(default_factory=dict)  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
-    letter_check: LetterCheck | None = None  # the letters with their options moved (where the model picks letters)
+    kinds: dict[str, str] = field(
+        default_factory=dict
+    )  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    letter_check: LetterCheck | None = (
+        None  # the letters with their options moved (where the model picks letters)
+    )
 
     @property
     def mmlu(self) -> str:
@@ -110,8 +143,10 @@ class Pruned(base.ByRole):
     def knowledge(self, depth: int) -> TaskMean:
         """Knowledge at one depth as the release scores it: the unweighted mean over the
         knowledge tasks (paired across depths task by task: `stats.mean_difference`)."""
-        return TaskMean.of([self.scores[t][depth] for t in self.knowledge_tasks],
-                           [self.chance[t] for t in self.knowledge_tasks])
+        return TaskMean.of(
+            [self.scores[t][depth] for t in self.knowledge_tasks],
+            [self.chance[t] for t in self.knowledge_tasks],
+        )
 
     def minimal(self) -> int:
         """The minimal model's layers, by the paper's rule (`minimal_depth`) on the probe."""
@@ -123,27 +158,62 @@ def prune(cfg: PruningConfig) -> Pruned:
     """Every benchmark at every depth: one walk up the residual stream per benchmark."""
     timer = base.Timer()
     loaded = base.load(cfg.model)
-    sets = [bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
-            *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
-            bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query)]
+    sets = [
+        bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
+        *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
+        bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
+    ]
     scores = walk(cfg.profile, loaded, sets)
     letters, top = sets[0], loaded.adapter.n_layers
     check = None
-    if letters.kind == bm.MCQ and not registry.spec(cfg.model).toy and scores[letters.name][top].above(letters.chance):
-        moved = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot, permuted=True)
+    if (
+        letters.kind == bm.MCQ
+        and not registry.spec(cfg.model).toy
+        and scores[letters.name][top].above(letters.chance)
+    ):
+        moved = bm.letter_mcq(
+            cfg.model,
+            loaded.tokenizer,
+            cfg.profile,
+            cfg.n_mmlu,
+            cfg.seed,
+            cfg.k_shot,
+            permuted=True,
+        )
         store = base.open_store(PruningConfig.chapter, cfg.profile, "options-moved", [loaded])
-        row = sweep(store, [dict(model=loaded.name, benchmark=moved.name, items=moved.spec)], measure_whole,
-                    desc="letters, options moved")[0]
-        check = LetterCheck(scores[letters.name][top], Score.from_json(row), tuple(it.gold for it in letters.items),
-                            tuple(it.gold for it in moved.items), tuple(it.group for it in letters.items))
-    return Pruned(cfg, top, scores, {b.name: b.role for b in sets}, {b.name: b.chance for b in sets},
-                  base.record(cfg, [loaded], timer), {b.name: b.kind for b in sets}, check)
+        row = sweep(
+            store,
+            [dict(model=loaded.name, benchmark=moved.name, items=moved.spec)],
+            measure_whole,
+            desc="letters, options moved",
+        )[0]
+        check = LetterCheck(
+            scores[letters.name][top],
+            Score.from_json(row),
+            tuple(it.gold for it in letters.items),
+            tuple(it.gold for it in moved.items),
+            tuple(it.group for it in letters.items),
+        )
+    return Pruned(
+        cfg,
+        top,
+        scores,
+        {b.name: b.role for b in sets},
+        {b.name: b.chance for b in sets},
+        base.record(cfg, [loaded], timer),
+        {b.name: b.kind for b in sets},
+        check,
+    )
 
 
 def measure_whole(cell: dict) -> dict:
     """One benchmark (the cell's items) scored by the whole model (a measurement, `runner`)."""
     loaded = base.model_for(cell["model"])
-    return SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items).score().to_json()
+    return (
+        SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
+        .score()
+        .to_json()
+    )
 
 
 def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, Score]]:
@@ -157,8 +227,9 @@ def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, 
     return {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
 
 
-def task_depths(loaded, profile: str, smoke: bool, seed: int, task: str, kv_pairs: int,
-                kv_query: str) -> tuple[dict[int, Score], float]:
+def task_depths(
+    loaded, profile: str, smoke: bool, seed: int, task: str, kv_pairs: int, kv_query: str
+) -> tuple[dict[int, Score], float]:
     """`task` ("mmlu" or "kv") at every depth, and its chance, on the layer-pruning chapter's items for it (its
     sizes at `profile`/`smoke` and its prompt settings, drawn with `seed`): the walk its page shows,
     where head zeroing and masking find the minimal model (`minimal_depth`). A screen's own
@@ -166,7 +237,9 @@ def task_depths(loaded, profile: str, smoke: bool, seed: int, task: str, kv_pair
     Toys, which that chapter does not run, are walked on its sizes all the same."""
     sizes = {**PruningConfig.defaults(profile), **(PruningConfig.smoke_sizes if smoke else {})}
     if task == "mmlu":
-        b = bm.letter_mcq(loaded.name, loaded.tokenizer, profile, sizes["n_mmlu"], seed, sizes["k_shot"])
+        b = bm.letter_mcq(
+            loaded.name, loaded.tokenizer, profile, sizes["n_mmlu"], seed, sizes["k_shot"]
+        )
     else:
         b = bm.kv(loaded.name, loaded.tokenizer, kv_pairs, sizes["n_kv"], seed, kv_query)
     return walk(profile, loaded, [b])[b.name], b.chance
@@ -178,7 +251,10 @@ def measure_depths(cell: dict) -> dict:
     loaded = base.model_for(cell["model"])
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
     depths = range(1, loaded.adapter.n_layers + 1)
-    return {str(d): s.to_json() for d, s in SweepEngine(loaded, loaded.tokenizer, items).score_by_depth(depths).items()}
+    return {
+        str(d): s.to_json()
+        for d, s in SweepEngine(loaded, loaded.tokenizer, items).score_by_depth(depths).items()
+    }
 
 
 def minimal_depth(by_depth: dict[int, Score], chance: float) -> int:
@@ -194,7 +270,9 @@ def minimal_depth(by_depth: dict[int, Score], chance: float) -> int:
     if not depths:
         return max(acc)
     fall = {d: acc[d] - acc[d - 1] for d in depths}
-    collapsing = [d for d in depths if acc[d] > chance and acc[d - 1] - chance < (acc[d] - chance) / 2]
+    collapsing = [
+        d for d in depths if acc[d] > chance and acc[d - 1] - chance < (acc[d] - chance) / 2
+    ]
     return max(collapsing or depths, key=lambda d: (fall[d], d))
 
 

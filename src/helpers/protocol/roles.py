@@ -17,8 +17,8 @@ the hybrid swap's "KV ranking" rule), so no two pages name different roles for t
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -26,10 +26,10 @@ import pandas as pd
 from .. import benchmarks as bm
 from .. import heads as hd
 from .. import verdicts as v
-from ..reference import paper_heads
 from ..errors import ConfigError
 from ..heads import ROLE_MEASURES, Head
 from ..hooks import MIXER, hooked
+from ..reference import paper_heads
 from ..segments import Segments, head_measures
 from ..stats import Score, mean_interval
 from ..sweep import sweep
@@ -42,8 +42,10 @@ ANSWER_END = "final position: answer end's share of the segment ends"
 def check_pair(gather, aggregate) -> None:
     """Both roles set, or neither (a half-named pair would mix the paper's heads with ours)."""
     if (gather is None) != (aggregate is None):
-        raise ConfigError("set gather and aggregate together (lists of heads like ['L16H22']), or neither "
-                          "(None: the paper's heads of the model, or heads found by behaviour)")
+        raise ConfigError(
+            "set gather and aggregate together (lists of heads like ['L16H22']), or neither "
+            "(None: the paper's heads of the model, or heads found by behaviour)"
+        )
 
 
 def check_roles_of(model: str, gather, aggregate, below: int | None = None) -> None:
@@ -52,10 +54,13 @@ def check_roles_of(model: str, gather, aggregate, below: int | None = None) -> N
     any work, naming the parameters that fix it."""
     named = paper_heads(model) if gather is None else {"G": gather, "A": aggregate}
     for role, field in (("G", "gather"), ("A", "aggregate")):
-        base.check_heads_of(model, field, (named or {}).get(role), paper=gather is None, below=below)
+        base.check_heads_of(
+            model, field, (named or {}).get(role), paper=gather is None, below=below
+        )
 
 
 # --- the roles ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Roles:
@@ -64,12 +69,20 @@ class Roles:
 
     heads: dict[str, tuple[Head, ...]]
     source: str
-    measures: pd.DataFrame | None = dataclasses.field(default=None, repr=False)  # the candidates', where measured
+    measures: pd.DataFrame | None = dataclasses.field(
+        default=None, repr=False
+    )  # the candidates', where measured
     found: dict[str, Head | None] | None = None  # by behaviour among the candidates, where measured
-    closest: tuple[str, ...] = ()  # roles no candidate plays, given to the closest one (`with_closest`)
+    closest: tuple[
+        str, ...
+    ] = ()  # roles no candidate plays, given to the closest one (`with_closest`)
     ranking: str = "the KV ranking"  # whose top heads the candidates are
-    candidates: tuple[Head, ...] = ()  # the heads whose zeroing hurts, most harmful first (where found by behaviour)
-    ties: dict[str, tuple[Head, ...]] = dataclasses.field(default_factory=dict)  # role -> candidates that also behave so, as harmful within the interval
+    candidates: tuple[
+        Head, ...
+    ] = ()  # the heads whose zeroing hurts, most harmful first (where found by behaviour)
+    ties: dict[str, tuple[Head, ...]] = dataclasses.field(
+        default_factory=dict
+    )  # role -> candidates that also behave so, as harmful within the interval
 
     @property
     def filled(self) -> dict[str, bool]:
@@ -83,12 +96,24 @@ class Roles:
         """The role's heads and how they were named, with the candidates that tie with them."""
         how = {"paper": "the paper's", "set": "as set"}.get(self.source)
         if how is None:
-            nobody = (f"no head whose zeroing hurts on {self.ranking}'s prompts behaves as the {ROLE_NAMES[role]} head"
-                      if self.candidates else f"no head's zeroing hurts on {self.ranking}'s prompts")
-            how = (f"{nobody}: the closest" if role in self.closest else
-                   f"the most harmful head of {self.ranking} that behaves so" if self.heads[role] else nobody)
+            nobody = (
+                f"no head whose zeroing hurts on {self.ranking}'s prompts behaves as the {ROLE_NAMES[role]} head"
+                if self.candidates
+                else f"no head's zeroing hurts on {self.ranking}'s prompts"
+            )
+            how = (
+                f"{nobody}: the closest"
+                if role in self.closest
+                else f"the most harmful head of {self.ranking} that behaves so"
+                if self.heads[role]
+                else nobody
+            )
         tied = self.ties.get(role, ())
-        ties = f"; as harmful within the interval and behaving so too: {', '.join(map(str, tied))}" if tied else ""
+        ties = (
+            f"; as harmful within the interval and behaving so too: {', '.join(map(str, tied))}"
+            if tied
+            else ""
+        )
         return f"{self.label(role)} ({how}{ties})"
 
     def role_of(self, head: Head) -> str:
@@ -123,12 +148,26 @@ class Roles:
         if len(best) and {f"{column} lo", f"{column} hi"} <= set(eligible):
             top = Head(*best.idxmax())
             interval = f" [{eligible.loc[[top], f'{column} lo'].iloc[0]:.2f}, {eligible.loc[[top], f'{column} hi'].iloc[0]:.2f}]"
-        why = (f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f}"
-               f"{interval} ({Head(*best.idxmax())}), at most {hd.LINE} is not the behaviour" if len(best) else "")
+        why = (
+            f"the highest '{column}' among {', '.join(str(Head(*h)) for h in best.index)} is {best.max():.2f}"
+            f"{interval} ({Head(*best.idxmax())}), at most {hd.LINE} is not the behaviour"
+            if len(best)
+            else ""
+        )
         if len(local):
-            why = "; ".join(filter(None, [f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
-                                          f"the previous token (local share above {hd.LOCAL})", why]))
-        return f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: {why}"
+            why = "; ".join(
+                filter(
+                    None,
+                    [
+                        f"{', '.join(str(Head(*h)) for h in local)} read{'s' if len(local) == 1 else ''} "
+                        f"the previous token (local share above {hd.LOCAL})",
+                        why,
+                    ],
+                )
+            )
+        return (
+            f"no candidate behaves as a{'n' if role == 'A' else ''} {ROLE_NAMES[role]} head: {why}"
+        )
 
 
 def missing_role(roles: Roles, role: str, clean: Score, chance: float) -> tuple[str, str]:
@@ -138,7 +177,9 @@ def missing_role(roles: Roles, role: str, clean: Score, chance: float) -> tuple[
     if not v.testable(clean, chance):
         return v.NOT_TESTABLE, f"clean {clean} does not clear chance {chance:.0%}"
     measured = roles.measures is not None and not roles.measures.empty
-    return v.another_mechanism(ROLE_NAMES[role], roles.missing(role), measured, measured and roles.surely_missing(role))
+    return v.another_mechanism(
+        ROLE_NAMES[role], roles.missing(role), measured, measured and roles.surely_missing(role)
+    )
 
 
 def closest_roles(measures: pd.DataFrame) -> tuple[dict[str, tuple[Head, ...]], dict[str, bool]]:
@@ -178,7 +219,9 @@ def with_closest(roles: Roles) -> Roles:
         picks[r] = closest(roles.measures, r, taken + list(picks.values()))
         if picks[r] is None:
             return roles
-    return dataclasses.replace(roles, heads={r: roles.heads[r] or (picks[r],) for r in ROLE_NAMES}, closest=missing)
+    return dataclasses.replace(
+        roles, heads={r: roles.heads[r] or (picks[r],) for r in ROLE_NAMES}, closest=missing
+    )
 
 
 MAX_CANDIDATES = 8  # the most harmful heads whose attention is measured for the roles
@@ -189,24 +232,42 @@ def harmful(ranking: pd.DataFrame, clean: Score) -> list[Head]:
     whose zeroing lowers accuracy against `clean` on the same prompts (`verdicts.below`: the
     paired interval below zero), most harmful first."""
     rows = ranking.dropna(subset=["acc"])
-    scores = {Head(int(l), int(h)): Score.from_json({"correct": c}) for l, h, c in zip(rows.layer, rows["head"], rows.correct)}
+    scores = {
+        Head(int(l), int(h)): Score.from_json({"correct": c})
+        for l, h, c in zip(rows.layer, rows["head"], rows.correct)
+    }
     return [h for h, s in scores.items() if v.below(clean, s)[0] == v.REPRODUCED]
 
 
 def near_ties(ranking: pd.DataFrame, chosen: Head, others: list[Head]) -> tuple[Head, ...]:
     """Of `others`, those whose zeroed accuracy lies inside the 95% interval of `chosen`'s: as
     harmful as it, as far as the ranking's prompts can tell."""
-    at = {Head(int(l), int(h)): (a, lo, hi) for l, h, a, lo, hi in
-          zip(ranking.layer, ranking["head"], ranking.acc, ranking.lo, ranking.hi) if a == a}
+    at = {
+        Head(int(l), int(h)): (a, lo, hi)
+        for l, h, a, lo, hi in zip(
+            ranking.layer, ranking["head"], ranking.acc, ranking.lo, ranking.hi
+        )
+        if a == a
+    }
     if chosen not in at:
         return ()
     _, lo, hi = at[chosen]
     return tuple(h for h in others if h != chosen and h in at and lo <= at[h][0] <= hi)
 
 
-def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, benchmark: bm.Benchmark | None = None,
-               ranking: pd.DataFrame | None = None, clean: Score | None = None, seed: int | None = None,
-               measure: bool = True, name: str = "the KV ranking") -> Roles:
+def find_roles(
+    loaded,
+    profile: str,
+    smoke: bool,
+    gather=None,
+    aggregate=None,
+    benchmark: bm.Benchmark | None = None,
+    ranking: pd.DataFrame | None = None,
+    clean: Score | None = None,
+    seed: int | None = None,
+    measure: bool = True,
+    name: str = "the KV ranking",
+) -> Roles:
     """The heads of each role: as set; else the paper's for this model; else among the heads
     whose zeroing hurts on the prompts of `ranking` (a `heads.ranking_table`, its clean score
     `clean`, its prompts `benchmark`; default: the shared KV ranking, on its own prompts, as
@@ -225,27 +286,49 @@ def find_roles(loaded, profile: str, smoke: bool, gather=None, aggregate=None, b
     if benchmark is None:
         kv = shared.kv_ranking(loaded, profile, smoke, seed=seed)
         s = kv.settings
-        benchmark = bm.kv(loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"])
+        benchmark = bm.kv(
+            loaded.name, loaded.tokenizer, s["pairs"], max(n, s["n"]), s["seed"], s["query"]
+        )
         ranking, clean = kv.table, kv.clean
     candidates = harmful(ranking, clean)[:MAX_CANDIDATES] if ranking is not None else []
     # Where fewer than two heads hurt, the ranking's next most harmful heads are measured too: no role is
     # named among them, but a chapter that must draw a head for every role takes the closest (`with_closest`).
     others = [h for h in hd.measured(ranking) if h not in candidates] if ranking is not None else []
-    measured = candidates + others[:max(0, 2 - len(candidates))]
+    measured = candidates + others[: max(0, 2 - len(candidates))]
     heads = list(dict.fromkeys(measured + [h for hs in (named or {}).values() for h in hs]))
     measures = measure_roles(loaded, profile, benchmark, heads, n) if heads else None
-    found = hd.assign_roles(measures.loc[[h for h in measures.index if Head(*h) in candidates]], candidates) \
-        if candidates else {r: None for r in ROLE_NAMES}
+    found = (
+        hd.assign_roles(
+            measures.loc[[h for h in measures.index if Head(*h) in candidates]], candidates
+        )
+        if candidates
+        else {r: None for r in ROLE_NAMES}
+    )
     if named:
         return Roles(named, "paper", measures, found, ranking=name, candidates=tuple(candidates))
-    behaves = lambda r, h: (measures.loc[[h], hd.AGGREGATE_MEASURE if r == "A" else hd.GATHER_MEASURE].iloc[0] > hd.LINE)
-    ties = {r: near_ties(ranking, found[r], [h for h in candidates if behaves(r, h) and h not in found.values()])
-            for r in ROLE_NAMES if found[r]}
-    return Roles({r: (found[r],) if found[r] else () for r in ROLE_NAMES}, "behaviour", measures, found, ranking=name,
-                 candidates=tuple(candidates), ties=ties)
+    behaves = lambda r, h: (
+        measures.loc[[h], hd.AGGREGATE_MEASURE if r == "A" else hd.GATHER_MEASURE].iloc[0] > hd.LINE
+    )
+    ties = {
+        r: near_ties(
+            ranking, found[r], [h for h in candidates if behaves(r, h) and h not in found.values()]
+        )
+        for r in ROLE_NAMES
+        if found[r]
+    }
+    return Roles(
+        {r: (found[r],) if found[r] else () for r in ROLE_NAMES},
+        "behaviour",
+        measures,
+        found,
+        ranking=name,
+        candidates=tuple(candidates),
+        ties=ties,
+    )
 
 
 # --- measuring what heads do -------------------------------------------------------------------
+
 
 def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]:
     """Each head's [T, T] attention over `context` (hidden attention for SSM heads), one pass.
@@ -257,7 +340,9 @@ def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]
     model, adapter = unwrap(loaded)
     ids = loaded.tokenizer(context, return_tensors="pt").input_ids
     layers = sorted({h.layer for h in heads})
-    if not isinstance(adapter, MambaAdapter):  # heads of one channel (or a group): their hidden attention
+    if not isinstance(
+        adapter, MambaAdapter
+    ):  # heads of one channel (or a group): their hidden attention
         maps = attention_maps(loaded, ids, layers)
         return {h: maps[h.layer][0, h.head].numpy() for h in heads}
     seen = {}
@@ -278,18 +363,24 @@ def measures(a: np.ndarray, seg: Segments) -> dict[str, float]:
     return {**head_measures(a, seg), ANSWER_END: float(ends[seg.target] / max(ends.sum(), 1e-12))}
 
 
-def measure_roles(loaded, profile: str, benchmark: bm.Benchmark, heads: list[Head], n: int) -> pd.DataFrame:
+def measure_roles(
+    loaded, profile: str, benchmark: bm.Benchmark, heads: list[Head], n: int
+) -> pd.DataFrame:
     """What `heads` do on the first `n` prompts of `benchmark` (`measure_behaviour`), averaged over
     the prompts (`averaged`): one row per head, indexed by Head. Through one results store for
     the book, since every chapter that names roles asks this of the same candidates on the same
     prompts."""
     if benchmark.spec is None:
-        raise ConfigError(f"the roles are measured on a benchmark made by `helpers.benchmarks` (one with a `spec`, "
-                          f"so that its results-store cell names its items); {benchmark.name} has none")
+        raise ConfigError(
+            f"the roles are measured on a benchmark made by `helpers.benchmarks` (one with a `spec`, "
+            f"so that its results-store cell names its items); {benchmark.name} has none"
+        )
     store = base.open_store("roles", profile, "behaviour", [loaded])
     base.hold(loaded)  # the measurement, run here, finds this model by its name
     cell = dict(model=loaded.name, items=benchmark.spec, heads=[str(h) for h in heads], n=n)
-    per_prompt = pd.DataFrame(sweep(store, [cell], measure_behaviour, desc="roles: what the candidates do")[0]["rows"])
+    per_prompt = pd.DataFrame(
+        sweep(store, [cell], measure_behaviour, desc="roles: what the candidates do")[0]["rows"]
+    )
     return averaged(per_prompt.assign(head=per_prompt["head"].map(Head.parse)))
 
 
@@ -299,9 +390,17 @@ def measure_behaviour(cell: dict) -> dict:
     loaded = base.model_for(cell["model"])
     benchmark = bm.from_spec(cell["items"], loaded.tokenizer)
     heads = [Head.parse(h) for h in cell["heads"]]
-    return {"rows": [dict(head=str(h), prompt=i, **{k: float(x) for k, x in measures(a, benchmark.segments(item)).items()})
-                     for i, item in enumerate(benchmark.items[:cell["n"]])
-                     for h, a in head_maps(loaded, item.pairs[0][0], heads).items()]}
+    return {
+        "rows": [
+            dict(
+                head=str(h),
+                prompt=i,
+                **{k: float(x) for k, x in measures(a, benchmark.segments(item)).items()},
+            )
+            for i, item in enumerate(benchmark.items[: cell["n"]])
+            for h, a in head_maps(loaded, item.pairs[0][0], heads).items()
+        ]
+    }
 
 
 def averaged(per_prompt: pd.DataFrame) -> pd.DataFrame:
@@ -310,7 +409,9 @@ def averaged(per_prompt: pd.DataFrame) -> pd.DataFrame:
     "hi"), so that a role's absence can be told from a measure too noisy to decide."""
     means = per_prompt.drop(columns="prompt").groupby("head", sort=False).mean()
     for m in ROLE_MEASURES:
-        bounds = {h: mean_interval(g[m].to_numpy())[1:] for h, g in per_prompt.groupby("head", sort=False)}
+        bounds = {
+            h: mean_interval(g[m].to_numpy())[1:] for h, g in per_prompt.groupby("head", sort=False)
+        }
         means[f"{m} lo"] = [bounds[h][0] for h in means.index]
         means[f"{m} hi"] = [bounds[h][1] for h in means.index]
     return means

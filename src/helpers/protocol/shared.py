@@ -32,7 +32,9 @@ RANKING = {
     "paper": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=1.0, seed=0),
     "paper-3b": dict(pairs=8, n=200, query="paper", form="released", top=10, alpha=0.5, seed=0),
 }
-SWEEP_WIDEST = 256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
+SWEEP_WIDEST = (
+    256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
+)
 SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
 
 
@@ -58,8 +60,14 @@ def paper_layers(loaded) -> list[int]:
     return [l for l in layers if loaded.adapter.n_heads(l) <= SWEEP_WIDEST]
 
 
-def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed: int | None = None,
-               workers: int | None = None) -> Ranking:
+def kv_ranking(
+    loaded,
+    profile: str,
+    smoke: bool,
+    form: str | None = None,
+    seed: int | None = None,
+    workers: int | None = None,
+) -> Ranking:
     """The model's heads ranked by what zeroing each does to KV retrieval (the screen, then the
     layers it points to and the paper heads' layers swept exactly), through the results store.
     `form`: how the value follows the query (`tasks.KV_FORMS`; None: the profile's); `seed`: which
@@ -68,24 +76,45 @@ def kv_ranking(loaded, profile: str, smoke: bool, form: str | None = None, seed:
     at a time whatever other layers are swept, so the per-layer cells give the numbers of one
     sweep of all the layers (`screen.rank_heads`)."""
     settings = ranking_settings(profile, smoke)
-    settings = {**settings, "form": form or settings["form"], "paper_layers": paper_layers(loaded),
-                "seed": settings["seed"] if seed is None else seed}
+    settings = {
+        **settings,
+        "form": form or settings["form"],
+        "paper_layers": paper_layers(loaded),
+        "seed": settings["seed"] if seed is None else seed,
+    }
     store = base.open_store("head_ranking", profile, "kv", [loaded])
     base.hold(loaded)  # the measurements below, run here, find this model by its name
     try:  # the layer sweep runs on the screen's prompts: it reuses the screen's engine
-        screen = sweep(store, [dict(model=loaded.name, part="screen", **settings)], measure_screen,
-                       desc="KV head ranking: screen", workers=workers)[0]
+        screen = sweep(
+            store,
+            [dict(model=loaded.name, part="screen", **settings)],
+            measure_screen,
+            desc="KV head ranking: screen",
+            workers=workers,
+        )[0]
         estimate = {Head(l, h): e for l, h, e in screen["estimate"]}
-        layers = sorted(set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"]))
+        layers = sorted(
+            set(layers_to_sweep(estimate, settings["top"])) | set(settings["paper_layers"])
+        )
         rows = swept_layers(loaded, profile, {k: settings[k] for k in PROMPTS}, layers, workers)
     finally:
         _engines.clear()  # in this process: the prompts' cached residual stream goes with the ranking
-    exact = {Head(r["layer"], int(h)): Score.from_json(s) for r in rows for h, s in r["heads"].items()}
-    return Ranking(loaded.name, settings, Score.from_json(screen["clean"]), ranking_table(estimate, exact))
+    exact = {
+        Head(r["layer"], int(h)): Score.from_json(s) for r in rows for h, s in r["heads"].items()
+    }
+    return Ranking(
+        loaded.name, settings, Score.from_json(screen["clean"]), ranking_table(estimate, exact)
+    )
 
 
-def swept_layers(loaded, profile: str, prompts: dict, layers: list[int], workers: int | None = None,
-                 desc: str = "KV head ranking: layers swept") -> list[dict]:
+def swept_layers(
+    loaded,
+    profile: str,
+    prompts: dict,
+    layers: list[int],
+    workers: int | None = None,
+    desc: str = "KV head ranking: layers swept",
+) -> list[dict]:
     """Every head of `layers` zeroed alone on the KV prompts of `prompts` (`PROMPTS`: pairs, n,
     seed, query, form), one cell per layer of the ranking's store, so that a sweep on the
     ranking's own prompts is the ranking's (robustness's stability reads it there): per layer
@@ -93,14 +122,24 @@ def swept_layers(loaded, profile: str, prompts: dict, layers: list[int], workers
     store = base.open_store("head_ranking", profile, "kv", [loaded])
     base.hold(loaded)
     try:
-        return sweep(store, [dict(model=loaded.name, part="layer", layer=l, **{k: prompts[k] for k in PROMPTS})
-                             for l in layers], measure_layer, desc=desc, workers=workers)
+        return sweep(
+            store,
+            [
+                dict(model=loaded.name, part="layer", layer=l, **{k: prompts[k] for k in PROMPTS})
+                for l in layers
+            ],
+            measure_layer,
+            desc=desc,
+            workers=workers,
+        )
     finally:
         _engines.clear()  # in this process: the prompts' cached residual stream goes with the sweep
 
 
 PROMPTS = ("pairs", "n", "seed", "query", "form")  # the settings that choose a ranking's prompts
-_engines: dict[tuple, SweepEngine] = {}  # one engine per process: the screen's, reused by the layer sweeps
+_engines: dict[
+    tuple, SweepEngine
+] = {}  # one engine per process: the screen's, reused by the layer sweeps
 
 
 def _engine(cell: dict) -> SweepEngine:
@@ -109,8 +148,15 @@ def _engine(cell: dict) -> SweepEngine:
     key = (id(loaded.model), *(cell[k] for k in PROMPTS))
     if key not in _engines:
         _engines.clear()
-        items = bm.kv(loaded.name, loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"],
-                      cell["form"]).items
+        items = bm.kv(
+            loaded.name,
+            loaded.tokenizer,
+            cell["pairs"],
+            cell["n"],
+            cell["seed"],
+            cell["query"],
+            cell["form"],
+        ).items
         _engines[key] = SweepEngine(loaded, loaded.tokenizer, items)
     return _engines[key]
 
@@ -120,7 +166,10 @@ def measure_screen(cell: dict) -> dict:
     the attribution screen's estimate for every head, as [layer, head, estimate] rows."""
     engine = _engine(cell)
     estimate = attribution(engine, alpha=cell["alpha"])
-    return {"clean": engine.score().to_json(), "estimate": [[h.layer, h.head, e] for h, e in estimate.items()]}
+    return {
+        "clean": engine.score().to_json(),
+        "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],
+    }
 
 
 def measure_layer(cell: dict) -> dict:
@@ -129,22 +178,37 @@ def measure_layer(cell: dict) -> dict:
     ties in accuracy, `SweepEngine.margins`)}."""
     engine = _engine(cell)
     lls = engine.head_loglikelihoods(layers=[cell["layer"]])
-    return {"heads": {str(h.head): {**engine.score_loglikelihoods(ll).to_json(),
-                                    "margin": engine.margins(torch.as_tensor(ll)).double().numpy().tolist()}
-                      for h, ll in lls.items()}}
+    return {
+        "heads": {
+            str(h.head): {
+                **engine.score_loglikelihoods(ll).to_json(),
+                "margin": engine.margins(torch.as_tensor(ll)).double().numpy().tolist(),
+            }
+            for h, ll in lls.items()
+        }
+    }
 
 
 def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:
     """How far two rankings agree: the overlap of their top `k` measured heads (and what random
     orders of the heads measured in both would share on average, k^2 / n), and Spearman's rank
     correlation of the accuracies of the heads measured exactly in both (`stats.rank_correlation`)."""
-    acc = lambda t: {Head(int(l), int(h)): x for l, h, x in zip(t.layer, t["head"], t.acc) if x == x}
+    acc = lambda t: {
+        Head(int(l), int(h)): x for l, h, x in zip(t.layer, t["head"], t.acc) if x == x
+    }
     x, y = acc(a), acc(b)
     both = [h for h in x if h in y]
     rho, lo, hi = rank_correlation([x[h] for h in both], [y[h] for h in both])
     top_a, top_b = set(measured(a)[:k]), set(measured(b)[:k])
-    return dict(k=k, overlap=len(top_a & top_b), chance_overlap=k * k / len(both) if both else float("nan"),
-                rho=rho, lo=lo, hi=hi, n=len(both))
+    return dict(
+        k=k,
+        overlap=len(top_a & top_b),
+        chance_overlap=k * k / len(both) if both else float("nan"),
+        rho=rho,
+        lo=lo,
+        hi=hi,
+        n=len(both),
+    )
 
 
 def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
@@ -157,4 +221,11 @@ def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
 
 def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:
     """MMLU questions with the release's number of shots (`cfg`: profile and seed)."""
-    return bm.letter_mcq(model, tokenizer, cfg.profile, n, cfg.seed, paper("released_settings", "num_fewshot").integer)
+    return bm.letter_mcq(
+        model,
+        tokenizer,
+        cfg.profile,
+        n,
+        cfg.seed,
+        paper("released_settings", "num_fewshot").integer,
+    )

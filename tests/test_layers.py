@@ -13,6 +13,7 @@ import pytest
 from grimp import Layer
 
 import helpers
+from helpers import book
 
 # Top to bottom. Modules of one layer may not import each other unless the layer says so.
 LAYERS = [
@@ -75,21 +76,7 @@ def test_no_module_imports_a_private_name_of_another():
 # protocol/, layered bottom to top: a chapter's shape and stores, the book's KV ranking, the roles
 # and the minimal model, and the two things built on those (head zeroing's screen, which masking
 # reads too; the distilled student and its teacher).
-CHAPTERS = [
-    "attention_maps",
-    "beyond_mmlu",
-    "head_zeroing",
-    "hybrid_models",
-    "hybrid_swap",
-    "kv_retrieval",
-    "layer_pruning",
-    "layer_removal",
-    "masking",
-    "retrieval_aware",
-    "robustness",
-    "ssm_vs_attention",
-    "toy_zoo",
-]
+CHAPTERS = [md.stem for md in book.chapters()]  # the book's chapters, from _toc.yml
 PROTOCOL = [
     Layer("head_screen", "distilled"),
     Layer("roles", "minimal"),

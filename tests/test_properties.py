@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import helpers
+from helpers import book
 from helpers.adapters import Adapter, MambaAdapter
 from helpers.attention import mask_attention, mask_last_row
 from helpers.hooks import MIXER, SSM, hooked
@@ -523,20 +524,7 @@ def test_hidden_attention_reproduces_the_mixer(family, data):
 
 # --- every chapter's Config: random parameters are taken or refused at once ---------------------------
 
-CHAPTERS = [
-    "attention_maps",
-    "head_zeroing",
-    "hybrid_models",
-    "hybrid_swap",
-    "kv_retrieval",
-    "layer_pruning",
-    "layer_removal",
-    "masking",
-    "retrieval_aware",
-    "robustness",
-    "ssm_vs_attention",
-    "toy_zoo",
-]
+CHAPTERS = [md.stem for md in book.chapters()]  # every chapter of _toc.yml
 
 
 def parameter_values():

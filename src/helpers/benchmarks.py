@@ -284,8 +284,3 @@ _MAKERS = {
     "twins": lambda s, tok: twins(from_spec(s["of"], tok)),
     "part": lambda s, tok: part(from_spec(s["of"], tok), s["start"], s["stop"], s["shuffle"]),
 }
-
-
-def pooled(benchmarks: list[Benchmark], name: str = "knowledge (pooled)") -> Benchmark:
-    """Several benchmarks' items as one (for paired tests across conditions)."""
-    return Benchmark(name, benchmarks[0].role, [it for b in benchmarks for it in b.items])

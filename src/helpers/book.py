@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import zipfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import yaml
@@ -666,7 +666,7 @@ def build(
     out = out or output_folder(profile, rehearsal)
     pages = pages or chapters()
     parameters = {"profile": profile, "smoke": smoke}
-    with rehearsal_hub(out) if rehearsal else _nothing() as dtype:
+    with rehearsal_hub(out) if rehearsal else nullcontext() as dtype:
         executed = execute_all(pages, out, parameters)
     banner = (
         REHEARSAL_BANNER.format(dtype=dtype)
@@ -694,11 +694,6 @@ def output_folder(profile: str = "cpu", rehearsal: bool = False) -> Path:
         if profile == "cpu" and not rehearsal
         else f"_build/{profile}{'-rehearsal' if rehearsal else ''}"
     )
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 @contextmanager

@@ -278,7 +278,7 @@ class Config:
 
 @dataclass(frozen=True)
 class BenchmarkConfig(Config):
-    """A chapter scored on MMLU, the knowledge tasks and KV retrieval (`benchmarks.pooled`): the
+    """A chapter scored on MMLU, the knowledge tasks and KV retrieval (`helpers.benchmarks`): the
     sizes and prompt settings of those benchmarks, declared once."""
 
     n_mmlu: int | None = count(optional=True)  # None: every question

@@ -74,9 +74,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     args = p.parse_args()
     results = {t: [] for t in args.thresholds}
-    for _ in range(
-        args.reps
-    ):  # alternated, so that a busy moment does not fall on one setting only
+    # alternated, so that a busy moment does not fall on one setting only
+    for _ in range(args.reps):
         for t in args.thresholds:
             start = time.perf_counter()
             results[t].append(run(t))

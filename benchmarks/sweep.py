@@ -426,9 +426,8 @@ def main() -> None:
     t = time.perf_counter()
     estimate = screen.attribution(engine, progress=False)
     screens = {"midpoint (alpha=0.5)": estimate, "plain (alpha=1)": plain}
-    for lh in sorted(estimate, key=estimate.get)[
-        : args.top
-    ]:  # the exact check, timed with the screen
+    # the exact check, timed with the screen
+    for lh in sorted(estimate, key=estimate.get)[: args.top]:
         engine.score({lh[0]: [lh[1]]})
     screen_s = time.perf_counter() - t
     print(

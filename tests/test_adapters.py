@@ -77,9 +77,8 @@ def tiny_zamba2():
             mixer.A_log.uniform_(-1, 1)
             mixer.dt_bias.uniform_(-2, 1)
             mixer.D.normal_()
-            mixer.in_proj.weight.normal_(
-                0, 0.3
-            )  # O(1) activations instead of the init's 0.02 scale
+            # O(1) activations instead of the init's 0.02 scale
+            mixer.in_proj.weight.normal_(0, 0.3)
     return model
 
 

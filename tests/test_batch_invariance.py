@@ -99,9 +99,8 @@ def test_bfloat16_kv_scores_are_as_close_to_float32_as_lm_evals_own(smol, smol_b
     1.16. SmolLM2's bfloat16 is that coarse whatever the shape: the bound is lm-eval's own."""
     items = helpers.kv_items(8, 24, seed=1)
     with torch.inference_mode():
-        exact = np.concatenate(
-            helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items)
-        )  # float32
+        # float32
+        exact = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items))
     theirs = np.abs(lm_eval_loglikelihoods(smol_bf16, items) - exact)
     for name, got in ours(smol_bf16, items).items():
         error = np.abs(got - exact)

@@ -130,9 +130,8 @@ def test_the_colab_notebook_installs_from_the_repository_and_runs_its_first_cell
     ours = next(
         p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").exists()
     )
-    (site / "venv-packages.pth").write_text(
-        str(ours) + "\n"
-    )  # a path line: its own .pth files are not run
+    # a path line: its own .pth files are not run
+    (site / "venv-packages.pth").write_text(str(ours) + "\n")
     nb = jupytext.read(book.ROOT / "book" / "layer_pruning.ipynb")
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     setup = code[0].replace(book.repository_url(), origin.as_uri())

@@ -38,10 +38,11 @@ def test_every_chapter_ran_the_paper_profile_on_paper_models_in_the_rehearsal(re
             md.stem,
             used,
         )
+        # the GPU's dtype, so that its paths fail here first
         if md.stem not in (
             "toy_zoo",
             "retrieval_aware",
-        ):  # the GPU's dtype, so that its paths fail here first
+        ):
             assert record["provenance"]["dtype"] == "bfloat16", md.stem
             # and the revisions the stores' sidecars keep say so: a float32 store is not read as bfloat16's
             assert all(r.endswith(" bfloat16") for r in record["provenance"]["models"].values()), (

@@ -22,9 +22,8 @@ class CharTokenizer:
 
 @pytest.fixture(scope="module")
 def kv(smol):
-    return helpers.kv_items(
-        5, 6, seed=2, query="paper", form="spaced"
-    )  # multi-token continuations (" 42")
+    # multi-token continuations (" 42")
+    return helpers.kv_items(5, 6, seed=2, query="paper", form="spaced")
 
 
 def plain(smol, items, ablation):
@@ -109,9 +108,8 @@ def test_engine_drives_zamba2_hybrid_layers(view, dtype):
         np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
     assert not np.allclose(rows[0], rows[1])  # the ablation reached the hybrid layer
     hidden = torch.randn(1, 5, 32, dtype=dtype)
-    assert (
-        adapter.run_layer(adapter.block(2), hidden).shape == hidden.shape
-    )  # a Mamba layer runs alone
+    # a Mamba layer runs alone
+    assert adapter.run_layer(adapter.block(2), hidden).shape == hidden.shape
     with pytest.raises(helpers.InterventionError, match="hybrid layer reads the token embeddings"):
         adapter.run_layer(adapter.block(3), hidden)
 
@@ -171,9 +169,8 @@ def test_the_checkpointed_screen_gives_the_same_numbers(smol, alpha, monkeypatch
 
     items = bm.letter_mcq("smollm2-135m-instruct", smol.tokenizer, "cpu", 6, seed=3).items
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=200)
-    assert len(engine.batches) > 1 and len(set(engine.rows.row.tolist())) < len(
-        items
-    )  # rows hold several questions
+    # rows hold several questions
+    assert len(engine.batches) > 1 and len(set(engine.rows.row.tolist())) < len(items)
     layers = list(range(3))  # a pruned model: the model_layers path too, and quick
     kept = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=False)
     recomputed = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=True)

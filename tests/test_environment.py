@@ -267,9 +267,8 @@ def test_kernels_that_do_not_import_count_as_the_fallback(monkeypatch):
 
     def broken(name, *a, **k):
         if name.startswith(("mamba_ssm", "causal_conv1d")):
-            raise ImportError(
-                "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationESs"
-            )  # a wheel for another torch
+            # a wheel for another torch
+            raise ImportError("undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationESs")
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", broken)
@@ -296,9 +295,8 @@ def third_party_imports(files: list, chapters: bool) -> set[str]:
                 names |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names.add(node.module.split(".")[0])
-    return (
-        names - set(sys.stdlib_module_names) - {"helpers", "google"} - set(OPTIONAL)
-    )  # google.colab: Colab's own
+    # google.colab: Colab's own
+    return names - set(sys.stdlib_module_names) - {"helpers", "google"} - set(OPTIONAL)
 
 
 def installed_with(requirements_: list[str]) -> set[str]:

@@ -10,10 +10,11 @@ PAIRS = [
     ("The capital of France is", " Paris"),
     ("The capital of France is", " a city in Europe"),
     ("Memorize the following dictionary:\nriver:42\nlamp:7\nriver:", "42"),
+    # trailing space moves to the continuation
     (
         "Question: What is frozen water called?\nAnswer: ",
         "ice",
-    ),  # trailing space moves to the continuation
+    ),
 ]
 
 
@@ -78,10 +79,11 @@ def test_mean_of_tasks_known_answer():
     # Each variance at (k + 2) / (n + 4): the task at 100% is not exact.
     variance = 0.5 * 0.5 / 104 + (102 / 104) * (2 / 104) / 104
     assert m == 0.75 and hi - m == pytest.approx(1.96 * variance**0.5 / 2, rel=1e-3)
+    # one task: its own Wilson interval, not [100%, 100%]
     assert mean_of([1.0], [4]) == (
         1.0,
         *wilson(4, 4),
-    )  # one task: its own Wilson interval, not [100%, 100%]
+    )
 
 
 def test_mean_over_tasks_is_the_unweighted_mean_per_group():

@@ -157,10 +157,11 @@ def test_a_command_refuses_a_bad_argument_in_under_a_second_without_torch(comman
         check=True,
     ).stdout.split()
     assert loaded == []
+    # should it not refuse
     times, env = (
         [],
         {**os.environ, "GA_CACHE": str(tmp_path), "GA_RESULTS": str(tmp_path)},
-    )  # should it not refuse
+    )
     for _ in range(3):
         start = time.perf_counter()
         done = subprocess.run(

@@ -18,13 +18,14 @@ from helpers import paths
 from helpers.stats import wilson
 
 NUMERIC = {"sums", "products", "differences", "number_words"}
+# capitals with two claimants
 DISPUTED = {
     "Bolivia",
     "Israel",
     "the Netherlands",
     "Sri Lanka",
     "Tanzania",
-}  # capitals with two claimants
+}
 
 
 def _generator():

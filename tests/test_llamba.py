@@ -165,9 +165,8 @@ def test_the_screen_runs_on_llamba():
         screen.attribution(engine, alpha=1.0, progress=False, checkpoint=c) for c in (False, True)
     )
     assert kept == recomputed and len(kept) == sum(engine.adapter.n_heads(l) for l in range(2))
-    assert (
-        screen.attribution(engine, alpha=1.0, progress=False) == kept
-    )  # the default decides by size
+    # the default decides by size
+    assert screen.attribution(engine, alpha=1.0, progress=False) == kept
 
 
 def test_tied_checkpoint_loads_without_a_head_and_ties_it(tmp_path):

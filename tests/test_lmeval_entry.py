@@ -155,9 +155,8 @@ def test_ablated_run_equals_the_projects_scorer(
         )
         for d in (s["doc"] for s in samples)
     ]
-    assert [tuple(tuple(a) for a in s["arguments"]) for s in samples] == [
-        it.pairs for it in items
-    ]  # one prompt
+    # one prompt
+    assert [tuple(tuple(a) for a in s["arguments"]) for s in samples] == [it.pairs for it in items]
     with contextlib.ExitStack() as stack:
         for context in primitives(tiny.model):
             stack.enter_context(context)
@@ -187,9 +186,8 @@ def test_ablated_generations_differ_and_the_model_is_restored_exactly(
     ablated = run(tiny, [task_files["gen"]], task_manager, zero="L0H0,L0H1,L1H2", remove_layers="2")
     texts = lambda r: [s["filtered_resps"][0] for s in r["samples"]["entry_gen"]]
     assert texts(clean) != texts(ablated)
-    assert not any(
-        stop in t for t in texts(clean) + texts(ablated) for stop in ("\n", ",")
-    )  # cut at the stops
+    # cut at the stops
+    assert not any(stop in t for t in texts(clean) + texts(ablated) for stop in ("\n", ","))
     assert tiny.adapter.layers is blocks and len(blocks) == 4
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in tiny.model.modules())
     assert all(torch.equal(state[k], v) for k, v in tiny.model.state_dict().items())
@@ -277,9 +275,8 @@ def test_the_books_own_tasks_skip_lm_evals_index_and_its_names_do_not():
     local = lmeval.task_manager_for(ours)
     assert not local.all_tasks  # no YAML of lm-eval's was read
     assert [t["task"] for t in lmeval.resolve_tasks(ours, local)] == ours
-    assert (
-        "gsm8k" in lmeval.task_manager_for(ours + ["gsm8k"]).all_tasks
-    )  # one lm-eval name: its whole index
+    # one lm-eval name: its whole index
+    assert "gsm8k" in lmeval.task_manager_for(ours + ["gsm8k"]).all_tasks
 
 
 def test_layers_and_heads_are_read_as_written():
@@ -370,24 +367,21 @@ def test_the_book_tasks_are_what_their_generator_writes_and_their_answers_check(
             column, director = doc["field"].split(" of the film by ")
             header = re.findall(r"<th>([^<]*)</th>", doc["page"])
             asked = [r for r in table if r[header.index("Director")] == director]
-            assert (
-                len(asked) == 1 and asked[0][header.index(column)] == doc["answer"]
-            )  # one row, the cell
+            # one row, the cell
+            assert len(asked) == 1 and asked[0][header.index(column)] == doc["answer"]
             for i in range(len(header)):
                 assert len({r[i] for r in table}) == len(table)  # no value twice in a column
         for doc in map(
             json.loads, (folder / f"dialogue_fact-{split}.jsonl").read_text().splitlines()
         ):
             rejected = doc["dialogue"].split("How about the ")[1].split("?")[0]
-            assert (
-                doc["answer"] in doc["dialogue"] and doc["answer"] != rejected
-            )  # said, and not the rejected place
+            # said, and not the rejected place
+            assert doc["answer"] in doc["dialogue"] and doc["answer"] != rejected
         for doc in map(
             json.loads, (folder / f"choice_chat-{split}.jsonl").read_text().splitlines()
         ):
-            source = letters[
-                doc["id"]
-            ]  # a question of the letter set's test split, its options as they stand
+            # a question of the letter set's test split, its options as they stand
+            source = letters[doc["id"]]
             assert source["split"] == "test" and doc["question"] == source["question"]
             assert (
                 doc["choices"]["text"] == source["choices"]
@@ -398,9 +392,8 @@ def test_the_book_tasks_are_what_their_generator_writes_and_their_answers_check(
 def test_lm_eval_scores_the_book_tasks_offline_from_any_folder(
     tiny, task_manager, tmp_path, monkeypatch
 ):
-    monkeypatch.chdir(
-        tmp_path
-    )  # data_files and utils.py are read from the YAML's folder, not from here
+    # data_files and utils.py are read from the YAML's folder, not from here
+    monkeypatch.chdir(tmp_path)
     results = lmeval.evaluate(
         tiny, "arithmetic_words,page_field", task_manager=task_manager, log_samples=True, limit=3
     )
@@ -422,11 +415,12 @@ def test_lm_eval_scores_the_book_tasks_offline_from_any_folder(
             f"Question: {first['question']}\nAnswer: {first['solution']}\n\n"
             if task == "arithmetic_words"
             else ""
+            # a worked example first; SWDE's none
         ) + (
             f"Question: {doc['question']}\nAnswer:"
             if task == "arithmetic_words"
             else f"{doc['page']}\n\n{doc['field']}:"
-        )  # a worked example first; SWDE's none
+        )
         assert not any(stop in s["resps"][0][0] for s in samples for stop in stops)
         assert results["results"][task][metric] == pytest.approx(
             np.mean([s[metric.split(",")[0]] for s in samples])

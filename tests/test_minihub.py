@@ -112,9 +112,8 @@ def test_paper_model_loads_on_cpu_with_its_published_counts(rehearsal, name):
 def test_published_counts_that_the_paper_names():
     """The counts the paper's heads and the hybrid chapter need, as data/configs has them."""
     llama, llamba = published_summary("llama-3.1-8b-instruct"), published_summary("llamba-8b")
-    assert (
-        llama["heads"][16] == llama["heads"][17] == 32 and llama["kv_heads"] == 8
-    )  # L16H22, L17H24
+    # L16H22, L17H24
+    assert llama["heads"][16] == llama["heads"][17] == 32 and llama["kv_heads"] == 8
     assert llamba["heads"][17] == 32  # L16H10, L17H3 and H9
     assert published_summary("falcon-mamba-7b-instruct")["heads"][35] == 8192  # channels up to 7305
     zamba = published_summary("zamba2-7b")
@@ -168,17 +167,14 @@ def test_the_beyond_mmlu_tasks_load_offline_through_lm_evals_own_definitions(reh
     ]
     tasks = rehearsal["lm_eval"]
     arithmetic, pages = book("arithmetic_words"), book("page_field")
-    assert (
-        tasks["gsm8k"]["n"] == len(arithmetic) - 8 and tasks["gsm8k"]["fewshot"] == 8
-    )  # 8 solved ones for 5-shot
-    assert tasks["gsm8k"]["target"].endswith(
-        f"#### {arithmetic[8]['answer']}"
-    )  # what strict-match reads
+    # 8 solved ones for 5-shot
+    assert tasks["gsm8k"]["n"] == len(arithmetic) - 8 and tasks["gsm8k"]["fewshot"] == 8
+    # what strict-match reads
+    assert tasks["gsm8k"]["target"].endswith(f"#### {arithmetic[8]['answer']}")
     assert tasks["swde"]["n"] == len(pages) and tasks["swde"]["target"] == pages[0]["answer"]
     assert tasks["swde"]["text"].endswith(f"{pages[0]['field']}:")
-    assert (
-        tasks["arc_challenge_chat"]["n"] == 19 and tasks["arc_challenge_chat"]["fewshot"] > 0
-    )  # its train split
+    # its train split
+    assert tasks["arc_challenge_chat"]["n"] == 19 and tasks["arc_challenge_chat"]["fewshot"] > 0
     assert tasks["arc_challenge_chat"]["target"] in "ABCD"
     assert tasks["bbh_cot_fewshot_navigate"]["n"] == 63 and tasks["bbh_cot_fewshot_navigate"][
         "text"
@@ -208,9 +204,8 @@ def test_gpu_memory_check_fails_before_loading_and_names_the_fix(monkeypatch):
     monkeypatch.delenv("GA_DEVICE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(
-        torch.cuda, "mem_get_info", lambda *a: (15 * 10**9, 16 * 10**9)
-    )  # a Colab T4
+    # a Colab T4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (15 * 10**9, 16 * 10**9))
     with pytest.raises(
         helpers.ModelUnavailable, match=r"16\.1 GB .* 15\.0 GB free.*>= 24 GB.*profile='paper-3b'"
     ):
@@ -222,9 +217,8 @@ def test_gpu_memory_check_fails_before_loading_and_names_the_fix(monkeypatch):
 def test_full_shapes_are_the_published_model(name):
     """--full-shapes writes the published model: same class, every count and width, counted on
     the meta device (the full set is ~116 GB of bf16 weights)."""
-    tokenizer = SimpleNamespace(
-        bos_token_id=1, eos_token_id=2, pad_token_id=None
-    )  # full shapes keep the vocabulary
+    # full shapes keep the vocabulary
+    tokenizer = SimpleNamespace(bos_token_id=1, eos_token_id=2, pad_token_id=None)
     with torch.device("meta"):
         model = models.model_from_config(
             models.config_from_fields(minihub.hub_fields(name, tokenizer, full_shapes=True))
@@ -262,15 +256,15 @@ def test_the_three_kv_forms_under_llama3s_tokenizer():
                 for (c, x), it in ((r, released), (s, spaced), (t, trailing))
             )
             assert tok.convert_ids_to_tokens(rc[-1:] + rx[:1]) == ["Ġis", r[1]]  # ' is', '42'
+            # ' is', ' ', '42'
             assert tok.convert_ids_to_tokens(sc[-1:] + sx[:2]) == [
                 "Ġis",
                 "Ġ",
                 s[1][1:],
-            ]  # ' is', ' ', '42'
+            ]
             assert sc + sx == tc + tx and rc + rx != sc + sx  # spaced = trailing as model input
-            assert (
-                tc == sc + sx[:1] and tx == sx[1:]
-            )  # the shared space: scored by spaced, context for trailing
+            # the shared space: scored by spaced, context for trailing
+            assert tc == sc + sx[:1] and tx == sx[1:]
     assert same_tokens(tok, "paper") == {
         ("released", "spaced"): False,
         ("released", "trailing"): False,

@@ -157,9 +157,8 @@ def test_two_lanes_assembling_one_gguf_at_once_each_write_a_part_of_their_own(
     def copy(source, target, length):
         if not started:
             started.append(True)
-            other.append(
-                models.gguf_file("fake-split")
-            )  # another lane, midway through this one's copy
+            # another lane, midway through this one's copy
+            other.append(models.gguf_file("fake-split"))
         real(source, target, length)
 
     monkeypatch.setattr(models.shutil, "copyfileobj", copy)
@@ -282,9 +281,8 @@ def test_every_hub_error_names_hf_commands_that_exist(monkeypatch, tmp_path):
     import sys
 
     messages = _hub_error_messages(monkeypatch, tmp_path)
-    assert all("huggingface-cli" not in m for m in messages), (
-        messages
-    )  # huggingface_hub 2.x has no such CLI
+    # huggingface_hub 2.x has no such CLI
+    assert all("huggingface-cli" not in m for m in messages), messages
     commands = [c for m in messages for c in re.findall(r"`(hf [^`]+)`", m)]
     assert {c.split()[1] for c in commands} >= {"download", "auth"}, messages
     # The `hf` entry point of the pinned huggingface_hub (its console script runs this function).
@@ -385,9 +383,8 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     real = models.file_sha256
     monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
     from_copy = models._packaged(s, None, None)
-    assert not [
-        p for p in hashed if p.parent == folder
-    ]  # hashed when written, not again on the first read
+    # hashed when written, not again on the first read
+    assert not [p for p in hashed if p.parent == folder]
     assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
     assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]} {s.dtype}"
     config = models.packaged_config(s.name)  # the shape checks' config: from the copy now
@@ -398,9 +395,8 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     a = dict(from_gguf.model.named_parameters(remove_duplicate=False))
     b = dict(from_copy.model.named_parameters(remove_duplicate=False))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert (
-        from_copy.model.lm_head.weight is from_copy.model.model.embed_tokens.weight
-    )  # tied, as in the GGUF load
+    # tied, as in the GGUF load
+    assert from_copy.model.lm_head.weight is from_copy.model.model.embed_tokens.weight
     text = [
         "The capital of France is",
         "Question: 2+2=?\nA. 3\nB. 4\nAnswer:",
@@ -443,9 +439,8 @@ def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypat
         models.dequantized_folder(s.name, torch.bfloat16)
     )
     assert provenance.quantization([s.name])[s.name].endswith("), dequantized to bfloat16")
-    assert models._packaged(s, torch.float32, None).revision.endswith(
-        " float32"
-    )  # asked for: another dtype
+    # asked for: another dtype
+    assert models._packaged(s, torch.float32, None).revision.endswith(" float32")
     # each dtype keeps its copy (loading float32 deleted the bfloat16 one, so Qwen was dequantized twice)
     assert (
         models.dequantized_copy(s.name, torch.bfloat16) is not None
@@ -537,9 +532,8 @@ def test_no_copy_is_written_where_the_disk_cannot_hold_it_and_the_fix_is_said(
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(
-        shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 1 << 29)
-    )  # 0.5 GB free
+    # 0.5 GB free
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 30, 10 << 30, 1 << 29))
     assert (
         models.keep_dequantized("smollm2-135m-instruct", torch.float32, torch.nn.Linear(4, 4), None)
         is None

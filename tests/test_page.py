@@ -155,20 +155,22 @@ def test_staged_notebook_shows_the_png_and_links_the_svg_and_the_results(tmp_pat
             "provenance": {"stores": ["zoo-cpu-abc.jsonl", "gone-cpu-abc.jsonl"]},
         }
     )
+    # the run's, with its sidecar
     assert [p.name for p in stores] == [
         "zoo-cpu-abc.jsonl",
         "zoo-cpu-abc.models.json",
-    ]  # the run's, with its sidecar
+    ]
     assert book.run_stores({"chapter": "toy_zoo", "provenance": {}}) == []
     target = tmp_path / "stage" / "book" / "toy_zoo.ipynb"
     target.parent.mkdir(parents=True)
     book.staged_notebook(_notebook(tmp_path, [figure]), target, stores)
     nb = nbformat.read(target, as_version=4)
     assert "remove-cell" in nb.cells[0].metadata["tags"]
+    # the page shows the PNG
     assert set(nb.cells[1].outputs[0]["data"]) == {
         "image/png",
         "text/plain",
-    }  # the page shows the PNG
+    }
     assert nb.cells[2].source == "Download the figure: {download}`SVG <toy_zoo-figure-1.svg>`."
     assert (target.parent / "toy_zoo-figure-1.svg").read_text() == "<svg>1</svg>"
     assert nb.cells[3].source == "after"
@@ -276,9 +278,8 @@ def test_the_paper_banner_names_the_gpu_the_dates_and_the_commit():
 def test_provenance_records_date_cuda_kernels_and_quantization():
     from helpers.registry import Loaded
 
-    smol = Loaded(
-        "smollm2-135m-instruct", torch.nn.Linear(1, 1), None, None, "gguf 0123"
-    )  # the name decides
+    # the name decides
+    smol = Loaded("smollm2-135m-instruct", torch.nn.Linear(1, 1), None, None, "gguf 0123")
     record = provenance.record([smol], {"n": 1})
     assert record["date"].endswith("+00:00") and record["date"][:4].isdigit()
     assert (record["cuda"], record["driver"]) == ("none (CPU)", "none (CPU)")
@@ -304,9 +305,8 @@ def test_provenance_on_a_gpu_names_cuda_and_the_driver(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     assert provenance.cuda(torch.device("cuda")) == {"cuda": "12.8", "driver": "570.86.15"}
     provenance.cuda_driver.cache_clear()
-    assert (
-        kernels.status("cuda")["ssm kernels"] == "PyTorch fallback"
-    )  # cuda, but the packages are missing here
+    # cuda, but the packages are missing here
+    assert kernels.status("cuda")["ssm kernels"] == "PyTorch fallback"
 
 
 def test_provenance_block_shows_the_new_fields(monkeypatch):
@@ -422,10 +422,11 @@ def test_the_build_measures_its_kernels_peak_memory():
 @pytest.mark.parametrize(
     "injected, message",
     [
+        # --inject-paths
         (
             "PAPERMILL_INPUT_PATH = 'in.ipynb'\nPAPERMILL_OUTPUT_PATH = 'out.ipynb'\nn = 3\n",
             None,
-        ),  # --inject-paths
+        ),
         (
             "PAPERMILL_INPUT_PATH = 'in.ipynb'\nheads = 3\n",
             r"heads \(passed to papermill\); its parameters: model, n$",

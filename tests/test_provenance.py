@@ -15,9 +15,10 @@ from helpers.sweep import Store
 CHAPTERS = sorted(
     p.stem for p in (provenance.PACKAGE / "experiments").glob("*.py") if p.stem != "__init__"
 )
+# what chapters share
 SHARED = sorted(
     p.stem for p in (provenance.PACKAGE / "protocol").glob("*.py") if p.stem != "__init__"
-)  # what chapters share
+)
 
 
 def edited(tmp_path: Path, name: str, *files: str) -> Path:
@@ -93,9 +94,8 @@ def test_a_module_reads_what_it_imports_anywhere_but_not_through_presentation_mo
 
     assert after("plots.py") == after("secret.py") == after("unrelated.py") == before
     assert after(data_file="reference/paper.csv") == before  # the paper's numbers: presentation
-    assert (
-        after("scorer.py") == {"a": after("scorer.py")["a"], "b": before["b"]} != before
-    )  # imported inside a function
+    # imported inside a function
+    assert after("scorer.py") == {"a": after("scorer.py")["a"], "b": before["b"]} != before
     assert after("experiments/b.py")["a"] != before["a"]  # a chapter it imports
     assert all(v != before[m] for m, v in after(data_file="fixtures/items.jsonl").items())
 
@@ -126,9 +126,8 @@ def test_editing_presentation_modules_leaves_every_chapters_version(tmp_path):
     before = versions()
     copy = edited(tmp_path, "helpers", *(f"{m}.py" for m in provenance.PRESENTATION))
     assert versions(copy) == before
-    assert (
-        provenance.measurement_version("toy_zoo", edited(tmp_path, "again")) == before["toy_zoo"]
-    )  # a copy is the same code
+    # a copy is the same code
+    assert provenance.measurement_version("toy_zoo", edited(tmp_path, "again")) == before["toy_zoo"]
 
 
 def test_editing_the_scorer_changes_every_chapters_version(tmp_path):
@@ -196,14 +195,12 @@ def test_a_presentation_edit_recomputes_no_cell_and_a_scorer_edit_recomputes_eve
     assert (
         computed == [] and list(folder.glob("*.jsonl")) == [store] and store.stat().st_size == size
     )
-    assert (
-        figures.provenance["code"] != first.provenance["code"]
-    )  # what named the stores before: all recomputed
+    # what named the stores before: all recomputed
+    assert figures.provenance["code"] != first.provenance["code"]
     assert numbers(figures) == numbers(first)
 
     scorer = run(edited(tmp_path, "scorer", "evaluate.py"))
     assert len(computed) == len(zoo.RECIPES) and len(list(folder.glob("*.jsonl"))) == 2
-    assert numbers(scorer) == numbers(
-        first
-    )  # the edit was a comment: the same numbers, computed again
+    # the edit was a comment: the same numbers, computed again
+    assert numbers(scorer) == numbers(first)
     assert paths.results_dir("toy_zoo") == folder

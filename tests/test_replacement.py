@@ -58,9 +58,8 @@ def test_a_heads_own_output_at_its_only_position_as_the_mean_changes_nothing(smo
         assert torch.equal(logits(smol, one), plain)
     # and the engine's mean of a one-item set is the average over its real tokens, padding left out
     xs = engine.site_inputs(16)
-    assert len(xs) > 1 and any(
-        not engine.valid(i).all() for i in range(len(xs))
-    )  # several batches, some padding
+    # several batches, some padding
+    assert len(xs) > 1 and any(not engine.valid(i).all() for i in range(len(xs)))
     real = torch.cat([x[engine.valid(i)] for i, x in enumerate(xs)]).double()
     assert len(real) == int(engine.rows.lengths.sum())
     np.testing.assert_allclose(
@@ -74,9 +73,8 @@ def test_engine_replacement_equals_the_intervention_on_the_plain_scorer(smol, kv
     mean = engine.site_mean(16)
     ablations = [{16: [0]}, {16: [2, 7]}]
     zero = engine.replaced(ablations, {16: torch.zeros(width)})
-    np.testing.assert_array_equal(
-        zero, engine.loglikelihoods(ablations)
-    )  # zero: the engine's zeroing exactly
+    # zero: the engine's zeroing exactly
+    np.testing.assert_array_equal(zero, engine.loglikelihoods(ablations))
     got = engine.replaced(ablations, {16: mean})
     for ablation, row in zip(ablations, got):
         with replace_heads(smol, ablation, {16: mean}):

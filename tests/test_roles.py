@@ -35,9 +35,8 @@ def test_the_most_harmful_head_that_behaves_takes_the_role_not_the_one_that_beha
         "G": Head(0, 0),
         "A": Head(1, 1),
     }
-    assert hd.assign_roles(m, [Head(0, 2), Head(0, 0), Head(1, 1)])["G"] == Head(
-        0, 2
-    )  # the order decides
+    # the order decides
+    assert hd.assign_roles(m, [Head(0, 2), Head(0, 0), Head(1, 1)])["G"] == Head(0, 2)
     # A previous-token head never plays Gather, and a role nobody shows stays empty.
     local = measures({Head(0, 0): (0.9, 0.1, 0.95), Head(1, 1): (0.2, 0.3, 0.1)})
     assert hd.assign_roles(local, [Head(0, 0), Head(1, 1)]) == {"G": None, "A": None}
@@ -53,10 +52,11 @@ def test_candidates_are_the_heads_whose_zeroing_surely_hurts_most_harmful_first(
         {Head(1, 0): -3.0, Head(1, 1): -2.0, Head(2, 0): -1.0, Head(2, 1): 0.0},
         {Head(1, 0): at(0.3), Head(1, 1): at(0.79), Head(2, 0): at(0.6)},
     )
+    # one item fewer is no harm; L2H1 was not measured
     assert harmful(table, clean) == [
         Head(1, 0),
         Head(2, 0),
-    ]  # one item fewer is no harm; L2H1 was not measured
+    ]
     assert harmful(table, at(0.3)) == []  # against a clean run that low, nothing hurts
     ties = hd.ranking_table(
         {Head(1, 0): 0.0, Head(1, 1): 0.0, Head(2, 0): 0.0},

@@ -123,9 +123,8 @@ def test_two_workers_give_the_table_of_one_process_bit_for_bit(
     spread = shared.kv_ranking(base.load(TOY), "cpu", True, workers=2)
     pd.testing.assert_frame_equal(spread.table, alone.table, check_exact=True)
     assert spread.clean.to_json() == alone.clean.to_json()
-    assert (
-        spread.table.estimate.nunique() > 1 and spread.table.acc.notna().sum() >= 8
-    )  # two layers of 4 heads
+    # two layers of 4 heads
+    assert spread.table.estimate.nunique() > 1 and spread.table.acc.notna().sum() >= 8
 
 
 def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_store(
@@ -136,13 +135,11 @@ def test_a_worker_killed_mid_run_is_replaced_and_its_cell_computed_once_in_the_s
     rows = sweep(Store(path), CELLS, logged_size, workers=2)
     killed = json.loads((log / "killed").read_text())
     after = [c["pid"] for c in calls(log) if c["cell"] == killed["cell"]]
-    assert (
-        after[0] == killed["pid"] and len(after) == 2 and after[1] != killed["pid"]
-    )  # redone by a fresh worker
+    # redone by a fresh worker
+    assert after[0] == killed["pid"] and len(after) == 2 and after[1] != killed["pid"]
     assert rows == one_process
-    assert sorted(map(json.dumps, stored_cells(path))) == sorted(
-        map(json.dumps, CELLS)
-    )  # each cell once
+    # each cell once
+    assert sorted(map(json.dumps, stored_cells(path))) == sorted(map(json.dumps, CELLS))
 
 
 def failing_size(cell):
@@ -193,9 +190,8 @@ def test_an_interrupted_run_resumes_computing_only_the_rest(
         sweep(store, CELLS, logged_size, workers=2)
     kept = stored_cells(path)
     assert len(kept) == 2
-    first = {
-        c["pid"] for c in calls(log)
-    }  # the interrupted run's workers (let go of: the resumed run starts fresh ones)
+    # the interrupted run's workers (let go of: the resumed run starts fresh ones)
+    first = {c["pid"] for c in calls(log)}
     rows = sweep(Store(path), CELLS, logged_size, workers=2)
     resumed = [json.dumps(c["cell"]) for c in calls(log) if c["pid"] not in first]
     assert sorted(resumed) == sorted(json.dumps(c) for c in CELLS if c not in kept)
@@ -305,13 +301,13 @@ def test_a_benchmark_made_again_from_its_spec_holds_the_same_items_in_order():
         and check.items != every.items[10:30]
     )
     assert bm.part(check, 0, 5).items == check.items[:5]
-    assert (
-        bm.from_spec(bm.kv(TOY, None, 4, 6, seed=3).spec, None).items != made[0].items
-    )  # the seed is in the spec
+    # the seed is in the spec
+    assert bm.from_spec(bm.kv(TOY, None, 4, 6, seed=3).spec, None).items != made[0].items
+    # the twins of the very items
     assert [
         c.pairs[0][0].removeprefix("Question: ").removesuffix("\nAnswer:") in m.pairs[0][0]
         for m, c in zip(check.items, bm.twins(check).items)
-    ] == [True] * 20  # the twins of the very items
+    ] == [True] * 20
     with pytest.raises(ConfigError, match="kind is one of kv, mcq, knowledge, twins, part"):
         bm.from_spec({"kind": "mmlu"}, None)
 
@@ -396,9 +392,8 @@ def test_rays_processes_left_by_a_killed_driver_are_found_and_a_running_clusters
     import subprocess
     import time
 
-    orphan = subprocess.Popen(
-        ["ray::DashboardAgent", "30"], executable="/bin/sleep"
-    )  # its parent: no raylet
+    # its parent: no raylet
+    orphan = subprocess.Popen(["ray::DashboardAgent", "30"], executable="/bin/sleep")
     raylet = subprocess.Popen(
         ["raylet", "-c", "(exec -a ray::IDLE sleep 30) & wait"], executable="/bin/bash"
     )

@@ -30,9 +30,8 @@ def test_score_formats_with_its_interval_and_survives_json():
     assert s.brief == "68.0% [58.3, 76.3]"  # a table cell
     again = Score.from_json(s.to_json())
     assert (again.acc, again.n) == (s.acc, s.n) and np.array_equal(again.correct, s.correct)
-    assert (
-        again.margin is None and near_ties(again, 0.25) is None
-    )  # a score that saw no log-likelihoods
+    # a score that saw no log-likelihoods
+    assert again.margin is None and near_ties(again, 0.25) is None
 
 
 def test_margins_are_gold_minus_the_best_other_choice_and_count_near_ties():
@@ -47,9 +46,8 @@ def test_margins_are_gold_minus_the_best_other_choice_and_count_near_ties():
     ]
     s = from_loglikelihoods(lls, items)
     assert s.correct.tolist() == [True, False, True, True]
-    np.testing.assert_allclose(
-        s.margin, [0.1, -2.0, 0.1, math.inf]
-    )  # one choice: nothing to tie with
+    # one choice: nothing to tie with
+    np.testing.assert_allclose(s.margin, [0.1, -2.0, 0.1, math.inf])
     assert near_ties(s, 0.25) == 2 and near_ties(s, 0.05) == 0 and near_ties(s, 2.5) == 3
     again = Score.from_json(s.to_json())
     np.testing.assert_allclose(again.margin, s.margin)
@@ -113,9 +111,8 @@ def test_rank_correlation_known_answers_and_ties_as_scipy_ranks_them():
     scipy_stats = pytest.importorskip("scipy.stats")
     x, y = [0.3, 0.3, 0.5, 0.1, 0.9, 0.7, 0.7], [0.2, 0.4, 0.4, 0.1, 0.8, 0.9, 0.5]
     assert rank_correlation(x, y)[0] == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
-    assert all(
-        map(math.isnan, rank_correlation([1, 2, 3], [1, 2, 3]))
-    )  # too few heads for an interval
+    # too few heads for an interval
+    assert all(map(math.isnan, rank_correlation([1, 2, 3], [1, 2, 3])))
     assert all(map(math.isnan, rank_correlation([1, 1, 1, 1, 1], [1, 2, 3, 4, 5])))
 
 

@@ -210,9 +210,8 @@ def test_what_the_store_cannot_keep_is_refused_before_anything_is_written(tmp_pa
             store.put(cell, result)
     assert path.read_bytes() == before
     calls = []
-    with pytest.raises(
-        StoreError, match="dict of its settings"
-    ):  # every cell checked before the first runs
+    # every cell checked before the first runs
+    with pytest.raises(StoreError, match="dict of its settings"):
         sweep(store, [{"x": 5}, "x=6"], lambda c: calls.append(c) or {})
     assert calls == []
 

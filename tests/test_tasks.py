@@ -234,9 +234,8 @@ def test_letters_set_is_in_lm_evals_mmlu_and_arc_prompts(tmp_path, k):
 
 def test_letters_set_pairs_each_question_with_its_cloze_and_is_big_enough():
     letters, cloze = tasks.load_letters()
-    assert (
-        len(letters) == len(cloze) >= 700
-    )  # head zeroing: a screen of 100 and a check of 500, disjoint
+    # head zeroing: a screen of 100 and a check of 500, disjoint
+    assert len(letters) == len(cloze) >= 700
     for mcq, fact in zip(letters, cloze):
         assert (
             mcq.gold == fact.gold

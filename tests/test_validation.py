@@ -57,6 +57,7 @@ IDS = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
 
 def test_a_channel_group_must_divide_the_channels_at_construction():
     torch.manual_seed(0)
+    # 38 channels per layer
     model = MambaForCausalLM(
         MambaConfig(
             vocab_size=50,
@@ -66,7 +67,7 @@ def test_a_channel_group_must_divide_the_channels_at_construction():
             expand=2,
             use_mambapy=False,
         )
-    ).eval()  # 38 channels per layer
+    ).eval()
     with pytest.raises(InterventionError, match=r"group=4.*divide.*38 channels.*\[1, 2, 19, 38\]"):
         helpers.adapters.MambaAdapter(model, group=4)
     with pytest.raises(InterventionError, match="group=0"):
@@ -585,9 +586,8 @@ def test_swap_layers_into_a_bf16_ssm_host_runs_the_donor_in_its_dtype_and_hands_
     assert torch.equal(logits(host, IDS), plain)  # restored
     hook.remove()
     assert seen["donor_in"] == torch.bfloat16  # the donor's layer read the stream in its own dtype
-    assert (
-        seen["host_in"] == plain_in["dtype"]
-    )  # the host's next layer got the stream in the dtype it keeps it in
+    # the host's next layer got the stream in the dtype it keeps it in
+    assert seen["host_in"] == plain_in["dtype"]
     assert torch.isfinite(swapped).all() and not torch.equal(swapped, plain)
 
 
@@ -602,14 +602,12 @@ def test_hybrid_swap_checks_widths_from_the_configs_and_tries_its_swaps_before_t
         r"\(width 4096\) cannot swap layers",
     ):
         hybrid_swap.Config.for_profile("paper", smoke=True, student="llamba-3b")
-    hybrid_swap.Config.for_profile(
-        "paper", smoke=True, student="falcon-mamba-7b-instruct"
-    )  # 4096 wide: it fits
+    # 4096 wide: it fits
+    hybrid_swap.Config.for_profile("paper", smoke=True, student="falcon-mamba-7b-instruct")
 
     student, teacher = base.load("toy-student"), base.load("toy-transformer")
-    bf16 = copy.copy(
-        teacher
-    )  # a teacher loaded in another dtype than the student (the cached one is left as is)
+    # a teacher loaded in another dtype than the student (the cached one is left as is)
+    bf16 = copy.copy(teacher)
     bf16.model = copy.deepcopy(teacher.model).to(torch.bfloat16)
     bf16.adapter = helpers.adapter_for(bf16.model)
     monkeypatch.setattr(
@@ -655,10 +653,11 @@ def test_mask_final_rows_checks_its_lengths_and_keeps_another_mask_on_the_same_l
         (lambda: mask_final_rows(model, [T, T]), lambda: mask_attention(model, 1, [0], eye)),
         (lambda: mask_attention(model, 1, [0], eye), lambda: mask_final_rows(model, [T, T])),
     ]:
+        # both kept, in either order: every row's final position reads nothing
         with (
             first(),
             second(),
-        ):  # both kept, in either order: every row's final position reads nothing
+        ):
             assert torch.equal(logits(model, IDS), expected)
     with mask_attention(model, 1, [0], torch.ones(5, 5, dtype=torch.bool)):
         with pytest.raises(

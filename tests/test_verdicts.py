@@ -145,12 +145,10 @@ def test_collapses_reads_the_paired_loss_against_the_clean_interval():
     clean = right(100, (0, 70))
     assert v.collapses(clean, right(100, (0, 26)), 0.25)[0] == v.REPRODUCED
     assert v.collapses(clean, right(100, (0, 68)), 0.25)[0] == v.NOT_REPRODUCED
-    assert (
-        v.collapses(clean, right(100, (0, 47)), 0.25)[0] == v.INCONCLUSIVE
-    )  # loss [14, 31] straddles 18-27
-    assert (
-        v.collapses(right(100, (0, 27)), right(100, (0, 20)), 0.25)[0] == v.NOT_TESTABLE
-    )  # clean at chance
+    # loss [14, 31] straddles 18-27
+    assert v.collapses(clean, right(100, (0, 47)), 0.25)[0] == v.INCONCLUSIVE
+    # clean at chance
+    assert v.collapses(right(100, (0, 27)), right(100, (0, 20)), 0.25)[0] == v.NOT_TESTABLE
     # 14 of 20 -> 4 of 20: the ablated interval lies below the point line (47.5%), but the clean
     # interval [48, 86] puts the line anywhere from 37% to 55%: the paired loss cannot tell
     few_clean, few_ablated = right(20, (0, 14)), right(20, (0, 4))
@@ -187,9 +185,8 @@ def test_kept_only_when_the_whole_interval_clears_the_margin():
     other = right(1000, (35, 705))  # a 3-point loss, interval [-4.3, -1.8]: inside 5 points
     assert v.kept(ref, other, 0.25)[0] == v.REPRODUCED
     ref = right(200, (0, 160))
-    assert (
-        v.kept(ref, right(200, (0, 100)), 0.25)[0] == v.NOT_REPRODUCED
-    )  # -30 points: all below -5
+    # -30 points: all below -5
+    assert v.kept(ref, right(200, (0, 100)), 0.25)[0] == v.NOT_REPRODUCED
     assert v.kept(ref, Score.of(ref.correct.copy()), 0.25)[0] == v.REPRODUCED
     assert v.kept(*(Score.of([1, 1, 0, 1]), Score.of([1, 0, 0, 1])), 0.0)[0] == v.INCONCLUSIVE
     assert v.kept(right(100, (0, 27)), right(100, (0, 27)), 0.25)[0] == v.NOT_TESTABLE
@@ -200,9 +197,8 @@ def test_falls_and_below_are_paired():
     same = Score.of(clean.correct.copy())
     assert v.falls(clean, same, 0.1)[0] == v.NOT_REPRODUCED
     assert v.falls(clean, right(200, (0, 50)), 0.1)[0] == v.REPRODUCED
-    assert (
-        v.below(clean, right(200, (8, 83)))[0] == v.INCONCLUSIVE
-    )  # 8 lost, 3 gained: -2.5 [-5.9, +0.9]
+    # 8 lost, 3 gained: -2.5 [-5.9, +0.9]
+    assert v.below(clean, right(200, (8, 83)))[0] == v.INCONCLUSIVE
 
 
 # --- a bottleneck must beat the random controls -------------------------------------------------------
@@ -215,30 +211,28 @@ def test_a_head_no_more_harmful_than_random_heads_is_not_a_bottleneck():
     as_harmful = harmless + [Score.of(head.correct.copy())]  # one draw does as much as the head
     outcome, evidence = v.beats_controls(clean, head, as_harmful, 0.25)
     assert outcome == v.NOT_REPRODUCED and "3 draws" in evidence  # not "partly"
-    assert (
-        v.beats_controls(clean, right(200, (0, 138)), harmless, 0.25)[0] == v.NOT_REPRODUCED
-    )  # no collapse
+    # no collapse
+    assert v.beats_controls(clean, right(200, (0, 138)), harmless, 0.25)[0] == v.NOT_REPRODUCED
     assert v.beats_controls(clean, head, [], 0.25)[0] == v.INCONCLUSIVE  # nothing to beat
     assert v.beats_controls(right(200, (0, 52)), head, harmless, 0.25)[0] == v.NOT_TESTABLE
 
 
 def test_a_fall_beyond_random_controls_needs_a_fall_and_every_control_above_it():
     # Table 2's claim on a generative task: lower, and lower than random heads; not "to chance".
+    # 10 points lower: far from exact match's 0
     clean, top = (
         right(100, (0, 60)),
         right(100, (0, 50)),
-    )  # 10 points lower: far from exact match's 0
+    )
     harmless = [Score.of(clean.correct.copy()), right(100, (0, 58))]
     assert v.falls_beyond_controls(clean, top, harmless, 0.05)[0] == v.REPRODUCED
-    assert (
-        v.beats_controls(clean, top, harmless, 0.05)[0] == v.NOT_REPRODUCED
-    )  # not most of the way to 0
+    # not most of the way to 0
+    assert v.beats_controls(clean, top, harmless, 0.05)[0] == v.NOT_REPRODUCED
     outcome, evidence = v.falls_beyond_controls(
         clean, top, harmless + [Score.of(top.correct.copy())], 0.05
     )
-    assert (
-        outcome == v.NOT_REPRODUCED and "3 draws" in evidence
-    )  # a draw as harmful as the top heads
+    # a draw as harmful as the top heads
+    assert outcome == v.NOT_REPRODUCED and "3 draws" in evidence
     assert (
         v.falls_beyond_controls(clean, Score.of(clean.correct.copy()), harmless, 0.05)[0]
         == v.NOT_REPRODUCED
@@ -264,9 +258,8 @@ def test_kept_while_falls_needs_x_kept_and_y_falling_further():
     outcome, evidence = v.kept_while_falls(mmlu, mmlu_cut, know, know_kept, 0.25)
     assert outcome == v.NOT_REPRODUCED and "change minus" in evidence  # knowledge does not fall
     both_fall = right(400, (0, 180))
-    assert (
-        v.kept_while_falls(mmlu, both_fall, know, know_fell, 0.25)[0] == v.NOT_REPRODUCED
-    )  # MMLU not kept
+    # MMLU not kept
+    assert v.kept_while_falls(mmlu, both_fall, know, know_fell, 0.25)[0] == v.NOT_REPRODUCED
     assert (
         v.kept_while_falls(right(400, (0, 100)), mmlu_cut, know, know_fell, 0.3)[0]
         == v.NOT_TESTABLE
@@ -313,9 +306,8 @@ def test_knowledge_differences_are_paired_within_each_task():
     b = TaskMean((right(100, (0, 60)),), (0.25,))
     one = difference(a.tasks[0], b.tasks[0])
     d = mean_difference(a, b)
-    assert (d.delta, d.lo, d.hi) == pytest.approx(
-        (one.delta, one.lo, one.hi)
-    )  # one task: its own difference
+    # one task: its own difference
+    assert (d.delta, d.lo, d.hi) == pytest.approx((one.delta, one.lo, one.hi))
     two_a = TaskMean((right(100, (0, 80)), right(100, (0, 50))), (0.25, 0.5))
     two_b = TaskMean((right(100, (0, 60)), right(100, (0, 50))), (0.25, 0.5))
     d2 = mean_difference(two_a, two_b)
@@ -347,9 +339,8 @@ def test_harmful_heads_that_are_not_gather_or_aggregate_are_another_mechanism():
 def test_a_ranking_needs_a_model_above_chance_and_a_head_that_moves_it():
     clean = right(200, (0, 180))
     assert v.ranking_readable(clean, (0.40, 0.33, 0.47), 0.125) == (True, "")
-    readable, why = v.ranking_readable(
-        clean, (0.90, 0.85, 0.93), 0.125
-    )  # the top head leaves 90%: ties
+    # the top head leaves 90%: ties
+    readable, why = v.ranking_readable(clean, (0.90, 0.85, 0.93), 0.125)
     assert not readable and why.startswith("no single head moves it")
     readable, why = v.ranking_readable(right(200, (0, 26)), (0.10, 0.06, 0.15), 0.125)
     assert not readable and "at chance" in why

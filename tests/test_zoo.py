@@ -187,9 +187,8 @@ def test_kept_heads_compute_the_teachers_attention_with_the_other_heads_zeroed()
             teacher.model(input_ids=ids)
         hook.remove()
         norm = t.layers[layer].input_layernorm
-        norm = (
-            norm[0] if isinstance(norm, torch.nn.Sequential) else norm
-        )  # the convolution is the kept heads'
+        # the convolution is the kept heads'
+        norm = norm[0] if isinstance(norm, torch.nn.Sequential) else norm
         with torch.no_grad():
             mine = student.backbone.layers[layer].attention(norm(inputs[layer]))
         assert torch.allclose(mine, seen["out"], atol=1e-5)
@@ -218,9 +217,8 @@ def test_the_head_rules_rank_a_planted_head_first_and_random_draws_differ(monkey
         hook.remove()
         return -seen["x"][..., head * d : (head + 1) * d].norm()
 
-    def planted_maps(
-        model, ids, layers
-    ):  # every head on the first token, the planted one everywhere
+    # every head on the first token, the planted one everywhere
+    def planted_maps(model, ids, layers):
         maps = {}
         for l in layers:
             m = torch.zeros(ids.shape[0], 4, ids.shape[1], ids.shape[1])

@@ -477,9 +477,8 @@ class Zamba2Adapter(Mamba2Adapter):
             raise InterventionError(
                 "zamba2 layers read their input in order; they cannot take a packed mask"
             )
-        index = next(
-            (i for i, b in enumerate(self.layers) if b is block), None
-        )  # a Mamba layer needs none
+        # a Mamba layer needs none
+        index = next((i for i, b in enumerate(self.layers) if b is block), None)
         if hasattr(getattr(block, "layer", block), "shared_transformer") and (
             embeddings is None or index is None
         ):

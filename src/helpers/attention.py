@@ -334,9 +334,8 @@ def mask_final_rows(model, lengths, layers: list[int] | None = None, width: int 
     allowed[torch.arange(len(lengths)), lengths - 1] = False
     with ExitStack() as stack:
         for l in layers:
-            full = allowed[:, None].expand(
-                -1, adapter.n_heads(l), -1, -1
-            )  # [batch, heads, T, T], a view
+            # [batch, heads, T, T], a view
+            full = allowed[:, None].expand(-1, adapter.n_heads(l), -1, -1)
             full = _with_earlier(adapter, l, full)
             stack.enter_context(_attached(adapter, l, "_helpers_allowed", full))
         stack.enter_context(_routed(model))

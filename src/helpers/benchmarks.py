@@ -39,9 +39,8 @@ class Benchmark:
     role: str  # RETRIEVAL (the answer is in the prompt) or KNOWLEDGE (in the weights)
     items: list[Item] = field(repr=False)
     segments: Callable[[Item], Segments] | None = field(default=None, repr=False, compare=False)
-    spec: dict | None = field(
-        default=None, repr=False, compare=False
-    )  # what makes it again: `from_spec`
+    # what makes it again: `from_spec`
+    spec: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self) -> str | None:

@@ -267,9 +267,8 @@ def kernel_peak():
         thread.join(timeout=2)
 
 
-MMAP_THRESHOLD = (
-    32 << 20
-)  # bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
+# bytes: larger allocations of a chapter's kernel are mmapped, and unmapped when freed
+MMAP_THRESHOLD = 32 << 20
 
 
 def execute(
@@ -317,9 +316,8 @@ def execute(
             progress_bar=False,
             kernel_manager_class=LocalKernelManager,
         )
-    if (
-        record.exists()
-    ):  # the kernel's peak joins the page's provenance (the Runs page, the build's line)
+    # the kernel's peak joins the page's provenance (the Runs page, the build's line)
+    if record.exists():
         rec = json.loads(record.read_text())
         rec["provenance"]["peak_rss_gb"] = round(peak["bytes"] / 1024**3, 2)
         record.write_text(json.dumps(rec, indent=1))

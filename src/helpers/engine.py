@@ -195,9 +195,8 @@ class SweepEngine:
             m = scale.to(x.device, x.dtype)
             scaled = (x.unflatten(0, (len(m), -1)) * m[:, None, None, :]).flatten(0, 1)
             if seen is not None:
-                if (
-                    not scaled.requires_grad
-                ):  # the lowest scaled site: nothing below needs gradients
+                # the lowest scaled site: nothing below needs gradients
+                if not scaled.requires_grad:
                     scaled.requires_grad_(True)
                 seen.setdefault(layer, []).append((x.detach(), scaled))
             return scaled
@@ -366,9 +365,8 @@ class SweepEngine:
             desc="head sweep",
             disable=not progress,
         ) as meter:
-            for layer in (
-                layers
-            ):  # a layer's heads in one call, side by side where a batch has room (`slots`)
+            # a layer's heads in one call, side by side where a batch has room (`slots`)
+            for layer in layers:
                 heads = range(self.adapter.n_heads(layer))
                 for h, ll in zip(
                     heads, self.loglikelihoods([{layer: [h]} for h in heads], model_layers)

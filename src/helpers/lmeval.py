@@ -358,9 +358,8 @@ def evaluate(
         "apply_chat_template": apply_chat_template,
     }
     results["provenance"] = provenance.record([model], parameters)
-    results["provenance"]["versions"]["lm-eval"] = version(
-        "lm-eval"
-    )  # the harness that computed these numbers
+    # the harness that computed these numbers
+    results["provenance"]["versions"]["lm-eval"] = version("lm-eval")
     return results
 
 
@@ -448,9 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         from .models import ModelUnavailable  # imported only now: torch is loaded by then anyway
 
-        if not isinstance(
-            e, ModelUnavailable
-        ):  # weights or a GPU missing: its message names the fix
+        # weights or a GPU missing: its message names the fix
+        if not isinstance(e, ModelUnavailable):
             raise
         print(f"python -m helpers.lmeval: error: {e}", file=sys.stderr)
         return 2

@@ -445,9 +445,8 @@ def dataset_sources() -> list[tuple[str, str | None, str, dict[str, list[dict]]]
     for task, (path, config, split) in KNOWLEDGE_SOURCES.items():
         kind, rows = knowledge[task]
         splits = {split: rows}
-        if (
-            task == "arc_challenge"
-        ):  # lm-eval's arc_challenge_chat reads the train split too (its few-shot pool)
+        # lm-eval's arc_challenge_chat reads the train split too (its few-shot pool)
+        if task == "arc_challenge":
             splits |= {"train": arc_rows(("capitals",)), "validation": arc_rows(("everyday",))}
         sources.append((path, config, kind, splits))
     return sources + generative_sources()

@@ -420,9 +420,8 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
     target = dequantized_folder(name, dtype)
     tensors, seen = {}, set()
     for key, tensor in model.state_dict().items():
-        if (
-            tensor.data_ptr() not in seen
-        ):  # a tied weight (lm_head = embeddings): the model ties it on load
+        # a tied weight (lm_head = embeddings): the model ties it on load
+        if tensor.data_ptr() not in seen:
             seen.add(tensor.data_ptr())
             tensors[key] = tensor
     size, free = sum(t.nbytes for t in tensors.values()), shutil.disk_usage(target.parent).free
@@ -450,17 +449,15 @@ def keep_dequantized(name: str, dtype: torch.dtype, model, tokenizer) -> Path | 
         (partial / MANIFEST).write_text(
             json.dumps({"key": dequantization_key(name, dtype), "files": files}, indent=2)
         )
-        (partial / VERIFIED).write_text(
-            _file_stamps(partial, files)
-        )  # just hashed: the first read need not hash again
+        # just hashed: the first read need not hash again
+        (partial / VERIFIED).write_text(_file_stamps(partial, files))
         try:
             partial.rename(target)
         except OSError:  # another process put a copy there first: keep it
             return None
         dtype_name = dequantization_key(name, dtype)["dtype"]
-        for old in target.parent.glob(
-            f"{name}.*.dequantized"
-        ):  # the same dtype's copies made by other code
+        # the same dtype's copies made by other code
+        for old in target.parent.glob(f"{name}.*.dequantized"):
             if old != target and _copy_key(old).get("dtype", dtype_name) == dtype_name:
                 shutil.rmtree(old, ignore_errors=True)
         return target
@@ -495,9 +492,8 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
             f"must be reachable (run `{hf_download(s.hub_id)}`{_gated(s.hub_id)}). The cause: {e}"
         ) from e
     config = try_to_load_from_cache(s.hub_id, "config.json", revision=revision)
-    snapshot = (
-        Path(config).parent.name if isinstance(config, str) else "unknown"
-    )  # the hub snapshot loaded
+    # the hub snapshot loaded
+    snapshot = Path(config).parent.name if isinstance(config, str) else "unknown"
     # The dtype too, as for the packaged models: a store computed in another one stops the run
     # (`protocol.base.open_store`) instead of serving float32 numbers to a bfloat16 run.
     snapshot = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"

@@ -263,9 +263,8 @@ def batches(rows: Rows, batch_tokens: int) -> tuple[Rows, list[RowBatch]]:
     16 keys, 20% on 500 short letter questions, where the partial batches weigh most)."""
     widths = [bucket_width(int(n)) for n in rows.lengths]
     order: list[int] = []  # for each laid-out row, the packed row it holds (-1: a filler row)
-    spans: list[
-        tuple[int, int, int, int]
-    ] = []  # (first laid-out row, rows, width, real rows) of each batch
+    # (first laid-out row, rows, width, real rows) of each batch
+    spans: list[tuple[int, int, int, int]] = []
     start = 0
     while start < len(widths):
         width = widths[start]
@@ -310,9 +309,8 @@ def _laid_out(rows: Rows, order: list[int], width: int) -> Rows:
     lengths = torch.zeros(n, dtype=rows.lengths.dtype)
     lengths[at] = rows.lengths[real]
     allowed = None
-    if (
-        rows.allowed is not None
-    ):  # pads and filler rows read themselves only (no empty softmax rows)
+    # pads and filler rows read themselves only (no empty softmax rows)
+    if rows.allowed is not None:
         allowed = torch.eye(width, dtype=torch.bool).repeat(n, 1, 1)
         allowed[at, :T, :T] = rows.allowed[real]
     new_index = torch.empty(len(rows.ids), dtype=torch.long)

@@ -176,12 +176,10 @@ def _imports(module: str, package: Path) -> frozenset[str]:
     """The package's modules that `module` imports anywhere in its source, and its packages."""
     modules = _modules(package)
     path = modules[module]
-    here = (
-        module if path.name == "__init__.py" else module.rpartition(".")[0]
-    )  # what `from .` means
-    found = {
-        ".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)
-    }  # its packages
+    # what `from .` means
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    # its packages
+    found = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
@@ -192,9 +190,8 @@ def _imports(module: str, package: Path) -> frozenset[str]:
             else:
                 base = node.module or ""
             found.add(base)
-            found.update(
-                f"{base}.{a.name}" for a in node.names
-            )  # `from . import x`: x may be a module
+            # `from . import x`: x may be a module
+            found.update(f"{base}.{a.name}" for a in node.names)
     return frozenset(m for m in found if m in modules and m != module)
 
 

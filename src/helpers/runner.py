@@ -229,9 +229,8 @@ def _actors(ray, n: int, asked: int) -> list:
             f"workers={asked}, but the Ray cluster has {have:g} {unit}s (one worker per {unit}): set "
             f"workers to at most {int(have)}, or add machines to the cluster (ray start)"
         )
-    if (
-        options != _pool_options
-    ):  # another cluster (or device kind) than the pool's actors were started on
+    # another cluster (or device kind) than the pool's actors were started on
+    if options != _pool_options:
         _pool.clear()
         _pool_options = options
     cls = ray.remote(**_resources())(Worker)
@@ -302,9 +301,8 @@ def run_cells(
                         queue.appendleft(i)
                         submit(slot)
                     continue
-                except (
-                    ray.exceptions.RayTaskError
-                ) as e:  # the measurement raised: its own error, after the others
+                # the measurement raised: its own error, after the others
+                except ray.exceptions.RayTaskError as e:
                     failed = failed or e
                     continue
                 done(cells[i], result)

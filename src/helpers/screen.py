@@ -22,9 +22,8 @@ from .heads import Head, layers_to_sweep, ranking_table
 from .packing import default_batch_tokens
 from .progress import bar
 
-GRAPH_BYTES = (
-    1024**3
-)  # a gradient pass's activations per batch on CPU (a 1.5B model: ~170 tokens; 2 GB peaked at 16.7 GB)
+# a gradient pass's activations per batch on CPU (a 1.5B model: ~170 tokens; 2 GB peaked at 16.7 GB)
+GRAPH_BYTES = 1024**3
 
 
 def gradient_batch_tokens(model) -> int:

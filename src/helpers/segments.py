@@ -33,9 +33,8 @@ if TYPE_CHECKING:
 class Segments:
     labels: list[str]  # each token, decoded, for axis labels
     segment: np.ndarray  # segment index per token, -1 outside every segment
-    role: list[
-        str
-    ]  # "key" (KV) or "letter" (MCQ), "sep", "value", "end" inside segments; "query", "other" outside
+    # "key" (KV) or "letter" (MCQ), "sep", "value", "end" inside segments; "query", "other" outside
+    role: list[str]
     target: int  # the segment holding the answer
 
     @property

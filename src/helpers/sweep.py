@@ -61,9 +61,8 @@ def os_error(path: Path | str, doing: str, error: OSError) -> StoreError:
 
 # --- one writer at a time ------------------------------------------------------------------------
 
-_held: dict[
-    str, list
-] = {}  # absolute store path -> [lock file descriptor, depth, writable] while held here
+# absolute store path -> [lock file descriptor, depth, writable] while held here
+_held: dict[str, list] = {}
 _thread_locks: dict[str, threading.RLock] = {}
 _guard = threading.Lock()
 
@@ -180,9 +179,8 @@ def lock(path: Path | str):
         try:
             if not _try_lock(fd):
                 holder = _holder(fd)
-                for _ in range(
-                    20
-                ):  # a holder that has just taken the lock writes its name in a moment
+                # a holder that has just taken the lock writes its name in a moment
+                for _ in range(20):
                     if holder is not None or _try_lock(fd):
                         break
                     time.sleep(0.05)
@@ -418,9 +416,8 @@ class Store:
                 raise read_only(self.path)
             _check_lock_file(self.path, _held[os.path.abspath(self.path)][0])
             self.refresh()
-            if (
-                _key(cell) in self._done
-            ):  # another process wrote it since this one last looked: keep theirs
+            # another process wrote it since this one last looked: keep theirs
+            if _key(cell) in self._done:
                 return
             try:
                 _fsync_append(self.path, line)
@@ -448,16 +445,14 @@ def sweep(
         raise StoreError(f"sweep's first argument is a Store, got {type(store).__name__}")
     workers = runner.check_workers(workers)
     if workers is not None:
-        name = runner.measurement_name(
-            run
-        )  # before anything runs: a closure is refused with the fix
+        # before anything runs: a closure is refused with the fix
+        name = runner.measurement_name(run)
     elif not callable(run):
         raise StoreError(f"sweep's run is a function of a cell, got {run!r}")
     cells = list(cells)
     keys = [_key(c) for c in cells]  # every cell checked before the first runs
-    with (
-        store.lock()
-    ):  # the only writer: another process running this sweep waits, then reuses these cells
+    # the only writer: another process running this sweep waits, then reuses these cells
+    with store.lock():
         store.refresh()
         todo = {key: c for key, c in zip(keys, cells) if key not in store._done}
         if todo and not writable(store.path):  # before any cell is computed

@@ -49,9 +49,8 @@ class Item:
             raise ConfigError(
                 f"an Item's gold is the index of the right choice, 0..{len(self.pairs) - 1}, got {self.gold!r}"
             )
-        object.__setattr__(
-            self, "pairs", tuple(tuple(p) for p in self.pairs)
-        )  # hashable, equal to tuples
+        # hashable, equal to tuples
+        object.__setattr__(self, "pairs", tuple(tuple(p) for p in self.pairs))
         object.__setattr__(self, "gold", gold)
 
 
@@ -196,9 +195,8 @@ def load_letters(
     k = _integer(k, "k (shots)", low=0)
     n, seed = _check_subset(n, seed)
     letters, cloze = _letter_sets(k, bool(permuted))
-    _record_committed(
-        paths.data() / "letters" / "letters.jsonl"
-    )  # each run's record, not only the first
+    # each run's record, not only the first
+    _record_committed(paths.data() / "letters" / "letters.jsonl")
     return _subset(list(letters), n, seed), _subset(list(cloze), n, seed)
 
 

@@ -397,16 +397,14 @@ class Power:
     and the items there are, the n used, and the smallest collapse it detects."""
 
     n: int  # items used: the largest need, at least `floor`, at most `available`
-    needs: dict[
-        str, int | None
-    ]  # kind of claim -> the n that decides it with 80% power (None: no n does)
+    # kind of claim -> the n that decides it with 80% power (None: no n does)
+    needs: dict[str, int | None]
     floor: int
     available: int
     clean: float
     chance: float
-    detectable: (
-        float | None
-    )  # the smallest loss `collapses` reports as reproduced with 80% power at n
+    # the smallest loss `collapses` reports as reproduced with 80% power at n
+    detectable: float | None
 
     @property
     def n_dependent(self) -> int:

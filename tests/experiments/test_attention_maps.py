@@ -76,9 +76,8 @@ def test_a_previous_token_head_and_an_aggregate_head_that_reads_no_ends_are_not_
     g, ends, answer = chapter.verdicts(made_up(0.9, 0.95, 0.1, 0.2))
     assert g.outcome == v.NOT_REPRODUCED and "previous-token heads: above 0.8" in g.evidence
     assert ends.outcome == answer.outcome == v.NOT_REPRODUCED
-    assert (
-        chapter.verdicts(made_up(0.5, 0.3, 0.8, 0.7))[0].outcome == v.INCONCLUSIVE
-    )  # straddles the line
+    # straddles the line
+    assert chapter.verdicts(made_up(0.5, 0.3, 0.8, 0.7))[0].outcome == v.INCONCLUSIVE
 
 
 def test_a_model_at_chance_cannot_show_the_mechanism_and_a_missing_role_is_named():
@@ -101,10 +100,11 @@ def test_roles_by_behaviour_fill_a_missing_role_with_the_closest_candidate():
     )
     heads, filled = roles.closest_roles(measures)
     assert filled == {"G": True, "A": False}  # no head puts half its mass on the ends
+    # L16H0 and L19H8 are local: not Gather heads
     assert heads == {
         "G": (Head(17, 1),),
         "A": (Head(16, 0),),
-    }  # L16H0 and L19H8 are local: not Gather heads
+    }
     measures.loc[[Head(18, 6)], hd.AGGREGATE_MEASURE] = 0.9
     assert roles.closest_roles(measures) == (
         {"G": (Head(17, 1),), "A": (Head(18, 6),)},
@@ -132,9 +132,8 @@ def test_the_papers_heads_come_from_the_reference_table():
         "G": (Head(16, 10),),
         "A": (Head(17, 3), Head(17, 9)),
     }
-    assert reference.paper_heads("falcon-mamba-7b-instruct")["G"][0] == Head(
-        35, 3186
-    )  # channel 3186
+    # channel 3186
+    assert reference.paper_heads("falcon-mamba-7b-instruct")["G"][0] == Head(35, 3186)
     assert reference.paper_heads("smollm2-135m-instruct") is None
 
 

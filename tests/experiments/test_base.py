@@ -39,9 +39,8 @@ def test_a_config_takes_the_profile_then_smoke_then_what_was_set():
     assert Config.for_profile("cpu").n == 100
     smoke = Config.for_profile("cpu", True, sizes=[3, 5])
     assert (smoke.n, smoke.sizes) == (4, (3, 5))  # smoke shrinks only what was not set
-    cfg = Config.for_profile(
-        "paper", n=None, gather=[16, np.int64(2)]
-    )  # None: the default; numpy integers count
+    # None: the default; numpy integers count
+    cfg = Config.for_profile("paper", n=None, gather=[16, np.int64(2)])
     assert cfg.n == 100 and cfg.gather == Head(16, 2)
     assert cfg.parameters()["gather"] == "L16H2" and cfg.parameters()["sizes"] == [2, 8]
 
@@ -88,10 +87,11 @@ def test_store_file_carries_the_version_of_what_computes_it_and_refuses_other_we
         == f"part-cpu-{provenance.measurement_version('toy_zoo')}.jsonl"
         != store.path.name
     )
+    # the page links them
     assert base.record(cfg, [], base.Timer())["stores"] == [
         store.path.name,
         chapter.path.name,
-    ]  # the page links them
+    ]
     store.put({"x": 1}, {"y": 2})
     assert {"x": 1} in base.open_store(cfg.chapter, cfg.profile, "part", [model])
     model.revision = "gguf bbb"
@@ -151,9 +151,8 @@ def test_a_sidecar_write_killed_before_its_rename_leaves_no_file_for_good(tmp_pa
     sidecar = next(tmp_path.glob("made_up/*.models.json"))
     stale = sidecar.with_name(sidecar.name + ".4242.tmp")
     stale.write_text('{"smollm2-135m-instruct": "gguf a')  # what a kill mid-write leaves
-    other = sidecar.with_name(
-        "other.models.json.4242.tmp"
-    )  # another store's: not this open's business
+    # another store's: not this open's business
+    other = sidecar.with_name("other.models.json.4242.tmp")
     other.write_text("{")
     base.open_store("made_up", "cpu", "part", [model])
     assert (
@@ -181,9 +180,8 @@ def test_a_sidecar_that_does_not_name_the_stores_model_is_not_trusted_nor_rewrit
         base.open_store("made_up", "cpu", "part", [model])
     assert meta.read_text() == sidecar
     other = type("Loaded", (), {"name": "toy-transformer", "revision": "zoo 123"})
-    base.open_store(
-        "made_up", "cpu", "part", [other]
-    )  # a model whose results it does not hold: no claim made
+    # a model whose results it does not hold: no claim made
+    base.open_store("made_up", "cpu", "part", [other])
 
 
 @pytest.mark.parametrize(

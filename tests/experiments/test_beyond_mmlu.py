@@ -30,16 +30,14 @@ def test_run_at_smoke_size_scores_every_task_under_every_condition_and_resumes(m
     monkeypatch.setattr(lmeval, "evaluate", spy)
     result = chapter.run(cfg)
     assert len(result.top.heads) == 2 and len(result.controls) == 1
-    assert not set(result.controls[0]) & set(
-        hd.measured(result.top.table)[:4]
-    )  # no control holds a top head
+    # no control holds a top head
+    assert not set(result.controls[0]) & set(hd.measured(result.top.table)[:4])
     assert set(result.scores) == {"page_field", "choice_chat"}
     for task, by_condition in result.scores.items():
         assert list(by_condition) == result.conditions
         for s in by_condition.values():
-            assert s.score.n == 2 and s.lm_eval == pytest.approx(
-                s.score.acc
-            )  # lm-eval's aggregate = the items' mean
+            # lm-eval's aggregate = the items' mean
+            assert s.score.n == 2 and s.lm_eval == pytest.approx(s.score.acc)
     assert result.scores["choice_chat"][chapter.CLEAN].metric == "exact_match,remove_whitespace"
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES) and len(
         chapter.verdicts(result)
@@ -51,10 +49,11 @@ def test_run_at_smoke_size_scores_every_task_under_every_condition_and_resumes(m
         result.scores["page_field"][chapter.CLEAN].n_shot == 0
         and result.scores["choice_chat"][chapter.CLEAN].n_shot == 0
     )
+    # a *_chat task in the chat template
     assert sorted(set(calls)) == [
         (("choice_chat",), True),
         (("page_field",), False),
-    ]  # a *_chat task in the chat template
+    ]
     # Every cell is in the store: run again, and lm-eval is not called.
     monkeypatch.setattr(
         lmeval, "evaluate", lambda *a, **k: pytest.fail("a stored cell was computed again")
@@ -199,9 +198,8 @@ def test_top_heads_no_more_harmful_than_random_heads_are_not_a_bottleneck():
     result = made_up(["gsm8k"], clean=0.7, top=0.3, controls=[0.7, 0.3])
     _, lowers, beyond = chapter.verdicts(result)
     assert lowers.outcome == v.REPRODUCED and beyond.outcome == v.NOT_REPRODUCED
-    assert (
-        v.overall(chapter.verdicts(result)) == v.PARTLY
-    )  # the headline holds, a claim that rests on it fails
+    # the headline holds, a claim that rests on it fails
+    assert v.overall(chapter.verdicts(result)) == v.PARTLY
     _, lowers, beyond = chapter.verdicts(made_up(["gsm8k"], clean=0.7, top=0.7, controls=[0.7]))
     assert lowers.outcome == beyond.outcome == v.NOT_REPRODUCED
     assert (

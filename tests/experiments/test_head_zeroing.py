@@ -50,9 +50,8 @@ def test_the_minimal_model_is_the_layer_pruning_chapters_whatever_the_screen():
 
 
 def test_the_screen_and_the_check_never_share_a_prompt():
-    loaded = SimpleNamespace(
-        tokenizer=None
-    )  # prompts are text; the tokenizer only finds segments later
+    # prompts are text; the tokenizer only finds segments later
+    loaded = SimpleNamespace(tokenizer=None)
     for task in ("kv", "mmlu"):
         cfg = chapter.Config.for_profile("cpu", task=task, n_screen=20, n_check=20)
         screen, check, _ = head_screen.prompts(cfg, loaded)
@@ -166,9 +165,8 @@ def test_knowledge_that_falls_with_a_head_zeroed_is_not_kept_and_one_within_the_
     gather = by_claim["Knowledge is kept with the Gather head zeroed"]
     assert gather.outcome == v.NOT_REPRODUCED and "mean of 2 tasks" in gather.evidence
     assert by_claim["Knowledge is kept with the Aggregate head zeroed"].outcome == v.REPRODUCED
-    assert (
-        v.overall(chapter.verdicts(result)) == v.PARTLY
-    )  # the headline holds, a dependent claim fails
+    # the headline holds, a dependent claim fails
+    assert v.overall(chapter.verdicts(result)) == v.PARTLY
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, knowledge=(0.9, 0.9, 0.9))
     result.knowledge.clear()
     assert {x.outcome for x in chapter.verdicts(result) if x.claim.startswith("Knowledge")} == {
@@ -214,17 +212,15 @@ def test_the_dependent_claims_are_paired_on_the_prompts_they_were_scored_on():
 def test_heads_that_do_not_collapse_and_controls_that_do_are_not_the_paper():
     result = made_up(g=0.65, a=0.3, controls=[0.3, 0.7], only=0.4, both=0.3)
     said = outcomes(result)
-    assert (
-        said["G"] == said["top"] == v.NOT_REPRODUCED
-    )  # G (the top head) loses 5 points: no collapse
+    # G (the top head) loses 5 points: no collapse
+    assert said["G"] == said["top"] == v.NOT_REPRODUCED
     # A collapses, but one random draw (0.3) does as much: no more harmful than random heads
     assert (
         said["A"] == v.NOT_REPRODUCED
         and "below every random control" in chapter.verdicts(result)[3].evidence
     )
-    assert (
-        said["controls"] == said["only"] == v.NOT_REPRODUCED
-    )  # G hurts a little: judged, and every draw must keep it
+    # G hurts a little: judged, and every draw must keep it
+    assert said["controls"] == said["only"] == v.NOT_REPRODUCED
 
 
 def test_a_head_that_collapses_beyond_every_random_control_is_a_bottleneck():
@@ -244,9 +240,8 @@ def test_claims_that_depend_on_a_head_that_hurts_are_not_testable_beside_heads_t
     assert said["top"] == said["roles"] == said["G"] == said["A"] == v.NOT_REPRODUCED
     assert {said[k] for k in ("controls", "only", "knowledge G", "knowledge A")} == {v.NOT_TESTABLE}
     assert "does not lower the task" in chapter.verdicts(result)[4].evidence
-    assert (
-        v.overall(chapter.verdicts(result)) == v.NOT_REPRODUCED
-    )  # never "partly" on dependent claims alone
+    # never "partly" on dependent claims alone
+    assert v.overall(chapter.verdicts(result)) == v.NOT_REPRODUCED
 
 
 def test_a_role_no_harmful_head_plays_is_one_finding_and_says_why():
@@ -261,9 +256,8 @@ def test_a_role_no_harmful_head_plays_is_one_finding_and_says_why():
         "no candidate behaves as a Gather head" in verdicts[1].evidence
         and "0.30" in verdicts[1].evidence
     )
-    assert (
-        said["G"] == said["only"] == said["knowledge G"] == v.NOT_TESTABLE
-    )  # one finding, not one per claim
+    # one finding, not one per claim
+    assert said["G"] == said["only"] == said["knowledge G"] == v.NOT_TESTABLE
     assert [x.outcome for x in verdicts].count(v.NOT_REPRODUCED) == 1
     # The same best measure, but its interval over the prompts reaches the line: too few prompts decide.
     noisy = measures(0.3, 0.8).assign(
@@ -289,9 +283,8 @@ def test_a_role_no_harmful_head_plays_is_one_finding_and_says_why():
         roles=Roles({"G": (), "A": (A,)}, "behaviour", sure, found, candidates=(A, G)),
     )
     assert outcomes(result)["roles"] == v.NOT_REPRODUCED
-    nobody = Roles(
-        {"G": (), "A": ()}, "behaviour", None, None
-    )  # no head's zeroing hurts on the screen
+    # no head's zeroing hurts on the screen
+    nobody = Roles({"G": (), "A": ()}, "behaviour", None, None)
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=nobody)
     assert "no head's zeroing lowers accuracy" in chapter.verdicts(result)[1].evidence
 
@@ -299,9 +292,8 @@ def test_a_role_no_harmful_head_plays_is_one_finding_and_says_why():
 def test_the_papers_heads_that_do_not_behave_as_their_roles_are_said_to():
     result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, found={"G": Head(16, 3), "A": A})
     behave = chapter.verdicts(result)[1]
-    assert (
-        behave.outcome == v.NOT_REPRODUCED and "by behaviour L16H3" in behave.evidence
-    )  # both must behave
+    # both must behave
+    assert behave.outcome == v.NOT_REPRODUCED and "by behaviour L16H3" in behave.evidence
 
 
 def test_a_model_at_chance_cannot_test_the_claims():
@@ -323,9 +315,8 @@ def test_the_check_is_as_large_as_its_claims_need():
     # The floor is the headline's: the claims that depend on a head that hurts take what their rule asks.
     assert power.n_dependent == max(n for n in power.needs.values() if n) < power.n
     assert f"on {power.n_dependent} of them drawn at random" in power.note()
-    near_chance = v.plan(
-        0.3, 0.25, floor=10, available=1000
-    )  # a collapse of 5 points needs more than the floor
+    # a collapse of 5 points needs more than the floor
+    near_chance = v.plan(0.3, 0.25, floor=10, available=1000)
     assert (
         near_chance.n_dependent == near_chance.n > 10
         and "drawn at random" not in near_chance.note()
@@ -341,9 +332,8 @@ def drawn_part(n_check: int, n: int, seed: int = 0) -> list[int]:
 
 def test_the_run_scores_the_dependent_claims_on_a_random_part_of_the_check(monkeypatch):
     made = head_screen.prompts
-    power = v.Power(
-        6, {"kept within 5 points": 3}, 6, 6, 0.7, 0.25, None
-    )  # 6 check prompts, the dependent claims' 3
+    # 6 check prompts, the dependent claims' 3
+    power = v.Power(6, {"kept within 5 points": 3}, 6, 6, 0.7, 0.25, None)
     monkeypatch.setattr(head_screen, "prompts", lambda *a, **k: (*made(*a, **k)[:2], power))
     result = chapter.run(
         chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer", n_check=6)
@@ -441,9 +431,8 @@ def test_the_pages_toy_ssm_is_swept_whole_with_controls_from_every_layer():
         and toy.cfg.profile == "cpu"
         and toy.task_name.startswith("letter MCQ")
     )
-    assert {h.layer for h in hd.measured(toy.ranking)} == set(
-        range(toy.layers_kept)
-    )  # layer 0's heads too
+    # layer 0's heads too
+    assert {h.layer for h in hd.measured(toy.ranking)} == set(range(toy.layers_kept))
     box = page.verdict_html(chapter.verdicts(toy), chapter.subject(toy))
     assert (
         "toy-mamba2" in box
@@ -459,9 +448,8 @@ def test_a_screen_whose_most_harmful_head_ties_with_no_head_zeroed_says_no_head_
         {G: Score.of(np.arange(n) < worst * n), A: Score.of(np.arange(n) < 0.69 * n)},
     )
     found = Roles({"G": (G,), "A": (A,)}, "behaviour", measures(0.9, 0.8), {"G": G, "A": A})
-    result = made_up(
-        g=0.26, a=0.25, controls=[0.7], only=0.7, roles=found
-    )  # 70% clean on the screen
+    # 70% clean on the screen
+    result = made_up(g=0.26, a=0.25, controls=[0.7], only=0.7, roles=found)
     tie = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.68)}))
     assert "No head stands out on the screen" in tie and "68.0%" in tie
     apart = chapter.draws(chapter.Result(**{**result.__dict__, "ranking": table(0.40)}))

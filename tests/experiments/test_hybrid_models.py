@@ -69,9 +69,8 @@ def test_run_at_smoke_size_scores_both_hybrids_under_every_condition():
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 
 
-def at(
-    acc, n=500
-):  # Zamba2's 64.3% -> 34.9% is decided at 500 items (at 200 the paired loss [22.9, 35.6] meets the line)
+# Zamba2's 64.3% -> 34.9% is decided at 500 items (at 200 the paired loss [22.9, 35.6] meets the line)
+def at(acc, n=500):
     return Score.of(np.arange(n) < round(acc * n))
 
 
@@ -141,9 +140,8 @@ def test_idle_attention_and_lost_knowledge_are_not_the_papers_result():
     assert masked.outcome == v.NOT_REPRODUCED
     assert zeroed.outcome == v.PARTLY and "not most of the way" in zeroed.evidence
     assert (masked_knowledge.outcome, zeroed_knowledge.outcome) == (v.REPRODUCED, v.NOT_REPRODUCED)
-    assert (
-        control.outcome == v.NOT_REPRODUCED
-    )  # the random Mamba heads cost more than the attention
+    # the random Mamba heads cost more than the attention
+    assert control.outcome == v.NOT_REPRODUCED
 
 
 def test_a_hybrid_at_chance_cannot_test_the_claim():

@@ -24,9 +24,8 @@ def test_run_at_smoke_size_swaps_layers_and_finds_the_teachers_layer():
         chapter.Config.for_profile("cpu", smoke=True, teacher_layer_by="layer ablation")
     )
     found = result.teacher_layer
-    assert result.layers == sorted(
-        {0, 1, found.layer}
-    )  # smoke: layers 0 and 1, and the aggregating layer
+    # smoke: layers 0 and 1, and the aggregating layer
+    assert result.layers == sorted({0, 1, found.layer})
     assert (
         set(found.ablated)
         == set(result.retrieval)
@@ -79,9 +78,8 @@ def made_up(kv, mcq=None, knowledge=(1.0, 1.0), layer=0):
 def test_the_aggregating_layers_swap_helping_most_is_reproduced():
     result = made_up(kv={"student": 0.15, "teacher": 1.0, 0: 0.95, 1: 0.2, 2: 0.15})
     mcq, kv, know = chapter.verdicts(result)
-    assert (
-        mcq.outcome == v.NOT_TESTABLE and "no gap to close" in mcq.evidence
-    )  # student = teacher on MMLU
+    # student = teacher on MMLU
+    assert mcq.outcome == v.NOT_TESTABLE and "no gap to close" in mcq.evidence
     assert (
         kv.outcome == v.REPRODUCED
         and "L0 swapped in: 95.0%" in kv.evidence
@@ -92,14 +90,12 @@ def test_the_aggregating_layers_swap_helping_most_is_reproduced():
 
 def test_another_layer_doing_better_or_as_well_is_not_the_papers_result():
     better = made_up(kv={"student": 0.15, "teacher": 1.0, 0: 0.5, 1: 0.9, 2: 0.15})
-    assert (
-        chapter.verdicts(better)[1].outcome == v.NOT_REPRODUCED
-    )  # lifts the student, but L1 lifts it more: not "most"
+    # lifts the student, but L1 lifts it more: not "most"
+    assert chapter.verdicts(better)[1].outcome == v.NOT_REPRODUCED
     tied = made_up(kv={"student": 0.15, "teacher": 1.0, 0: 0.9, 1: 0.9, 2: 0.15})
     kv = chapter.verdicts(tied)[1]
-    assert (
-        kv.outcome == v.INCONCLUSIVE and "not told apart from L0: L1" in kv.evidence
-    )  # "most" cannot be told
+    # "most" cannot be told
+    assert kv.outcome == v.INCONCLUSIVE and "not told apart from L0: L1" in kv.evidence
     useless = made_up(kv={"student": 0.15, "teacher": 1.0, 0: 0.15, 1: 0.9, 2: 0.9})
     assert chapter.verdicts(useless)[1].outcome == v.NOT_REPRODUCED
 
@@ -110,9 +106,8 @@ def test_a_teacher_at_chance_cannot_test_the_claim_and_lost_knowledge_is_reporte
     )
     _, kv, know = chapter.verdicts(result)
     assert kv.outcome == v.NOT_TESTABLE and "cannot do it" in kv.evidence
-    assert (
-        know.outcome == v.NOT_TESTABLE and "nothing to control" in know.evidence
-    )  # MMLU has no gap either
+    # MMLU has no gap either
+    assert know.outcome == v.NOT_TESTABLE and "nothing to control" in know.evidence
     lost = made_up(
         kv={"student": 0.15, "teacher": 1.0, 0: 0.95, 1: 0.2, 2: 0.15}, knowledge=(1.0, 0.0)
     )

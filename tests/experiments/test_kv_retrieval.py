@@ -23,9 +23,8 @@ def test_run_at_smoke_size_scores_every_size_and_both_rankings():
     # The toy Transformer: the same code path as SmolLM2 (which the book's smoke build runs), with
     # two shared rankings of seconds rather than minutes.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert result.sizes == [2, 8] and set(result.rankings) == {
-        "released"
-    }  # the zoo's token task: no query forms
+    # the zoo's token task: no query forms
+    assert result.sizes == [2, 8] and set(result.rankings) == {"released"}
     assert {len(s.correct) for by_size in result.scores.values() for s in by_size.values()} == {3}
     assert set(result.scores) == {"model"} | {f"{r} removed" for r in "GA" if result.roles.heads[r]}
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
@@ -95,9 +94,8 @@ def test_accuracy_that_rises_and_heads_that_do_nothing_are_not_the_papers_pictur
     assert aggregate.outcome == v.NOT_REPRODUCED and "the gap widens" in aggregate.evidence
     # A gap that stays the same size: not a widening one
     steady = made_up(model=[0.95, 0.85, 0.7], gather=[0.75, 0.65, 0.5], aggregate=[0.75, 0.65, 0.5])
-    assert (
-        chapter.verdicts(steady)[1].outcome != v.REPRODUCED
-    )  # too few items to exclude a small widening, but no widening
+    # too few items to exclude a small widening, but no widening
+    assert chapter.verdicts(steady)[1].outcome != v.REPRODUCED
 
 
 def test_a_role_no_harmful_head_plays_is_one_finding():
@@ -109,10 +107,11 @@ def test_a_role_no_harmful_head_plays_is_one_finding():
         aggregate=[0.85, 0.5, 0.15],
         source="behaviour",
     )
+    # a previous-token head, and no aggregating one
     local = pd.DataFrame(
         {hd.GATHER_MEASURE: [0.9], hd.AGGREGATE_MEASURE: [0.2], hd.LOCAL_MEASURE: [0.95]},
         index=pd.Index([G]),
-    )  # a previous-token head, and no aggregating one
+    )
     measured = Roles(
         {"G": (), "A": ()}, "behaviour", local, {"G": None, "A": None}, candidates=(G,)
     )
@@ -180,9 +179,8 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 
 def test_a_ranking_is_read_only_past_the_chance_and_the_ceiling_checks():
     result = made_up(model=[0.95, 0.85, 0.7], gather=[0.9, 0.6, 0.2], aggregate=[0.85, 0.5, 0.15])
-    flat = ranking(
-        [G, A, Head(3, 1), Head(5, 2), Head(8, 0)], accs=[0.9] * 5
-    )  # no head moves the clean 90%
+    # no head moves the clean 90%
+    flat = ranking([G, A, Head(3, 1), Head(5, 2), Head(8, 0)], accs=[0.9] * 5)
     at_ceiling = dataclasses.replace(result, rankings={"released": flat, "spaced": flat})
     top_g = chapter.verdicts(at_ceiling)[3]
     assert top_g.outcome == v.NOT_TESTABLE and "no single head moves it" in top_g.evidence
@@ -193,9 +191,8 @@ def test_a_ranking_is_read_only_past_the_chance_and_the_ceiling_checks():
             3
         ].evidence
     )
-    assert (
-        chapter.verdicts(result)[3].outcome == v.REPRODUCED
-    )  # the readable ranking of the paper's picture
+    # the readable ranking of the paper's picture
+    assert chapter.verdicts(result)[3].outcome == v.REPRODUCED
 
 
 def test_the_released_form_is_compared_with_the_spaced_one_unless_they_are_the_same_tokens():
@@ -223,12 +220,10 @@ def test_the_paper_heads_layers_are_swept_exactly_whatever_the_screen_says():
         return SimpleNamespace(name=name, adapter=SimpleNamespace(n_heads=lambda layer: width))
 
     assert shared.paper_layers(fake("llama-3.1-8b-instruct", 32)) == [16, 17]
-    assert (
-        shared.paper_layers(fake("falcon-mamba-7b-instruct", 8192)) == []
-    )  # too wide to sweep one by one
-    assert (
-        shared.paper_layers(fake("smollm2-135m-instruct", 9)) == []
-    )  # the release names no heads of it
+    # too wide to sweep one by one
+    assert shared.paper_layers(fake("falcon-mamba-7b-instruct", 8192)) == []
+    # the release names no heads of it
+    assert shared.paper_layers(fake("smollm2-135m-instruct", 9)) == []
     loaded = helpers.load("toy-transformer")
     engine = SweepEngine(
         loaded, loaded.tokenizer, chapter.bm.kv("toy-transformer", None, 4, 4, 0).items
@@ -271,16 +266,14 @@ def test_workers_beyond_this_machine_are_refused_in_the_config_before_ray_or_a_m
     monkeypatch, tmp_path
 ):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(
-        tempfile, "gettempdir", lambda: str(tmp_path)
-    )  # no `ray start` cluster to connect to
+    # no `ray start` cluster to connect to
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     cpus = len(os.sched_getaffinity(0))
     with pytest.raises(
         ConfigError, match=rf"workers={cpus + 1}, but .* has {cpus} CPUs .* at most {cpus}"
     ):
-        chapter.Config.for_profile(
-            "cpu", smoke=True, workers=cpus + 1
-        )  # was refused after the model and Ray started
+        # was refused after the model and Ray started
+        chapter.Config.for_profile("cpu", smoke=True, workers=cpus + 1)
     assert chapter.Config.for_profile("cpu", smoke=True, workers=cpus).workers == cpus
     with pytest.raises(
         ConfigError, match=r"workers must be at least 1, got 0 \(None: in this process\)"

@@ -84,9 +84,8 @@ def test_bad_parameters_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="n_kv must be at least 1"):
         chapter.Config.for_profile("cpu", n_kv=-5)
     with pytest.raises(ValueError, match=r"k_shot must be at most 5 on the cpu profile: .* got 6"):
-        chapter.Config.for_profile(
-            "cpu", k_shot=6
-        )  # was a raw ValueError once the model had loaded
+        # was a raw ValueError once the model had loaded
+        chapter.Config.for_profile("cpu", k_shot=6)
 
 
 def test_knowledge_is_the_mean_over_tasks_not_the_pooled_items():
@@ -127,9 +126,8 @@ QWEN = {
 
 def test_the_minimal_model_is_the_cut_above_the_sharpest_fall():
     assert minimal.minimal_depth(curve(QWEN), 0.25) == 23  # 61.7% with 23 layers, 28.3% with 22
-    assert (
-        minimal.margin_minimal_depth(curve(QWEN)) == 24
-    )  # the 5-point variant stops one layer higher
+    # the 5-point variant stops one layer higher
+    assert minimal.margin_minimal_depth(curve(QWEN)) == 24
     assert minimal.pick_by_halves(curve(QWEN), 0.25) == (23, 23)
 
 
@@ -145,6 +143,7 @@ def test_a_dip_near_the_top_does_not_move_the_pick_but_a_sharper_collapse_does()
 
 
 def test_a_gradual_decline_picks_its_largest_fall_and_the_collapse_claim_says_no():
+    # no cut loses half; the largest: 4 -> 3
     steps = {
         1: 0.55,
         2: 0.58,
@@ -152,7 +151,7 @@ def test_a_gradual_decline_picks_its_largest_fall_and_the_collapse_claim_says_no
         4: 0.66,
         5: 0.68,
         6: 0.70,
-    }  # no cut loses half; the largest: 4 -> 3
+    }
     assert minimal.minimal_depth(curve(steps), 0.25) == 4
     result = made_up(
         mmlu=list(steps.values()), knowledge=[0.3, 0.3, 0.35, 0.4, 0.6, 0.8], kv=[0.1] * 6

@@ -47,9 +47,8 @@ def test_the_cpu_profile_removes_layers_of_the_letter_model_on_as_many_items_as_
     cfg = chapter.Config.for_profile("cpu")
     pruning = chapter.pruning_config(cfg)
     assert cfg.model == pruning.model == "qwen2.5-coder-1.5b-instruct"
-    assert (
-        cfg.n_mmlu is None and cfg.n_knowledge is None
-    )  # powered in `run`; knowledge: the letters' cloze twins
+    # powered in `run`; knowledge: the letters' cloze twins
+    assert cfg.n_mmlu is None and cfg.n_knowledge is None
     plan = v_.plan(0.75, 0.25, chapter.CPU_FLOOR, 726)
     assert plan.n >= chapter.CPU_FLOOR >= 150 and plan.n == max(
         chapter.CPU_FLOOR, *[n for n in plan.needs.values() if n]

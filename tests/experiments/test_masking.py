@@ -251,14 +251,12 @@ def test_a_roles_masks_are_judged_only_where_the_head_is_needed():
         idle["A head masked to the hypothesised pattern: accuracy is kept"].outcome == v.REPRODUCED
     )
     assert idle["A head masked to the control pattern: accuracy falls"].outcome == v.REPRODUCED
-    assert (
-        idle["G head zeroed: accuracy falls"].outcome == v.NOT_REPRODUCED
-    )  # the harm itself is still judged
+    # the harm itself is still judged
+    assert idle["G head zeroed: accuracy falls"].outcome == v.NOT_REPRODUCED
 
 
-CHECKED = chapter.check_questions(
-    "cpu", False
-)  # the questions masking may take (head zeroing checks at least these)
+# the questions masking may take (head zeroing checks at least these)
+CHECKED = chapter.check_questions("cpu", False)
 
 
 @pytest.mark.parametrize(

@@ -114,9 +114,8 @@ def test_a_random_head_doing_as_well_or_a_small_recovery_is_not_the_follow_ups_r
     )
     beats_kv, small_kv, over_other = (chapter.verdicts(rival)[i] for i in (1, 3, 4))
     assert beats_kv.outcome == v.NOT_REPRODUCED  # one random draw keeps a better head
-    assert (
-        small_kv.outcome == v.NOT_REPRODUCED
-    )  # 90% where the teacher has 100%: beyond the 5% margin
+    # 90% where the teacher has 100%: beyond the 5% margin
+    assert small_kv.outcome == v.NOT_REPRODUCED
     assert over_other.outcome == v.INCONCLUSIVE  # the same accuracy: neither rule is told better
     tie = made_up(
         kv={T: 1.0, S: 0.3, "ga": 0.97, "retrieval": 0.5, "r0": 0.97, "r1": 0.3, "r2": 0.3}
@@ -241,9 +240,8 @@ def test_a_claim_over_three_training_seeds_holds_where_every_seed_shows_it_and_p
     )
     # (0.98 - 1/8) / (7/8) = 97.7%, (0.97 - 1/8) / (7/8) = 96.6%, (0.3 - 1/8) / (7/8) = 20%: mean 71.4%
     assert spread.loc["G&A ranking", "retrieval recovered"] == "71% (20% to 98%)"
-    rows = chapter.spread_rows(
-        lucky
-    )  # what the spread table downloads: one row per hybrid, numbers
+    # what the spread table downloads: one row per hybrid, numbers
+    rows = chapter.spread_rows(lucky)
     ga = rows[rows["kept by"] == "G&A ranking"]
     assert list(ga.seed) == [0, 1, 2] and list(ga[KV]) == [0.98, 0.97, 0.3] and len(rows) == 15
     assert ga["retrieval recovered"].mean() == pytest.approx(

@@ -29,20 +29,17 @@ def test_run_at_smoke_size_removes_every_set_every_way():
     ) == {1, 2}
     zero = result.kinds[result.kinds.kind == "zero"].set_index("set").score
     top = result.redundancy[(result.redundancy.model == "toy-transformer")].set_index("set").score
-    assert np.array_equal(
-        zero["top 1"].correct, top["top 1"].correct
-    )  # zero through the new path = the engine's zeroing
-    assert [x.outcome for x in chapter.verdicts(result)][
-        -1
-    ] == v.NOT_TESTABLE  # the 30-head claim is Llamba-8B's
+    # zero through the new path = the engine's zeroing
+    assert np.array_equal(zero["top 1"].correct, top["top 1"].correct)
+    # the 30-head claim is Llamba-8B's
+    assert [x.outcome for x in chapter.verdicts(result)][-1] == v.NOT_TESTABLE
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
     assert len(chapter.kinds_table(result)) == 4 and len(chapter.redundancy_table(result)) == 4
     # patching: every head the ranking measured exactly, each prompt's corruption asks another key
     p = result.patching
     assert len(p.heads) == 8 and len(p.clean) == 6 and set(p.patched) == set(p.heads["head"])
-    assert (
-        p.corrupted.mean() < p.clean.mean()
-    )  # the swapped key moves the answer: there is something to recover
+    # the swapped key moves the answer: there is something to recover
+    assert p.corrupted.mean() < p.clean.mean()
     # stability: two seeds of the toy's one prompt form, the screen's layers swept on each
     s = result.stability
     assert list(s.conditions.seed) == [0, 1] and len(s.pairs) == 1 and s.layers == [0, 1]
@@ -95,6 +92,7 @@ def item(words, gold=0):
 
 
 def test_resample_donors_have_the_measured_prompts_length_and_candidates():
+    # the draw's prompts' lengths in words; a larger draw extends a smaller one
     lengths = [
         3,
         5,
@@ -104,7 +102,7 @@ def test_resample_donors_have_the_measured_prompts_length_and_candidates():
         2,
         2,
         2,
-    ]  # the draw's prompts' lengths in words; a larger draw extends a smaller one
+    ]
     draw = lambda n: [
         Item(((" ".join([f"p{i}"] * k), " 7"),), 0) for i, k in enumerate(lengths[:n])
     ]
@@ -131,9 +129,8 @@ def test_ks_a_model_cannot_take_are_refused_before_any_load_and_said_where_left_
     with pytest.raises(
         ConfigError, match=r"ks: toy-mamba2 has 12 heads, and every k of \[12, 20\] would remove"
     ):
-        chapter.Config.for_profile(
-            "cpu", smoke=True, ks=[12, 20], **toys
-        )  # was a KeyError after the whole run
+        # was a KeyError after the whole run
+        chapter.Config.for_profile("cpu", smoke=True, ks=[12, 20], **toys)
     result = chapter.Result(
         chapter.Config.for_profile("cpu", smoke=True, ks=[1, 14], **toys),
         pd.DataFrame(),
@@ -231,12 +228,10 @@ def test_the_30_head_claim_both_ways_on_llamba_and_not_testable_elsewhere():
     lost = chapter.claim_30(made_up("paper", ssm_clean=0.6, ssm_k30=0.4))
     assert (kept.outcome, lost.outcome) == (v.REPRODUCED, v.NOT_REPRODUCED)
     assert "3 points" in kept.evidence  # 5% of 60%: the margin follows the clean accuracy
-    assert (
-        chapter.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE
-    )  # no k = 30 in the run
-    assert (
-        chapter.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE
-    )  # the toy is not Llamba-8B
+    # no k = 30 in the run
+    assert chapter.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE
+    # the toy is not Llamba-8B
+    assert chapter.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE
 
 
 # --- activation patching ------------------------------------------------------------------------------
@@ -262,10 +257,11 @@ def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
         chapter.key_swapped(CharTokenizer(), paper_query).pairs[1][0]
         == ctx + "The value of the key 'ab' is"
     )
+    # none of 3 letters
     assert (
         chapter.key_swapped(CharTokenizer(), Item(((ctx + "xyz:", "1"), (ctx + "xyz:", "2")), 1))
         is None
-    )  # none of 3 letters
+    )
     toy = Item(
         (
             ("<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k1 k2 :", " v4"),
@@ -351,25 +347,23 @@ def test_recovery_rank_correlation_and_overlap_follow_the_heads_that_recover():
     reversed_ = {str(Head(1, h)): same[str(Head(1, 4 - h))] for h in range(5)}
     _, b = chapter.patch_agreement(table, reversed_, clean, corrupted, k=2)
     assert b["rho"] == pytest.approx(-1) and b["overlap"] == 0 and b["hi"] < 0
+    # 2 of 5 twice: 4/5 on average
     assert (a["chance"], a["chance_line"]) == (
         pytest.approx(0.8),
         2.0,
-    )  # 2 of 5 twice: 4/5 on average
+    )
 
 
 def test_rankings_agree_both_ways_and_inconclusive_between():
     agree = v.rankings_agree((0.8, 0.5, 0.9), (4, 3, 5), 1.0, 2.0)
     assert agree[0] == v.REPRODUCED and "0.80 [0.50, 0.90]" in agree[1]
-    assert (
-        v.rankings_agree((-0.2, -0.5, 0.0), (3, 3, 4), 1.0, 2.0)[0] == v.NOT_REPRODUCED
-    )  # rho at or below 0
-    assert (
-        v.rankings_agree((0.8, 0.5, 0.9), (1, 0, 1), 1.0, 2.0)[0] == v.NOT_REPRODUCED
-    )  # top sets share no more than random
+    # rho at or below 0
+    assert v.rankings_agree((-0.2, -0.5, 0.0), (3, 3, 4), 1.0, 2.0)[0] == v.NOT_REPRODUCED
+    # top sets share no more than random
+    assert v.rankings_agree((0.8, 0.5, 0.9), (1, 0, 1), 1.0, 2.0)[0] == v.NOT_REPRODUCED
     assert v.rankings_agree((0.3, -0.1, 0.6), (3, 2, 4), 1.0, 2.0)[0] == v.INCONCLUSIVE
-    assert (
-        v.rankings_agree((0.8, 0.5, 0.9), (2, 2, 2), 1.0, 2.0)[0] == v.INCONCLUSIVE
-    )  # at the random 97.5% point
+    # at the random 97.5% point
+    assert v.rankings_agree((0.8, 0.5, 0.9), (2, 2, 2), 1.0, 2.0)[0] == v.INCONCLUSIVE
     assert v.rankings_agree((float("nan"),) * 3, (2, 2, 2), 1.0, 2.0)[0] == v.NOT_TESTABLE
 
 
@@ -400,9 +394,8 @@ def test_the_patching_verdict_both_ways_and_not_testable_without_a_gap_or_a_read
         chapter.patching_verdict(patching_made_up(rho=(0.0, -0.3, 0.0), overlap=(1, 0, 2))).outcome
         == v.NOT_REPRODUCED
     )
-    assert (
-        chapter.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE
-    )  # nothing to recover
+    # nothing to recover
+    assert chapter.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE
     unread = chapter.patching_verdict(patching_made_up(readable=(False, "at chance")))
     assert unread.outcome == v.NOT_TESTABLE and "at chance" in unread.evidence
 
@@ -492,39 +485,40 @@ def test_stability_conditions_factorial_and_one_factor_at_a_time():
     one = chapter.stability_conditions(
         chapter.Config.for_profile("cpu", stability_seeds=3, stability_queries=2), toy=False
     )
+    # each factor alone from the reference
     assert one == [
         (0, "repeat", "released"),
         (1, "repeat", "released"),
         (2, "repeat", "released"),
         (0, "paper", "released"),
         (0, "repeat", "trailing"),
-    ]  # each factor alone from the reference
-    cpu = chapter.stability_conditions(
-        chapter.Config.for_profile("cpu"), toy=False
-    )  # the CPU design
+    ]
+    # the CPU design
+    cpu = chapter.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)
     assert cpu == [(0, "repeat", "released"), (1, "repeat", "released"), (0, "repeat", "trailing")]
     assert set(one) <= set(full)
     paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
+    # the paper profile's query first
     assert len(paper) == 12 and paper[0] == (
         0,
         "paper",
         "released",
-    )  # the paper profile's query first
+    )
 
 
 def test_random_heads_above_clean_are_said_with_their_paired_interval_both_ways():
-    assert (
-        chapter.above_clean(made_up()) == ""
-    )  # the random set scores as clean does: nothing to explain
+    # the random set scores as clean does: nothing to explain
+    assert chapter.above_clean(made_up()) == ""
     result = made_up()
     r = result.redundancy.copy()
     clean = result.clean[result.cfg.model]
     wrong = np.flatnonzero(~clean.correct)
     noise = clean.correct.copy()
+    # +2 items: 4 gained, 2 lost
     noise[wrong[:4]], noise[np.flatnonzero(clean.correct)[:2]] = (
         True,
         False,
-    )  # +2 items: 4 gained, 2 lost
+    )
     helps = clean.correct.copy()
     helps[wrong[:30]] = True  # 30 items gained, none lost
     for correct, read in ((noise, "every interval holds 0"), (helps, "helps beyond chance")):

@@ -110,9 +110,8 @@ def model(
         measures.loc[(measures["head"] == "L1H0") & (measures.prompt >= 25), AGGREGATE_MEASURE] = (
             late_a_ends
         )
-    roles = chapter.assign_roles(
-        chapter.means(chapter.halves(measures)[0])
-    )  # as run_model names them
+    # as run_model names them
+    roles = chapter.assign_roles(chapter.means(chapter.halves(measures)[0]))
     top = Head(1, 0)
     return chapter.ModelRun(
         name,
@@ -156,12 +155,13 @@ def test_the_opposite_picture_is_not_reproduced():
         model("t", "attention", 1.0, 0.95, zeroed=1.0, a_ends=0.1, g_own=0.1),
         model("s", "ssm", 1.0, 0.95, zeroed=1.0, a_ends=0.1, g_own=0.1),
     )
+    # no A head: nothing to compare
     assert found == [
         v.NOT_REPRODUCED,
         v.NOT_REPRODUCED,
         v.NOT_REPRODUCED,
         v.NOT_TESTABLE,
-    ]  # no A head: nothing to compare
+    ]
     sharp = outcomes(model("t", "attention", 1.0, 0.95), model("s", "ssm", 1.0, 0.95))
     assert sharp[0] == v.NOT_REPRODUCED and sharp[3] == v.NOT_REPRODUCED
 

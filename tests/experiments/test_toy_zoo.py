@@ -60,9 +60,8 @@ def test_the_verdict_allows_two_examples_and_no_more():
     )
     (other_n,) = chapter.verdicts(made_up(0, n=100))
     assert other_n.outcome == v.NOT_TESTABLE
-    assert {x.kind for x in (ok, off, exact, other_n)} == {
-        v.CHECK
-    }  # a check, not one of the paper's claims
+    # a check, not one of the paper's claims
+    assert {x.kind for x in (ok, off, exact, other_n)} == {v.CHECK}
 
 
 def test_bad_parameters_fail_before_any_model_loads():

@@ -63,9 +63,8 @@ MEASURES = {  # what the summary table shows, as the reader would name it
 @dataclass(frozen=True)
 class Config(base.Config):
     model: str = base.model("attention", "ssm")
-    gather: tuple[Head, ...] | None = base.heads(
-        optional=True
-    )  # None: the paper's, or found by behaviour
+    # None: the paper's, or found by behaviour
+    gather: tuple[Head, ...] | None = base.heads(optional=True)
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     n_prompts: int = base.count()  # KV prompts measured
     n_mmlu: int | None = base.count(optional=True)  # MMLU questions measured (None: all)
@@ -150,13 +149,11 @@ class Result:
     accuracy: dict[str, Score]  # benchmark -> the model's accuracy: is there retrieval to read?
     chance: dict[str, float]
     measures: dict[str, pd.DataFrame]  # benchmark -> one row per role and prompt
-    examples: dict[
-        str, tuple[Segments, dict[str, np.ndarray]]
-    ]  # benchmark -> its first prompt: segments, role maps
+    # benchmark -> its first prompt: segments, role maps
+    examples: dict[str, tuple[Segments, dict[str, np.ndarray]]]
     provenance: dict
-    kinds: dict[str, str] = field(
-        default_factory=dict
-    )  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    kinds: dict[str, str] = field(default_factory=dict)
 
     @property
     def kv(self) -> str:

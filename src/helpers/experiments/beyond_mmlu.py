@@ -120,16 +120,14 @@ def tasks_field():
 class Config(base.Config):
     model: str = base.model("attention", "ssm", "hybrid")
     tasks: tuple[str, ...] = tasks_field()
-    n: int | None = base.count(
-        optional=True
-    )  # items per task (lm-eval's limit; per subtask of a group); None: all
+    # items per task (lm-eval's limit; per subtask of a group); None: all
+    n: int | None = base.count(optional=True)
     bbh_subtasks: int | None = base.count(optional=True)  # BBH: its first k subtasks (None: all 27)
     n_heads: int = base.count()  # the ranking's top heads, zeroed together
     ranking: str = base.one_of("shared", "screen")
     n_rank: int = base.count()  # KV prompts of the cheap ranking ("screen")
-    kv_pairs: int | None = base.count(
-        optional=True, none_means="the shared ranking's"
-    )  # keys per prompt ("screen")
+    # keys per prompt ("screen")
+    kv_pairs: int | None = base.count(optional=True, none_means="the shared ranking's")
     n_controls: int = base.count()
     max_gen_toks: int | None = base.count(optional=True)  # None: each task's own
     batch_size: int = base.count()
@@ -183,9 +181,8 @@ class Config(base.Config):
         super().__post_init__()
         from ..lmeval import check_model
 
-        check_model(
-            self.model
-        )  # a model lm-eval's HFLM can drive (not the toy zoo, not our Llamba)
+        # a model lm-eval's HFLM can drive (not the toy zoo, not our Llamba)
+        check_model(self.model)
         if self.kv_pairs is not None:
             if self.ranking == "shared":
                 raise ConfigError(

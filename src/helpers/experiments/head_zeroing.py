@@ -47,9 +47,8 @@ from ..reference import paper
 from ..stats import Score, TaskMean
 from ..sweep import sweep
 
-SSM_TOY = registry.cast(
-    "cpu", "llamba"
-)  # the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
+# the SSM side at toy scale, on the letter MCQ (every profile's page shows it)
+SSM_TOY = registry.cast("cpu", "llamba")
 CONTROL_SIZE = (
     4  # heads per random control: more than any one role holds, so a null result means something
 )
@@ -70,13 +69,11 @@ class Result:
     controls: list[tuple[Head, ...]]
     chance: float
     provenance: dict
-    knowledge: dict[str, dict[str, Score]] = field(
-        default_factory=dict
-    )  # task -> condition -> score
+    # task -> condition -> score
+    knowledge: dict[str, dict[str, Score]] = field(default_factory=dict)
     knowledge_chance: dict[str, float] = field(default_factory=dict)  # task -> chance
-    depths: dict[int, Score] = field(
-        default_factory=dict
-    )  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found there
+    # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found there
+    depths: dict[int, Score] = field(default_factory=dict)
     task_name: str = ""  # the check's benchmark (a toy's letter MCQ is not MMLU)
     scan: LayerScan | None = None  # each layer's attention zeroed on the screen's prompts
     swept: tuple[int, ...] = ()  # the layers swept exactly on the screen
@@ -84,9 +81,8 @@ class Result:
         None  # how many check questions the claims need (None: set, or the rest of MMLU)
     )
     top: Head | None = None  # the screen's most harmful head, zeroed on the check too
-    dependent: dict[str, Score] = field(
-        default_factory=dict
-    )  # condition -> score on the check's first `n_dependent` prompts
+    # condition -> score on the check's first `n_dependent` prompts
+    dependent: dict[str, Score] = field(default_factory=dict)
 
     def knowledge_under(self, condition: str) -> TaskMean:
         """Knowledge under one condition: the unweighted mean over the tasks, as the release scores it."""
@@ -161,9 +157,8 @@ def conditions(
             }
     taken = set(g + a) | set(roles.candidates) | ({top} if top else set())
     pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
-    if (
-        math.comb(len(pool), CONTROL_SIZE) < n_controls
-    ):  # a toy's few heads a layer: draw from every layer kept
+    # a toy's few heads a layer: draw from every layer kept
+    if math.comb(len(pool), CONTROL_SIZE) < n_controls:
         pool = [
             Head(l, h)
             for l in sorted(n_heads)
@@ -220,9 +215,8 @@ def run(cfg: Config) -> Result:
     dependent = {k: a for k, a in ablations.items() if k != BOTH}
     n_first = found.power.n_dependent if found.power else len(check)
     first = head_screen.check_part(check, n_first, cfg.seed) if n_first < len(check) else check
-    knowledge = bm.knowledge_of(
-        first, cfg.n_knowledge, cfg.seed
-    )  # the cloze twins where the set has them
+    # the cloze twins where the set has them
+    knowledge = bm.knowledge_of(first, cfg.n_knowledge, cfg.seed)
     measured = [("check", check, headline if first is not check else ablations)]
     measured += [("first", first, dependent)] if first is not check else []
     measured += [(b.name, b, headline) for b in knowledge]
@@ -272,9 +266,8 @@ def run(cfg: Config) -> Result:
 def _task(result: Result) -> str:
     if result.cfg.task == "kv":
         return "KV retrieval"
-    return (
-        result.task_name if registry.spec(result.cfg.model).toy and result.task_name else "MMLU"
-    )  # a toy's letter MCQ
+    # a toy's letter MCQ
+    return result.task_name if registry.spec(result.cfg.model).toy and result.task_name else "MMLU"
 
 
 def top_condition(result: Result) -> str | None:
@@ -518,9 +511,8 @@ def conditions_table(result: Result, short: bool = False, knowledge: bool = Fals
     tasks' unweighted mean)."""
     scored = set(next(iter(result.knowledge.values()), {})) if knowledge else set(result.conditions)
     score = result.knowledge_under if knowledge else result.score
-    nan = float(
-        "nan"
-    )  # knowledge is scored under the conditions a claim reads, not under the controls
+    # knowledge is scored under the conditions a claim reads, not under the controls
+    nan = float("nan")
     return pd.DataFrame(
         [
             dict(

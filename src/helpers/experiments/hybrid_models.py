@@ -53,9 +53,8 @@ class Config(base.BenchmarkConfig):
     single_heads: bool = base.flag()
 
     chapter = "hybrid_models"
-    smoke_sizes = dict(
-        n_mmlu=4, n_knowledge=2, n_kv=4
-    )  # Zamba2-7B's 81 layers run on CPU in the rehearsal
+    # Zamba2-7B's 81 layers run on CPU in the rehearsal
+    smoke_sizes = dict(n_mmlu=4, n_knowledge=2, n_kv=4)
 
     @classmethod
     def defaults(cls, profile):
@@ -120,9 +119,8 @@ class Hybrid:
     running: Callable[[], ContextManager] = (
         nullcontext  # what makes it a hybrid (a swap), if anything
     )
-    spec: dict = field(
-        default_factory=dict
-    )  # what makes it again by the models' names: `hybrid_of`
+    # what makes it again by the models' names: `hybrid_of`
+    spec: dict = field(default_factory=dict)
 
     @property
     def attention_heads(self) -> dict[int, list[int]]:
@@ -262,9 +260,8 @@ class Result(base.ByRole):
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
-    kinds: dict[str, dict[str, str]] = field(
-        default_factory=dict
-    )  # hybrid -> condition -> its `Condition.kind`
+    # hybrid -> condition -> its `Condition.kind`
+    kinds: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def knowledge(self, hybrid: str, condition: str) -> TaskMean:
         """Knowledge under one condition as the release scores it: the unweighted mean over the
@@ -434,9 +431,8 @@ def control_verdict(result: Result, h: str) -> v.Verdict:
             parts.append(v.NOT_TESTABLE)
             continue
         draws = [v.below(by[c][b], by[ZEROED][b]) for c in controls]
-        parts.append(
-            v.every(o for o, _ in draws)
-        )  # lower than every draw: one as harmful is not specific
+        # lower than every draw: one as harmful is not specific
+        parts.append(v.every(o for o, _ in draws))
         worst = min(controls, key=lambda c: by[c][b].acc)
         evidence.append(
             f"{b}: attention zeroed {by[ZEROED][b]}; {len(controls)} Mamba draws from "

@@ -46,9 +46,8 @@ class Config(base.BenchmarkConfig):
 
     @classmethod
     def defaults(cls, profile):
-        pair = distilled.pair(
-            profile
-        )  # the student, teacher and layer rule the hybrid-models chapter swaps too
+        # the student, teacher and layer rule the hybrid-models chapter swaps too
+        pair = distilled.pair(profile)
         sizes = (
             dict(n_mmlu=500, k_shot=0, n_knowledge=500, n_kv=500, kv_pairs=8, kv_query="repeat")
             if profile == "cpu"
@@ -108,9 +107,8 @@ class Result(base.ByRole):
     n_layers: int
     layers: list[int]  # the layers swapped one at a time
     teacher_layer: distilled.TeacherLayer
-    scores: dict[
-        str, dict[str, Score]
-    ]  # benchmark -> condition (student, teacher, "L3 swapped in") -> score
+    # benchmark -> condition (student, teacher, "L3 swapped in") -> score
+    scores: dict[str, dict[str, Score]]
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict
@@ -239,9 +237,8 @@ def best_swap_verdict(result: Result, b: str) -> v.Verdict:
         f"; the best other swap, L{rival}: {scores[swapped(rival)]}, L{L} ahead by {others[rival]}"
         + (f"; not told apart from L{L}: {', '.join(f'L{l}' for l in ties)}" if ties else "")
     )
-    return v.Verdict(
-        claim, "Fig. 7", v.every([over_student, above_all]), evidence
-    )  # above the student AND every other swap
+    # above the student AND every other swap
+    return v.Verdict(claim, "Fig. 7", v.every([over_student, above_all]), evidence)
 
 
 def verdicts(result: Result) -> list[v.Verdict]:
@@ -250,9 +247,8 @@ def verdicts(result: Result) -> list[v.Verdict]:
     outcome, evidence = v.kept(
         result.knowledge(STUDENT), result.knowledge(swapped(L)), result.knowledge_chance
     )
-    if all(
-        x.outcome == v.NOT_TESTABLE for x in out
-    ):  # a control of nothing: no swap effect could be tested
+    # a control of nothing: no swap effect could be tested
+    if all(x.outcome == v.NOT_TESTABLE for x in out):
         outcome, evidence = (
             v.NOT_TESTABLE,
             f"no retrieval claim could be tested, so there is nothing to control; {evidence}",

@@ -45,14 +45,12 @@ class Config(base.Config):
     sizes: tuple[int, ...] = base.counts()
     n_per_size: int = base.count()
     kv_query: str = base.one_of("paper", "repeat")
-    gather: tuple[Head, ...] | None = base.heads(
-        optional=True
-    )  # None: the paper's, or found by behaviour
+    # None: the paper's, or found by behaviour
+    gather: tuple[Head, ...] | None = base.heads(optional=True)
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     seed: int = base.seed()
-    workers: int | None = base.count(
-        optional=True, maximum=1024, none_means="in this process"
-    )  # Ray workers for the sweeps (None: this process)
+    # Ray workers for the sweeps (None: this process)
+    workers: int | None = base.count(optional=True, maximum=1024, none_means="in this process")
 
     chapter = "kv_retrieval"
     smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
@@ -87,31 +85,28 @@ class Config(base.Config):
         check_pair(self.gather, self.aggregate)
         base.check_kv_sizes(self.model, "sizes", self.sizes)
         check_roles_of(self.model, self.gather, self.aggregate)
-        runner.check_workers_fit(
-            self.workers
-        )  # Ray installed and large enough: now, before any model loads
+        # Ray installed and large enough: now, before any model loads
+        runner.check_workers_fit(self.workers)
 
 
+# the rankings compared: the released scoring, and the book's spaced form
 FORMS = (
     "released",
     "spaced",
-)  # the rankings compared: the released scoring, and the book's spaced form
+)
 
 
 @dataclass(frozen=True)
 class Result:
     cfg: Config
-    scores: dict[
-        str, dict[int, Score]
-    ]  # condition ("model", "G removed", "A removed") -> size -> score
+    # condition ("model", "G removed", "A removed") -> size -> score
+    scores: dict[str, dict[int, Score]]
     roles: Roles
-    rankings: dict[
-        str, shared.Ranking
-    ]  # form (`FORMS`; only "released" for a toy task) -> the shared ranking
+    # form (`FORMS`; only "released" for a toy task) -> the shared ranking
+    rankings: dict[str, shared.Ranking]
     provenance: dict
-    same_tokens: dict[tuple[str, str], bool] = field(
-        default_factory=dict
-    )  # (form, form) -> same model input
+    # (form, form) -> same model input
+    same_tokens: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     @property
     def sizes(self) -> list[int]:
@@ -220,9 +215,8 @@ def roles_found(result: Result) -> tuple[str, str]:
     One finding for a role no harmful head plays; the claims about that role's head are then not
     testable. (The paper's heads, where named, are tested by their rank instead: `in_top`.)"""
     model = result.scores["model"]
-    best = max(
-        model, key=lambda k: model[k].lo - result.chance(k)
-    )  # the size the model does best above chance
+    # the size the model does best above chance
+    best = max(model, key=lambda k: model[k].lo - result.chance(k))
     parts = [
         (v.REPRODUCED, f"{ROLE_NAMES[r]}: {result.roles.describe(r)}")
         if result.roles.heads[r]
@@ -292,9 +286,8 @@ def in_top(result: Result, role: str) -> tuple[str, str]:
         order = measured(ranking.table)
         for h in heads:
             label = f"{h}, {form} form"
-            if (
-                h not in order
-            ):  # the paper heads' layers are always swept: only a layer too wide to sweep
+            # the paper heads' layers are always swept: only a layer too wide to sweep
+            if h not in order:
                 parts.append(v.NOT_TESTABLE)
                 notes.append(
                     f"{label}: its layer was not swept exactly (screen rank {_screen_rank(ranking.table, h)})"

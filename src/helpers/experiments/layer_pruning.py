@@ -237,9 +237,8 @@ def figure(result: Result):
         textcoords="offset points",
         fontsize=plots.MIN_FONT + 1,
     )
-    if (
-        d > 1
-    ):  # the sharpest fall, the cut that picks it: from d layers to d - 1, with both intervals
+    # the sharpest fall, the cut that picks it: from d layers to d - 1, with both intervals
+    if d > 1:
         above, below = result.scores[name][d], result.scores[name][d - 1]
         ax.annotate(
             "",

@@ -79,9 +79,8 @@ class Result(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
-    kinds: dict[str, str] = field(
-        default_factory=dict
-    )  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    kinds: dict[str, str] = field(default_factory=dict)
     power: v.Power | None = None  # how many items the claims need (None: set, or every question)
 
     def knowledge(self, layer: int | None = None) -> TaskMean:
@@ -139,10 +138,11 @@ def run(cfg: Config) -> Result:
             )
             n = power.n
         letters = bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, n, cfg.seed, cfg.k_shot)
+        # the cloze twins where there are
         sets = [
             letters,
             *bm.knowledge_of(letters, cfg.n_knowledge, cfg.seed),
-        ]  # the cloze twins where there are
+        ]
     else:
         sets = [
             bm.kv(cfg.model, loaded.tokenizer, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
@@ -286,9 +286,8 @@ def verdicts(result: Result) -> list[v.Verdict]:
     critical = _published_critical(result.cfg.model)
     if critical and max(critical) < result.minimal_layers:
         claims[f"The layers are the paper's ({_layers(critical)})"] = the_papers_layers
-    headline = lambda decide: (
-        decide is not knowledge_stays
-    )  # knowledge "stays" only beside layers that break retrieval
+    # knowledge "stays" only beside layers that break retrieval
+    headline = lambda decide: decide is not knowledge_stays
     base_score, chance = result.minimal[name], result.chance[name]
     if not base_score.above(chance):
         reason = f"the minimal model's {name} {base_score} does not clear chance {chance:.0%}: nothing to remove"

@@ -52,9 +52,8 @@ BOTH = "G and A"
 
 @dataclass(frozen=True)
 class Condition:
-    masked: dict[
-        str, bool
-    ]  # role -> restricted to its control pattern (True) or to its pattern (False)
+    # role -> restricted to its control pattern (True) or to its pattern (False)
+    masked: dict[str, bool]
     zeroed: str | None = None  # role whose heads are zeroed
 
     @property
@@ -89,9 +88,8 @@ N_CPU = 100  # the CPU profile's prompts per condition
 @dataclass(frozen=True)
 class Config(base.Config):
     models: tuple[str, ...] = base.models("attention", "ssm")
-    gather: tuple[Head, ...] | None = base.heads(
-        optional=True
-    )  # one model only; None: the paper's, or by behaviour
+    # one model only; None: the paper's, or by behaviour
+    gather: tuple[Head, ...] | None = base.heads(optional=True)
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     task: str = base.one_of("kv", "mmlu")
     n: int = base.count()  # prompts, the same under every condition
@@ -167,9 +165,8 @@ class ModelRun:
     layers: int = 0  # the minimal model's layers, where every condition runs
     n_layers: int = 0  # the whole model's
     minimal: str = ""  # where the minimal model comes from
-    others_zeroed: dict[int, list[int]] = field(
-        default_factory=dict
-    )  # the roles' layers' other heads (keep-only)
+    # the roles' layers' other heads (keep-only)
+    others_zeroed: dict[int, list[int]] = field(default_factory=dict)
 
     def keep_only(self) -> str:
         """The model every condition runs in, as a sentence."""

@@ -77,9 +77,8 @@ class Result(base.ByRole):
     heads: int  # the teacher's attention heads
     kept: dict[str, str]  # hybrid -> the teacher head it keeps ("L1H2"), and the rule that chose it
     rules: dict[str, str]  # hybrid -> "G&A ranking", "retrieval score" or "random"
-    scores: dict[
-        str, dict[str, Score]
-    ]  # benchmark -> model (TEACHER, STUDENT or a hybrid) -> score
+    # benchmark -> model (TEACHER, STUDENT or a hybrid) -> score
+    scores: dict[str, dict[str, Score]]
     roles: dict[str, str]
     chance: dict[str, float]
     provenance: dict

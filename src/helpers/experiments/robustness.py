@@ -57,9 +57,8 @@ from ..sweep import sweep
 from ..tasks import KV_HEADER, Item
 
 KINDS = ("zero", "mean", "resample")
-CLAIM_MODEL = registry.cast(
-    "paper", "llamba"
-)  # the >95%-after-30-heads claim is about this model's MMLU
+# the >95%-after-30-heads claim is about this model's MMLU
+CLAIM_MODEL = registry.cast("paper", "llamba")
 POOL_GROWTH = 20  # resample donors are looked for among up to this many times n reference prompts
 
 
@@ -69,33 +68,26 @@ class Config(base.Config):
     ssm_model: str = base.model("ssm")  # the SSM side of redundancy
     n_kv: int = base.count()  # measured prompts (per model and task)
     kv_pairs: int = base.count(minimum=2)
-    n_reference: int = (
-        base.count()
-    )  # prompts the mean is taken over (and resample donors come from)
-    top: int = (
-        base.count()
-    )  # the largest top-head set of the ablation kinds (sets of 1 and `top` heads)
+    # prompts the mean is taken over (and resample donors come from)
+    n_reference: int = base.count()
+    # the largest top-head set of the ablation kinds (sets of 1 and `top` heads)
+    top: int = base.count()
     n_controls: int = base.count()  # random head sets per size
     ks: tuple = base.counts()  # redundancy: how many top heads are removed together
     task: str = base.one_of("kv", "mmlu")  # redundancy's task: KV retrieval or letter selection
     n_mmlu: int | None = base.count(optional=True)
     seed: int = base.seed()  # measured prompts (the ranking's are seed 0)
     reference_seed: int = base.seed()
-    n_patch: int = (
-        base.count()
-    )  # activation patching: clean prompts (each with its key-swapped corruption)
-    overlap_k: int = (
-        base.count()
-    )  # top-k overlap of two rankings (patching against ablation; stability)
-    stability_seeds: int = (
-        base.count()
-    )  # stability: prompt seeds (0, 1, ...) of the rankings compared
-    stability_queries: int = base.one_of(
-        1, 2
-    )  # stability: 1, the profile's query form only; 2, both
-    stability_design: str = base.one_of(
-        "factorial", "one-factor"
-    )  # every seed x query x form, or each varied alone
+    # activation patching: clean prompts (each with its key-swapped corruption)
+    n_patch: int = base.count()
+    # top-k overlap of two rankings (patching against ablation; stability)
+    overlap_k: int = base.count()
+    # stability: prompt seeds (0, 1, ...) of the rankings compared
+    stability_seeds: int = base.count()
+    # stability: 1, the profile's query form only; 2, both
+    stability_queries: int = base.one_of(1, 2)
+    # every seed x query x form, or each varied alone
+    stability_design: str = base.one_of("factorial", "one-factor")
 
     chapter = "robustness"
     smoke_sizes = dict(
@@ -891,12 +883,10 @@ def patch_prompts(
 
 @dataclass(frozen=True)
 class Patching:
-    heads: (
-        pd.DataFrame
-    )  # one row per head: head, recovery, lo, hi, ablation acc (the ranking's), rank of each
-    clean: (
-        np.ndarray
-    )  # per clean prompt: the clean answer's log-probability (log-softmax over the candidates)
+    # one row per head: head, recovery, lo, hi, ablation acc (the ranking's), rank of each
+    heads: pd.DataFrame
+    # per clean prompt: the clean answer's log-probability (log-softmax over the candidates)
+    clean: np.ndarray
     corrupted: np.ndarray  # the same in the key-swapped run
     patched: dict  # head name -> per prompt, the same with that head patched from the clean run
     agreement: (
@@ -942,9 +932,8 @@ def overlap_chance(n: int, k: int) -> tuple[float, float]:
     from math import comb
 
     cdf = 0.0
-    for x in range(
-        k + 1
-    ):  # the overlap is hypergeometric: k of n drawn, k of them "top" in the other order
+    # the overlap is hypergeometric: k of n drawn, k of them "top" in the other order
+    for x in range(k + 1):
         cdf += comb(k, x) * comb(n - k, k - x) / comb(n, k)
         if cdf >= 0.975 - 1e-12:
             break
@@ -1086,12 +1075,10 @@ def base_chance(pairs: int, loaded) -> float:
 
 @dataclass(frozen=True)
 class Stability:
-    conditions: (
-        pd.DataFrame
-    )  # one row per ranking: seed, query, form, n, clean, readable, why, top (names)
-    pairs: (
-        pd.DataFrame
-    )  # each condition against the reference (the first): rho, lo, hi, overlap (lo, hi), chance
+    # one row per ranking: seed, query, form, n, clean, readable, why, top (names)
+    conditions: pd.DataFrame
+    # each condition against the reference (the first): rho, lo, hi, overlap (lo, hi), chance
+    pairs: pd.DataFrame
     in_every_top: list  # heads in the top k of every readable ranking
     k: int
     layers: list  # the layers swept exactly
@@ -1391,11 +1378,12 @@ def stability_table(result: Result) -> pd.DataFrame:
             row |= {"rho [95%]": "reference", "overlap [95%]": "reference"}
         else:
             r = s.pairs.iloc[i - 1]
+            # Spearman's rho of a constant is 0/0
             rho = (
                 Estimate(r.rho, r.lo, r.hi)
                 if r.rho == r.rho
                 else "undefined (every head ties in a ranking)"
-            )  # Spearman's rho of a constant is 0/0
+            )
             row |= {
                 "rho [95%]": rho,
                 "overlap [95%]": Estimate(r.overlap, r.overlap_lo, r.overlap_hi),

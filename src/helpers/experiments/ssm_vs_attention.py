@@ -89,9 +89,8 @@ class Config(base.Config):
                 n_maps=100,
                 seed=0,
             )
-        fig4 = registry.cast(
-            "paper", "llama"
-        )  # the release's Fig. 4 settings, applied to every model
+        # the release's Fig. 4 settings, applied to every model
+        fig4 = registry.cast("paper", "llama")
         return dict(
             models=registry.cast_of(profile, ("llama", "llamba", "falcon-mamba")),
             sizes=paper("kv_retrieval", "released_dictionary_sizes", fig4).integers,
@@ -103,9 +102,8 @@ class Config(base.Config):
     def __post_init__(self):
         super().__post_init__()
         for name in self.models:
-            check_roles_of(
-                name, None, None
-            )  # the paper's heads, where it names them, are this model's
+            # the paper's heads, where it names them, are this model's
+            check_roles_of(name, None, None)
             most = synthetic.N_VALUES if registry.spec(name).toy else kv_values()
             if max(self.sizes) > most:
                 raise ConfigError(
@@ -122,24 +120,19 @@ class ModelRun:
     mixer: str  # "attention" or "ssm"
     by_size: dict[int, Score]  # part 1: keys -> KV accuracy
     chance: dict[int, float]  # keys -> chance level
-    prompts: dict[
-        str, str
-    ]  # keys or "held out" -> a digest of the prompts (equal digests: paired items)
+    # keys or "held out" -> a digest of the prompts (equal digests: paired items)
+    prompts: dict[str, str]
     ranking: pd.DataFrame | None  # the shared ranking's table; None where the model is not ranked
     candidates: tuple[Head, ...]  # the heads measured in parts 2 and 3
-    paper_sets: dict[
-        str, tuple[Head, ...]
-    ]  # the paper's G and A heads of this model, where it names them
-    zeroed: dict[
-        str, Score
-    ]  # part 2, held-out prompts: "clean", a ranked candidate ("L1H0"), "paper G", "paper A"
-    measures: (
-        pd.DataFrame
-    )  # part 3: `head_measures` per candidate head (a string) and held-out prompt
+    # the paper's G and A heads of this model, where it names them
+    paper_sets: dict[str, tuple[Head, ...]]
+    # part 2, held-out prompts: "clean", a ranked candidate ("L1H0"), "paper G", "paper A"
+    zeroed: dict[str, Score]
+    # part 3: `head_measures` per candidate head (a string) and held-out prompt
+    measures: pd.DataFrame
     roles: dict[str, Head | None]  # "G", "A" by behaviour among the candidates
-    maps: dict[
-        str, tuple[Head, np.ndarray]
-    ]  # "G", "A": the head `weighed` for the role, and its (hidden)
+    # "G", "A": the head `weighed` for the role, and its (hidden)
+    maps: dict[str, tuple[Head, np.ndarray]]
     # attention on the first held-out prompt
     segments: Segments  # the lines of that prompt
     trained_up_to: int | None  # the largest dictionary in the model's training (toys), else None
@@ -232,9 +225,8 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     setting = dict(model=name, n=cfg.n, seed=cfg.seed, query=query)
 
     # 1. Accuracy against dictionary size.
-    sets = {
-        k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes
-    }  # what `measure_size` scores
+    # what `measure_size` scores
+    sets = {k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes}
     store = base.open_store(cfg.chapter, cfg.profile, "by-size", [loaded])
     rows = sweep(
         store,
@@ -264,9 +256,8 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
         )
     kv = held_out(loaded, settings, max(cfg.n, cfg.n_maps), cfg.seed)
     engine = cache(lambda: SweepEngine(loaded, tok, kv.items[: cfg.n]))
-    singles = (
-        measured if ranking is not None else ()
-    )  # an unranked model's channels are zeroed as the paper's sets
+    # an unranked model's channels are zeroed as the paper's sets
+    singles = measured if ranking is not None else ()
     conditions = {
         **{str(h): (h,) for h in singles},
         **{f"paper {r}": hs for r, hs in paper_sets.items()},
@@ -743,9 +734,8 @@ def figure_heads(result: Result):
     )
     for ax, r in zip(axes.flat, ranked):
         # from chance to the clean accuracy on the ranking's prompts, never the cells' own range
-        chance = (
-            1 / shared.ranking_settings(result.cfg.profile, result.cfg.smoke)["pairs"]
-        )  # one of the dictionary's values
+        # one of the dictionary's values
+        chance = 1 / shared.ranking_settings(result.cfg.profile, result.cfg.smoke)["pairs"]
         plots.head_heatmap(
             tables[r.name],
             r.name,

@@ -55,9 +55,8 @@ class Result:
     cfg: Config
     models: pd.DataFrame  # one row per model: what it plays, its shape and its training
     records: dict[str, dict]  # each model's training record (data/zoo/<name>.json)
-    remeasured: dict[
-        str, dict[str, Score]
-    ]  # model -> cell ("kv@8") -> score on this run's examples
+    # model -> cell ("kv@8") -> score on this run's examples
+    remeasured: dict[str, dict[str, Score]]
     provenance: dict
 
 

@@ -494,12 +494,10 @@ def load(name: str):
     return hold(_small(name) if registry.spec(name).profile == "cpu" else load_model(name))
 
 
-_held_models: "weakref.WeakValueDictionary[str, Any]" = (
-    weakref.WeakValueDictionary()
-)  # name -> the model this process runs
-_kept: dict[
-    str, Any
-] = {}  # the paper model a Ray worker loaded for its measurements (one at a time)
+# name -> the model this process runs
+_held_models: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+# the paper model a Ray worker loaded for its measurements (one at a time)
+_kept: dict[str, Any] = {}
 
 
 def hold(loaded):
@@ -570,9 +568,8 @@ def open_store(
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     with store_lock(path):
-        if writable(
-            path
-        ):  # a sidecar write killed before its rename left its temporary file (nothing writes one now)
+        # a sidecar write killed before its rename left its temporary file (nothing writes one now)
+        if writable(path):
             for stale in folder.glob(f"{glob.escape(meta.name)}.*.tmp"):
                 stale.unlink(missing_ok=True)
         recorded = _recorded_revisions(meta, path)
@@ -585,9 +582,8 @@ def open_store(
         store = Store(path)
         # This run's models whose results the store holds must be in the sidecar already: else
         # writing their revisions now would certify results of unknown weights.
-        new = set(revisions) - set(
-            recorded
-        )  # usually none: the records are read only when there are
+        # usually none: the records are read only when there are
+        new = set(revisions) - set(recorded)
         if new and (unnamed := sorted(models_named(store.cells()) & new)):
             raise StaleResults(
                 f"{path} holds results of {', '.join(unnamed)} but its sidecar {meta} does not say which "
@@ -622,9 +618,8 @@ def models_named(cells) -> set[str]:
     return {s for cell in cells for s in strings(cell) if s in registry.MODELS}
 
 
-_opened: dict[
-    str, dict[str, None]
-] = {}  # chapter -> the store files (names) this process opened, in order
+# chapter -> the store files (names) this process opened, in order
+_opened: dict[str, dict[str, None]] = {}
 
 
 def _recorded_revisions(meta: Path, path: Path) -> dict[str, str] | None:

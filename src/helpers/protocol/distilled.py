@@ -53,9 +53,8 @@ class TeacherLayer:
     layer: int
     how: str  # how it was found, with the numbers that decided it
     clean: dict[str, Score]  # benchmark -> the teacher as is (layer ablation only)
-    ablated: dict[
-        str, dict[int, Score]
-    ]  # benchmark -> layer -> attention heads of that layer zeroed
+    # benchmark -> layer -> attention heads of that layer zeroed
+    ablated: dict[str, dict[int, Score]]
 
 
 def cell_of(b: bm.Benchmark) -> dict:

@@ -55,9 +55,8 @@ class ScreenConfig(base.Config):
 
     model: str = base.model("attention", "ssm")
     task: str = base.one_of("kv", "mmlu")
-    layers_kept: int | None = base.count(
-        optional=True
-    )  # None: the published minimal model, else found on the screen
+    # None: the published minimal model, else found on the screen
+    layers_kept: int | None = base.count(optional=True)
     n_screen: int | None = base.count(optional=True)  # MMLU: None = half the test set
     n_check: int | None = base.count(optional=True)  # MMLU: None = the other half
     n_knowledge: int | None = base.count(optional=True)  # knowledge items per task (None: all)
@@ -65,13 +64,11 @@ class ScreenConfig(base.Config):
     kv_query: str = base.one_of("paper", "repeat")
     top: int = base.count()
     screen_alpha: float = base.number(0, 1)
-    sweep_layers: tuple[int, ...] | None = base.layers(
-        optional=True
-    )  # None: where the harm is, the paper's heads' and the screen's
+    # None: where the harm is, the paper's heads' and the screen's
+    sweep_layers: tuple[int, ...] | None = base.layers(optional=True)
     harm_layers: int = base.count()  # of the layers whose attention matters, how many are swept exactly (most letter-specific first)
-    gather: tuple[Head, ...] | None = base.heads(
-        optional=True
-    )  # None: the paper's, or found by behaviour
+    # None: the paper's, or found by behaviour
+    gather: tuple[Head, ...] | None = base.heads(optional=True)
     aggregate: tuple[Head, ...] | None = base.heads(optional=True)
     n_controls: int = base.count()
     seed: int = base.seed()
@@ -210,6 +207,7 @@ def rank(
     computation, else the screen here, through this chapter's store (`measure_screen`: the
     layers `sweep_layers` swept exactly, with `add_top` those of the screen's `top` heads too)."""
     settings = shared.ranking_settings(cfg.profile, cfg.smoke)
+    # `prompts` draws the released form (bm.kv's default)
     mine = dict(
         pairs=cfg.kv_pairs,
         n=cfg.n_screen,
@@ -218,7 +216,7 @@ def rank(
         top=cfg.top,
         alpha=cfg.screen_alpha,
         seed=cfg.seed,
-    )  # `prompts` draws the released form (bm.kv's default)
+    )
     if (
         cfg.task == "kv"
         and len(layers) == loaded.adapter.n_layers
@@ -390,9 +388,8 @@ class Screen:
     screen: bm.Benchmark  # the screen's prompts
     check: bm.Benchmark  # the check's, disjoint from the screen's
     layers_kept: int  # the minimal model's layers
-    depths: dict[
-        int, Score
-    ]  # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found
+    # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found
+    depths: dict[int, Score]
     screen_clean: Score  # no head zeroed, on the screen's prompts
     ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
     roles: Roles
@@ -417,9 +414,8 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
         )
     )
     kept = given or minimal.minimal_depth(depths, chance)
-    check_roles_of(
-        cfg.model, cfg.gather, cfg.aggregate, below=kept
-    )  # the minimal model found may be shallower
+    # the minimal model found may be shallower
+    check_roles_of(cfg.model, cfg.gather, cfg.aggregate, below=kept)
     screened, check, power = prompts(cfg, loaded, depths[kept].acc if depths else None)
     layers = list(range(kept))
     named = paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}

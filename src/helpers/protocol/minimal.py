@@ -125,9 +125,8 @@ class Pruned(base.ByRole):
     roles: dict[str, str]  # benchmark -> bm.RETRIEVAL or bm.KNOWLEDGE
     chance: dict[str, float]
     provenance: dict
-    kinds: dict[str, str] = field(
-        default_factory=dict
-    )  # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    # benchmark -> its kind (`benchmarks.Benchmark.kind`)
+    kinds: dict[str, str] = field(default_factory=dict)
     letter_check: LetterCheck | None = (
         None  # the letters with their options moved (where the model picks letters)
     )

@@ -69,20 +69,16 @@ class Roles:
 
     heads: dict[str, tuple[Head, ...]]
     source: str
-    measures: pd.DataFrame | None = dataclasses.field(
-        default=None, repr=False
-    )  # the candidates', where measured
+    # the candidates', where measured
+    measures: pd.DataFrame | None = dataclasses.field(default=None, repr=False)
     found: dict[str, Head | None] | None = None  # by behaviour among the candidates, where measured
-    closest: tuple[
-        str, ...
-    ] = ()  # roles no candidate plays, given to the closest one (`with_closest`)
+    # roles no candidate plays, given to the closest one (`with_closest`)
+    closest: tuple[str, ...] = ()
     ranking: str = "the KV ranking"  # whose top heads the candidates are
-    candidates: tuple[
-        Head, ...
-    ] = ()  # the heads whose zeroing hurts, most harmful first (where found by behaviour)
-    ties: dict[str, tuple[Head, ...]] = dataclasses.field(
-        default_factory=dict
-    )  # role -> candidates that also behave so, as harmful within the interval
+    # the heads whose zeroing hurts, most harmful first (where found by behaviour)
+    candidates: tuple[Head, ...] = ()
+    # role -> candidates that also behave so, as harmful within the interval
+    ties: dict[str, tuple[Head, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def filled(self) -> dict[str, bool]:
@@ -340,9 +336,8 @@ def head_maps(loaded, context: str, heads: list[Head]) -> dict[Head, np.ndarray]
     model, adapter = unwrap(loaded)
     ids = loaded.tokenizer(context, return_tensors="pt").input_ids
     layers = sorted({h.layer for h in heads})
-    if not isinstance(
-        adapter, MambaAdapter
-    ):  # heads of one channel (or a group): their hidden attention
+    # heads of one channel (or a group): their hidden attention
+    if not isinstance(adapter, MambaAdapter):
         maps = attention_maps(loaded, ids, layers)
         return {h: maps[h.layer][0, h.head].numpy() for h in heads}
     seen = {}

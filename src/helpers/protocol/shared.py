@@ -137,9 +137,8 @@ def swept_layers(
 
 
 PROMPTS = ("pairs", "n", "seed", "query", "form")  # the settings that choose a ranking's prompts
-_engines: dict[
-    tuple, SweepEngine
-] = {}  # one engine per process: the screen's, reused by the layer sweeps
+# one engine per process: the screen's, reused by the layer sweeps
+_engines: dict[tuple, SweepEngine] = {}
 
 
 def _engine(cell: dict) -> SweepEngine:

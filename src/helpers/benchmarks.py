@@ -194,17 +194,17 @@ def twins(b: Benchmark) -> Benchmark | None:
     return Benchmark(tasks.CPU_KNOWLEDGE, KNOWLEDGE, cloze, spec=dict(kind="twins", of=spec))
 
 
-def knowledge_of(letters: Benchmark, n: int | None, seed: int = 0) -> list[Benchmark]:
-    """The knowledge scored beside `letters`, paired with them where it can be: the cloze twins
-    of the same facts (`twins`), else the profile's knowledge tasks (`knowledge`, `n` items each,
-    drawn with `seed`) for the letters' model."""
-    twin = twins(letters)
+def knowledge_of(scored: Benchmark, profile: str, n: int | None, seed: int = 0) -> list[Benchmark]:
+    """The knowledge scored beside `scored` (letters or KV retrieval), paired with it where it
+    can be: the cloze twins of the same facts (`twins`), else `profile`'s knowledge tasks
+    (`knowledge`, `n` items each, drawn with `seed`) for its model."""
+    twin = twins(scored)
     if twin is not None:
         return [twin]
-    spec = letters.spec
+    spec = scored.spec
     while spec["kind"] == "part":
         spec = spec["of"]
-    return knowledge(spec["model"], spec["profile"], n, seed)
+    return knowledge(spec["model"], profile, n, seed)
 
 
 def part(

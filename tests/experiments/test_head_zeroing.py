@@ -32,6 +32,17 @@ def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 
 
+def test_the_kv_task_runs_with_knowledge_scored_beside_it():
+    """A reader's `task="kv"`: the check's knowledge is the profile's (KV prompts have no cloze
+    twins); it used to look for a profile in the KV set's spec and stop with a KeyError."""
+    cfg = chapter.Config.for_profile(
+        "cpu", smoke=True, model="toy-transformer", task="kv", n_screen=6, n_check=6
+    )
+    result = chapter.run(cfg)
+    assert list(result.knowledge) == ["knowledge"] and result.task_name.startswith("KV")
+    assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
+
+
 def test_the_minimal_model_is_the_layer_pruning_chapters_whatever_the_screen():
     # One minimal model for the book: the layer-pruning chapter's walk of the task at this seed, not
     # a cut found on the screen's own prompts (which named 23 layers of Qwen at one seed, 24 at the next).

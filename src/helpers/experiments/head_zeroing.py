@@ -216,7 +216,7 @@ def run(cfg: Config) -> Result:
     n_first = found.power.n_dependent if found.power else len(check)
     first = head_screen.check_part(check, n_first, cfg.seed) if n_first < len(check) else check
     # the cloze twins where the set has them
-    knowledge = bm.knowledge_of(first, cfg.n_knowledge, cfg.seed)
+    knowledge = bm.knowledge_of(first, cfg.profile, cfg.n_knowledge, cfg.seed)
     measured = [("check", check, headline if first is not check else ablations)]
     measured += [("first", first, dependent)] if first is not check else []
     measured += [(b.name, b, headline) for b in knowledge]

@@ -141,7 +141,7 @@ def run(cfg: Config) -> Result:
         # the cloze twins where there are
         sets = [
             letters,
-            *bm.knowledge_of(letters, cfg.n_knowledge, cfg.seed),
+            *bm.knowledge_of(letters, cfg.profile, cfg.n_knowledge, cfg.seed),
         ]
     else:
         sets = [

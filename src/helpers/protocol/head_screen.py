@@ -346,7 +346,7 @@ def layer_scan(cfg: ScreenConfig, loaded, screened: bm.Benchmark, kept: int) -> 
     and beside them knowledge (`benchmarks.knowledge_of`: the cloze twins where there are),
     through the chapter's results store, one cell per benchmark."""
     knowledge = bm.knowledge_of(
-        screened, min(cfg.n_knowledge or len(screened), len(screened)), cfg.seed
+        screened, cfg.profile, min(cfg.n_knowledge or len(screened), len(screened)), cfg.seed
     )
     ablations = {
         NONE: {},

@@ -93,8 +93,8 @@ class SweepEngine:
         every layer's: a 1,700-token row of Qwen-1.5B holds some 10 GB otherwise."""
         r, dev, T = self.rows, self.device, batch.width
         rows = batch.rows if slots is None else batch.rows[slots]
-        allowed = None if r.allowed is None else r.allowed[rows, :T, :T].to(dev)
-        positions = r.positions[rows, :T].to(dev)
+        allowed = None if r.allowed is None else r.allowed[rows, :T, :T].to(dev)  # [rows, T, T]
+        positions = r.positions[rows, :T].to(dev)  # [rows, T]
         embeddings = None
         if self.adapter.reads_embeddings:
             embeddings = (
@@ -113,6 +113,7 @@ class SweepEngine:
                     use_reentrant=False,
                 )
             else:
+                # [rows, T, width] in and out
                 hidden = self.adapter.run_layer(block, hidden, positions, allowed, embeddings)
         return hidden
 
@@ -138,9 +139,8 @@ class SweepEngine:
         """The token embeddings of a batch's rows: the residual stream entering layer 0 (and what
         Zamba2's hybrid layers read again, `adapter.reads_embeddings`)."""
         with torch.no_grad():
-            return self.model.get_input_embeddings()(
-                self.rows.ids[batch.rows, : batch.width].to(self.device)
-            )
+            ids = self.rows.ids[batch.rows, : batch.width].to(self.device)  # [rows, T]
+            return self.model.get_input_embeddings()(ids)  # [rows, T, width]
 
     def pair_loglikelihoods(self, hidden: torch.Tensor, i: int, copies: int = 1) -> torch.Tensor:
         """Per-pair log-likelihoods [copies, n_pairs] from the final-layer outputs of batch i
@@ -148,7 +148,7 @@ class SweepEngine:
         b = self.batches[i]
         hidden = self.adapter.final_norm(hidden)
         head = self.model.get_output_embeddings()
-        out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)
+        out = torch.zeros(copies, self.rows.n_pairs, dtype=torch.float64)  # [copies, n_pairs]
         for k in range(copies):
             out[k].index_add_(
                 0,
@@ -169,6 +169,7 @@ class SweepEngine:
         run at once where a batch has room (a small set), in the clean run's shape: an item rounds
         alike whatever runs beside it (`packing.batches`)."""
         n, height = self.batches[i].n_real, len(self.batches[i].rows)
+        # [height]: copies * n real rows, then the fillers
         return torch.cat([torch.arange(n).repeat(copies), torch.arange(copies * n, height)])
 
     def per_row(self, values: torch.Tensor, i: int, fill) -> torch.Tensor:
@@ -192,7 +193,8 @@ class SweepEngine:
         taken with respect to it; gradients still flow through it from layers above)."""
 
         def scale_rows(x, scale, layer):
-            m = scale.to(x.device, x.dtype)
+            m = scale.to(x.device, x.dtype)  # [copies, heads * head_dim]
+            # x [copies * rows, T, heads * head_dim] -> [copies, rows, T, ...] scaled -> back
             scaled = (x.unflatten(0, (len(m), -1)) * m[:, None, None, :]).flatten(0, 1)
             if seen is not None:
                 # the lowest scaled site: nothing below needs gradients
@@ -264,9 +266,10 @@ class SweepEngine:
             )
         scales = {}
         for layer in ablated:
-            keep = torch.ones(len(plans), self.adapter.n_heads(layer))
+            keep = torch.ones(len(plans), self.adapter.n_heads(layer))  # [ablations, heads]
             for k, p in enumerate(plans):
                 keep[k, p.get(layer, [])] = 0
+            # [ablations, heads * head_dim]
             scales[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
         if not scales:
             return self.scaled_loglikelihoods({}, layers).repeat(len(plans), 1).numpy()
@@ -453,9 +456,11 @@ class SweepEngine:
             raise InterventionError(f"no replacement values for layer(s) {missing}")
         keeps = {}
         for layer in touched:
+            # [ablations, heads]
             keep = torch.ones(len(plans), self.adapter.n_heads(layer), dtype=torch.bool)
             for k, p in enumerate(plans):
                 keep[k, p.get(layer, [])] = False
+            # [ablations, heads * head_dim]
             keeps[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
             v = values[layer]
             per_batch = isinstance(v, (list, tuple))
@@ -485,6 +490,7 @@ class SweepEngine:
                     slots = self.slots(i, chunk.stop - k)
                     for layer in touched:
                         v = values[layer]
+                        # keep [height, 1, width]; value [width] or, resampled, [height, T, width]
                         current[layer] = (
                             self.per_row(keeps[layer][chunk], i, True)[:, None, :],
                             v[i][slots.to(v[i].device)] if isinstance(v, (list, tuple)) else v,

@@ -208,3 +208,21 @@ def test_cpu_book_offers_downloads_and_a_dark_screenshot_pair(cpu_book):
     runs = (html / "book" / "runs.html").read_text()
     assert "runs.csv" in runs and "runs.json" in runs and 'href="../paper/index.html"' in runs
     assert "@inproceedings" in (html / "book" / "cite.html").read_text()
+
+
+def test_two_chapter_kernels_started_at_once_get_sockets_of_their_own(tmp_path, monkeypatch):
+    """Two builds in one repository (the suite's two lanes) once chose the same IPC sockets, the
+    first free names in the working directory, and a kernel answered the other build's client."""
+    monkeypatch.chdir(tmp_path)
+    managers = [book.kernel_manager()(kernel_name="python3") for _ in range(2)]
+    sockets = []
+    for km in managers:
+        km.write_connection_file()  # the names are chosen here, before either kernel binds them
+        sockets.append({f"{km.ip}-{port}" for port in km.ports})
+    try:
+        assert all(len(s) == 5 for s in sockets)
+        assert not sockets[0] & sockets[1]
+        assert not list(tmp_path.iterdir())  # nothing in the working directory
+    finally:
+        for km in managers:
+            km.cleanup_connection_file()

@@ -271,6 +271,28 @@ def kernel_peak():
 MMAP_THRESHOLD = 32 << 20
 
 
+def kernel_manager() -> type:
+    """The chapters' kernel manager: kernels over IPC (over TCP, ipykernel 7 warns in the terminal
+    about every chapter), each on sockets of its own. jupyter_client names IPC sockets
+    `kernel-ipc-1`, `-2`, ... in the working directory, the first free numbers, taken before the
+    kernel binds them: two builds starting a kernel at the same moment in one repository (the test
+    suite's two lanes) took the same sockets, and one kernel answered the other's client."""
+    import tempfile
+    import uuid
+
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class ChapterKernelManager(AsyncKernelManager):
+        transport = "ipc"
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            return str(Path(tempfile.gettempdir()) / f"ga-kernel-{uuid.uuid4().hex}")
+
+    return ChapterKernelManager
+
+
 def execute(
     md: Path, output: Path, parameters: dict | None = None, record: Path | None = None
 ) -> Path:
@@ -278,10 +300,6 @@ def execute(
     provenance to `record` (see `helpers.page.verdict`), its progress to a log beside `output`."""
     import jupytext
     import papermill
-    from jupyter_client.manager import AsyncKernelManager
-
-    class LocalKernelManager(AsyncKernelManager):
-        transport = "ipc"  # over TCP, ipykernel 7 warns in the terminal about every chapter
 
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {
@@ -314,7 +332,7 @@ def execute(
             cwd=str(ROOT),
             kernel_name="python3",
             progress_bar=False,
-            kernel_manager_class=LocalKernelManager,
+            kernel_manager_class=kernel_manager(),
         )
     # the kernel's peak joins the page's provenance (the Runs page, the build's line)
     if record.exists():

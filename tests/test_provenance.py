@@ -1,13 +1,16 @@
 """Results keyed by what computed them: `provenance.measurement_version` hashes the code and
-data a module's measurements read, so that editing a figure, a page or the paper's reference
-numbers recomputes nothing, and editing the scorer or a chapter recomputes what reads it."""
+data a store's measurements read, so that editing a figure, a page, a comment or the paper's
+reference numbers recomputes nothing, and editing the scorer or a measurement recomputes what
+reads it."""
 
+import ast
+import importlib
 import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers import paths, provenance, zoo
+from helpers import paths, provenance, runner, zoo
 from helpers.experiments import toy_zoo
 from helpers.protocol import base
 from helpers.sweep import Store
@@ -21,13 +24,21 @@ SHARED = sorted(
 )
 
 
-def edited(tmp_path: Path, name: str, *files: str) -> Path:
-    """A copy of the package (as `tmp_path/name`) with a line added to each of `files`."""
+def edited(tmp_path: Path, name: str, *files: str, function: str = "") -> Path:
+    """A copy of the package (as `tmp_path/name`) with a statement added to each of `files`: at
+    the end, or first in the body of the top-level `function` there."""
     copy = tmp_path / name
     shutil.copytree(provenance.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     for rel in files:
-        with open(copy / rel, "a") as f:
-            f.write("\n# an edit\n")
+        lines = (copy / rel).read_text().splitlines(keepends=True)
+        at, indent = len(lines), ""
+        if function:
+            (node,) = [
+                n for n in ast.parse("".join(lines)).body if getattr(n, "name", None) == function
+            ]
+            at, indent = node.body[0].lineno - 1, " " * node.body[0].col_offset
+        lines.insert(at, f"{indent}_edited = 1\n")
+        (copy / rel).write_text("".join(lines))
     return copy
 
 
@@ -86,7 +97,8 @@ def test_a_module_reads_what_it_imports_anywhere_but_not_through_presentation_mo
 
     def after(rel: str = "", data_file: str = "") -> dict[str, str]:
         p, d = made_up(
-            tmp_path / f"edit-{len(list(tmp_path.iterdir()))}", {rel: "# edited\n"} if rel else None
+            tmp_path / f"edit-{len(list(tmp_path.iterdir()))}",
+            {rel: "EDITED = 1\n"} if rel else None,
         )
         if data_file:
             (d / data_file).write_text("2\n")
@@ -109,6 +121,86 @@ def test_a_module_that_is_no_measurement_is_refused_with_what_is_known():
         provenance.measurement_version("helpers.plots")
 
 
+CHAPTER = """\"\"\"A chapter.\"\"\"
+from .. import stats
+
+STEP = 2
+UNUSED = 3
+
+
+def helper(x):
+    return x * STEP
+
+
+class Result:
+    def show(self):
+        return figure(self)
+
+
+def measure(cell):
+    \"\"\"One cell.\"\"\"
+    return {"y": helper(cell["x"])}
+
+
+def run():
+    def compute(cell):
+        return measure(cell)
+
+    return Result()
+
+
+def figure(result):
+    return "drawn"
+"""
+
+
+def test_a_store_reads_its_module_as_far_as_its_measurements_reach(tmp_path):
+    package, data = made_up(tmp_path / "original", {"experiments/c.py": CHAPTER})
+    assert provenance.reached("c", ("measure",), package) == ["STEP", "helper", "measure"]
+    # a closure's measurement is read through the function it is defined in
+    assert provenance.reached("c", ("run",), package) == [
+        "STEP",
+        "helper",
+        "Result",
+        "measure",
+        "run",
+        "figure",
+    ]
+    with pytest.raises(ValueError, match=r"defines no top-level nope: name the functions"):
+        provenance.measurement_version("c", package, data, reads=("nope",))
+
+    def version(text: str, reads=("measure",)) -> str:
+        p, d = made_up(
+            tmp_path / f"edit-{len(list(tmp_path.iterdir()))}", {"experiments/c.py": text}
+        )
+        return provenance.measurement_version("c", p, d, reads)
+
+    before = version(CHAPTER)
+    assert before == provenance.measurement_version("c", package, data, ("measure",))
+    unchanged = {
+        "the figure": CHAPTER.replace('"drawn"', '"redrawn"'),
+        "a class it does not reach": CHAPTER.replace("return figure(self)", "return None"),
+        "a constant it does not read": CHAPTER.replace("UNUSED = 3", "UNUSED = 4"),
+        "a docstring": CHAPTER.replace("One cell.", "One cell, measured."),
+        "a comment and the layout": CHAPTER.replace(
+            'return {"y": helper(cell["x"])}',
+            '# why\n    return {\n        "y": helper(cell["x"]),\n    }',
+        ),
+    }
+    for what, text in unchanged.items():
+        assert version(text) == before, what
+    changed = {
+        "the measurement": CHAPTER.replace('{"y": ', '{"z": '),
+        "a function it calls": CHAPTER.replace("x * STEP", "x + STEP"),
+        "a constant it reads": CHAPTER.replace("STEP = 2", "STEP = 5"),
+        "an import": CHAPTER.replace("from .. import stats", "from .. import stats, scorer"),
+    }
+    for what, text in changed.items():
+        assert version(text) != before, what
+    # the whole module without reads, as a caller outside the package's measurements has it
+    assert version(unchanged["the figure"], ()) != version(CHAPTER, ())
+
+
 # --- the rule on the package itself ---------------------------------------------------------------
 
 
@@ -120,6 +212,31 @@ def test_no_chapter_reads_a_presentation_module_or_the_reference_numbers():
     assert provenance.measurement_version("layer_pruning") == provenance.measurement_version(
         "helpers.experiments.layer_pruning"
     )
+
+
+def stores_opened() -> list[tuple[str, int, tuple[str, ...]]]:
+    """Every `open_store` call of the package: its module, line and the functions it names."""
+    found = []
+    for path in sorted(provenance.PACKAGE.rglob("*.py")):
+        module = ".".join(("helpers", *path.relative_to(provenance.PACKAGE).with_suffix("").parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "open_store":
+                (reads,) = node.args[4:] or [k.value for k in node.keywords if k.arg == "reads"]
+                names = reads.elts if isinstance(reads, ast.Tuple) else [reads]
+                found.append((module, node.lineno, tuple(n.id for n in names)))
+    return found
+
+
+def test_every_store_names_its_measurements_and_none_reaches_a_figure_or_a_verdict():
+    opened = stores_opened()
+    assert len(opened) >= 20
+    for module, line, reads in opened:
+        # as open_store finds them: each function's own module (a chapter may open a store for a
+        # measurement of `protocol`)
+        owners = {runner.owner(getattr(importlib.import_module(module), r)) for r in reads}
+        (where,) = {o.partition(":")[0] for o in owners}
+        reached = set(provenance.reached(where, tuple(o.partition(":")[2] for o in owners)))
+        assert not reached & {"figure", "verdicts", "comparison"}, (module, line)
 
 
 def test_editing_presentation_modules_leaves_every_chapters_version(tmp_path):
@@ -187,20 +304,33 @@ def test_a_presentation_edit_recomputes_no_cell_and_a_scorer_edit_recomputes_eve
     assert len(computed) == len(zoo.RECIPES)
     (store,) = folder.glob("*.jsonl")
     assert first.provenance["stores"] == [store.name] and store.name.endswith(
-        f"-{provenance.measurement_version('toy_zoo')}.jsonl"
+        f"-{provenance.measurement_version('toy_zoo', reads=('measure_final',))}.jsonl"
     )
-    size = store.stat().st_size
+    content = store.read_bytes()
 
     figures = run(edited(tmp_path, "figures", "plots.py", "page.py", "verdicts.py"))
     assert (
-        computed == [] and list(folder.glob("*.jsonl")) == [store] and store.stat().st_size == size
+        computed == [] and list(folder.glob("*.jsonl")) == [store] and store.read_bytes() == content
+    )
+    # the chapter's own figure, drawn from the result: nothing recomputed either
+    chapter = run(edited(tmp_path, "chapter", "experiments/toy_zoo.py", function="figure"))
+    assert (
+        computed == [] and list(folder.glob("*.jsonl")) == [store] and store.read_bytes() == content
     )
     # what named the stores before: all recomputed
     assert figures.provenance["code"] != first.provenance["code"]
-    assert numbers(figures) == numbers(first)
+    assert numbers(figures) == numbers(chapter) == numbers(first)
+
+    measurement = run(
+        edited(tmp_path, "measurement", "experiments/toy_zoo.py", function="measure_final")
+    )
+    assert len(computed) == len(zoo.RECIPES) and len(list(folder.glob("*.jsonl"))) == 2
+    assert numbers(measurement) == numbers(first)
+    for stale in set(folder.glob("*.jsonl")) - {store}:
+        stale.unlink()
 
     scorer = run(edited(tmp_path, "scorer", "evaluate.py"))
     assert len(computed) == len(zoo.RECIPES) and len(list(folder.glob("*.jsonl"))) == 2
-    # the edit was a comment: the same numbers, computed again
+    # the edit changes no number: the same numbers, computed again
     assert numbers(scorer) == numbers(first)
     assert paths.results_dir("toy_zoo") == folder

@@ -103,6 +103,19 @@ def kv(
 TOY_MCQ_SIZE = 500  # the zoo's letter MCQ when no n is asked for
 
 
+def kv_of(cell: dict, tokenizer) -> Benchmark:
+    """The KV prompts a measurement's cell names: its model, pairs, n and seed, and its query
+    and form where it has them (else `kv`'s)."""
+    return kv(
+        cell["model"],
+        tokenizer,
+        cell["pairs"],
+        cell["n"],
+        cell["seed"],
+        **{k: cell[k] for k in ("query", "form") if k in cell},
+    )
+
+
 def letter_mcq_size(model: str, profile: str) -> int | None:
     """How many questions `letter_mcq(model, ..., profile, n=None)` holds, known before any
     load: the zoo's MCQ or the CPU letter set; None on the paper profiles (the hub's MMLU,

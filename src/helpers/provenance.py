@@ -84,29 +84,44 @@ PRESENTATION = frozenset(
 PRESENTATION_DATA = frozenset({"reference"})
 
 
-def measurement_version(module: str, package: Path | None = None, data: Path | None = None) -> str:
+def measurement_version(
+    module: str,
+    package: Path | None = None,
+    data: Path | None = None,
+    reads: tuple[str, ...] = (),
+) -> str:
     """A hash of the code and data that the measurements of `module` read: what decides the
     numbers in the results stores it opens (`protocol.base.open_store`).
 
     `module` is a module of the package (`helpers.experiments.layer_pruning`) or a chapter's
-    name (`layer_pruning`). The rule:
+    name (`layer_pruning`); `reads`, the top-level functions of `module` that fill the store (the
+    measurements, or the function a measuring closure is defined in). The rule:
 
-    - the module's source, and that of every module of the package it imports, transitively,
-      read from the source with `ast` (imports inside functions included; `from . import x`
-      counts `x`), never from what happens to be imported in this process. Importing a module
-      runs its packages' `__init__.py`, so those count too;
+    - the module's own code as far as `reads` reach it (`reached`: a chapter's figure, table and
+      verdict functions are not reached by its measurements, so editing them recomputes
+      nothing); without `reads`, the whole module;
+    - the code of every module of the package it imports, transitively, read with `ast`
+      (imports inside functions included; `from . import x` counts `x`), never from what happens
+      to be imported in this process. Importing a module runs its packages' `__init__.py`, so
+      those count too;
     - except the `PRESENTATION` modules, where the walk stops (not followed through them either):
       they never change a stored number;
+    - code counts as Python reads it, less its docstrings: a comment, a docstring or a reformat
+      changes no version;
     - plus every file of the data folder (fixtures, letters, configs, zoo, lm_eval_tasks, ...)
       except the `PRESENTATION_DATA` folders.
 
-    So editing a caption in `plots` or a sentence in `page` leaves every version as it was, and
-    editing the scorer (`evaluate`) or a chapter's module changes the version of every module
-    that reads it. `package` and `data` default to the installed package (`PACKAGE`) and
-    `paths.data()`; both versions are computed once per process, as `code_version` is."""
-    return _measurement_version(
-        _module_name(module, package or PACKAGE), package or PACKAGE, data or paths.data()
-    )
+    So editing a caption in `plots`, a sentence in `page` or a chapter's `figure` leaves every
+    version as it was, and editing the scorer (`evaluate`) or a measurement changes the version
+    of every store whose measurements read it. `package` and `data` default to the installed
+    package (`PACKAGE`) and `paths.data()`; versions are computed once per process, as
+    `code_version` is."""
+    package = package or PACKAGE
+    name = _module_name(module, package)
+    reads = tuple(sorted(set(reads)))
+    if reads:
+        reached(name, reads, package)  # every name defined there, or the error
+    return _measurement_version(name, package, data or paths.data(), reads)
 
 
 def measurement_files(module: str, package: Path | None = None) -> list[str]:
@@ -120,12 +135,76 @@ def measurement_files(module: str, package: Path | None = None) -> list[str]:
     )
 
 
+def reached(module: str, names: tuple[str, ...], package: Path | None = None) -> list[str]:
+    """The top-level definitions of `module` that the functions `names` reach, in source order:
+    themselves and every top-level name their code mentions, transitively (a class whole, with
+    its methods; a constant with its value). Statements that define no name of their own
+    (imports, registrations) are always read, and what they mention is reached."""
+    package = package or PACKAGE
+    tree = _tree(_modules(package)[_module_name(module, package)])
+    defined = {n: node for node in tree.body for n in _defines(node) or ()}
+    unknown = sorted(set(names) - set(defined))
+    if unknown:
+        raise ValueError(
+            f"{module} defines no top-level {', '.join(unknown)}: name the functions that fill "
+            f"the store (for a closure, the function it is defined in)"
+        )
+    todo = [*names, *(n for node in tree.body if _defines(node) is None for n in _mentions(node))]
+    seen: set[str] = set()
+    while todo:
+        n = todo.pop()
+        if n in defined and n not in seen:
+            seen.add(n)
+            todo.extend(_mentions(defined[n]))
+    return [n for node in tree.body for n in _defines(node) or () if n in seen]
+
+
+def _defines(node: ast.stmt) -> list[str] | None:
+    """The names a top-level statement defines; None for one that defines no name of its own."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AnnAssign):
+        targets = [node.target]
+    else:
+        return None
+    return [t.id for t in targets] if all(isinstance(t, ast.Name) for t in targets) else None
+
+
+def _mentions(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
 @cache
-def _measurement_version(module: str, package: Path, data: Path) -> str:
+def _tree(path: Path) -> ast.Module:
+    """A module as Python reads it, less its docstrings."""
+    tree = ast.parse(path.read_bytes(), str(path))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+            and isinstance(node.body[0].value.value, str)
+        ):
+            node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@cache
+def _measurement_version(module: str, package: Path, data: Path, reads: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
+    modules = _modules(package)
     for rel in measurement_files(module, package):
+        tree = _tree(package / rel)
+        if reads and package / rel == modules[module]:
+            keep = set(reached(module, reads, package))
+            tree = ast.Module(
+                [n for n in tree.body if _defines(n) is None or keep & set(_defines(n))], []
+            )
         digest.update(rel.encode())
-        digest.update((package / rel).read_bytes())
+        digest.update(ast.dump(tree).encode())
     digest.update(_data_digest(data).encode())
     return digest.hexdigest()[:12]
 

@@ -117,6 +117,18 @@ def measurement_name(run) -> str:
     return f"{module}:{qualname}"
 
 
+def owner(run) -> str:
+    """The "module:name" of the top-level function that holds `run` (a measurement, its
+    "module:name", or a closure or lambda defined in a function): the code a store's version is
+    cut from (`protocol.base.open_store`'s `reads`)."""
+    if isinstance(run, str):
+        return run
+    qualname = getattr(run, "__qualname__", None)
+    if qualname is None:
+        raise ConfigError(f"a store's measurement is a function of a cell, got {run!r}")
+    return f"{run.__module__}:{qualname.partition('.')[0]}"
+
+
 def measurement(name: str) -> Callable[[dict], dict]:
     """The function named "module:name"."""
     module, _, attr = name.partition(":") if isinstance(name, str) else ("", "", "")

@@ -309,10 +309,13 @@ def _write_lines(path: Path, lines: list[bytes]) -> None:
 class Store:
     """A dict from a sweep cell (a JSON-able dict of its settings) to its result (a JSON-able
     dict), backed by an append-only JSON-lines file. A result reads back as it was written to
-    the file, so a fresh run and a resumed one return equal rows."""
+    the file, so a fresh run and a resumed one return equal rows. `reads`: the measurements
+    ("module:name", `runner.owner`) whose code the file's name is versioned by, the only ones
+    `sweep` lets fill it (empty: any)."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, reads: Iterable[str] = ()):
         self.path = Path(path)
+        self.reads = frozenset(reads)
         self.torn = self.path.with_name(self.path.name + ".torn")
         self._done: dict[str, dict] = {}
         self._seen: tuple | None = None  # the file as this process last read or wrote it
@@ -449,6 +452,11 @@ def sweep(
         name = runner.measurement_name(run)
     elif not callable(run):
         raise StoreError(f"sweep's run is a function of a cell, got {run!r}")
+    if store.reads and runner.owner(run) not in store.reads:
+        raise StoreError(
+            f"{store.path.name} is versioned by the code of {', '.join(sorted(store.reads))}, "
+            f"not {runner.owner(run)}, which would fill it: name it in open_store's reads"
+        )
     cells = list(cells)
     keys = [_key(c) for c in cells]  # every cell checked before the first runs
     # the only writer: another process running this sweep waits, then reuses these cells

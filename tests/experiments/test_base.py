@@ -8,7 +8,9 @@ import pytest
 
 from helpers import Head, provenance
 from helpers.errors import ConfigError, StaleResults, StoreError
+from helpers.experiments import toy_zoo
 from helpers.protocol import base
+from helpers.sweep import sweep
 
 
 @dataclass(frozen=True)
@@ -79,14 +81,19 @@ def test_store_file_carries_the_version_of_what_computes_it_and_refuses_other_we
     store = base.open_store(cfg.chapter, cfg.profile, "part", [model])
     # opened from outside the package (this test could call anything in it): the whole code version
     assert store.path == tmp_path / "made_up" / f"part-cpu-{provenance.code_version()}.jsonl"
-    chapter = base.open_store(
-        cfg.chapter, cfg.profile, "part", [model], module="helpers.experiments.toy_zoo"
-    )
+    chapter = base.open_store(cfg.chapter, cfg.profile, "part", [model], toy_zoo.measure_final)
     assert (
         chapter.path.name
-        == f"part-cpu-{provenance.measurement_version('toy_zoo')}.jsonl"
+        == f"part-cpu-{provenance.measurement_version('toy_zoo', reads=('measure_final',))}.jsonl"
         != store.path.name
     )
+    # filled by its measurement alone: another function is refused before it runs
+    with pytest.raises(
+        StoreError,
+        match=r"versioned by the code of helpers\.experiments\.toy_zoo:measure_final, not .*:run.*name it in open_store's reads",
+    ):
+        sweep(chapter, [{"x": 1}], toy_zoo.run)
+    assert sweep(store, [{"x": 0}], lambda cell: {"y": 2}) == [{"x": 0, "y": 2}]
     # the page links them
     assert base.record(cfg, [], base.Timer())["stores"] == [
         store.path.name,

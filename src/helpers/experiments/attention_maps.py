@@ -177,7 +177,7 @@ def run(cfg: Config) -> Result:
         shared.held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
         shared.mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu),
     ]
-    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded], measure_maps)
     cells = [
         dict(
             model=cfg.model,

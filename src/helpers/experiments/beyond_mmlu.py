@@ -231,7 +231,9 @@ def top_heads(cfg: Config, loaded) -> TopHeads:
         seed=s["seed"],
         n=cfg.n_rank if cfg.ranking == "screen" else s["n"],
     )
-    store = base.open_store(cfg.chapter, cfg.profile, "ranking", [loaded])
+    store = base.open_store(
+        cfg.chapter, cfg.profile, "ranking", [loaded], (measure_ranking, measure_held_out)
+    )
     if cfg.ranking == "shared":
         r = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         table, clean = r.table, r.clean
@@ -284,15 +286,7 @@ def measure_ranking(cell: dict) -> dict:
     pass (alpha 1) on the cell's KV prompts, then its `confirm` best candidates zeroed one at a
     time on the same prompts."""
     loaded = base.model_for(cell["model"])
-    items = bm.kv(
-        loaded.name,
-        loaded.tokenizer,
-        cell["pairs"],
-        cell["n"],
-        cell["seed"],
-        cell["query"],
-        cell["form"],
-    ).items
+    items = bm.kv_of(cell, loaded.tokenizer).items
     engine = SweepEngine(
         loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model)
     )
@@ -445,7 +439,7 @@ def run(cfg: Config) -> Result:
         cfg.seed,
     )
     zeroed = {CLEAN: (), TOP: top.heads, **{control(i): c for i, c in enumerate(drawn)}}
-    store = base.open_store(cfg.chapter, cfg.profile, "tasks", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "tasks", [loaded], run)
     cells = [
         dict(
             model=cfg.model,

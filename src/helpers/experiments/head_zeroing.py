@@ -220,7 +220,7 @@ def run(cfg: Config) -> Result:
     measured = [("check", check, headline if first is not check else ablations)]
     measured += [("first", first, dependent)] if first is not check else []
     measured += [(b.name, b, headline) for b in knowledge]
-    store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded], measure_conditions)
     cells = [
         dict(
             model=cfg.model,

@@ -309,7 +309,7 @@ def run(cfg: Config) -> Result:
         hybrids.append(swapped(student, teacher, found.layer))
         loaded += [student, teacher]
     plans = {h.name: conditions(h, cfg) for h in hybrids}
-    store = base.open_store(cfg.chapter, cfg.profile, "ablations", loaded)
+    store = base.open_store(cfg.chapter, cfg.profile, "ablations", loaded, measure_condition)
     cells = [
         dict(hybrid=h.name, build=h.spec, **c.cell(), **distilled.cell_of(b))
         for h in hybrids
@@ -326,7 +326,7 @@ def run(cfg: Config) -> Result:
         pure = base.load(cfg.ssm)
         loaded.append(pure)
         rows = sweep(
-            base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure]),
+            base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure], measure_as_is),
             [dict(model=cfg.ssm, **distilled.cell_of(b)) for b in benchmarks],
             measure_as_is,
             desc="pure SSM",

@@ -160,7 +160,7 @@ def run(cfg: Config) -> Result:
     plan = [(b, c, None) for b in retrieval + knowledge for c in (STUDENT, TEACHER)]
     plan += [(b, swapped(l), l) for b in retrieval for l in layers]
     plan += [(b, swapped(found.layer), found.layer) for b in knowledge]
-    store = base.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher])
+    store = base.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher], measure_swap)
     cells = [
         dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b))
         for b, c, l in plan

@@ -132,7 +132,7 @@ def run(cfg: Config) -> Result:
     same = {} if toy else same_tokens(loaded.tokenizer, shared.RANKING[cfg.profile]["query"])
     roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed)
     conditions = size_conditions(heads={r: roles.heads[r] for r in ROLE_NAMES})
-    store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded], measure_size)
     heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}
     cells = [
         dict(
@@ -166,9 +166,7 @@ def measure_size(cell: dict) -> dict:
     """One dictionary size (a cell of `run`'s sweep) in every condition, on the same prompts: a
     measurement that travels to a Ray worker (it reads only its cell, and loads the model by name)."""
     loaded = base.model_for(cell["model"])
-    items = bm.kv(
-        cell["model"], loaded.tokenizer, cell["pairs"], cell["n"], cell["seed"], cell["query"]
-    ).items
+    items = bm.kv_of(cell, loaded.tokenizer).items
     engine = SweepEngine(loaded, loaded.tokenizer, items)
     return {
         name: s.to_json() for name, s in engine.score_each(size_conditions(cell["heads"])).items()

@@ -149,7 +149,7 @@ def run(cfg: Config) -> Result:
             *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
         ]
     kept = list(range(d))
-    store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded], measure_removals)
     cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, minimal_layers=d) for b in sets]
     rows = sweep(store, cells, measure_removals, desc="benchmarks x layers removed")
     removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in kept} for r in rows}

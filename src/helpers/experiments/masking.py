@@ -366,7 +366,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
             f"heads {', '.join(map(str, bad))} lie above the minimal model's layers 0..{kept - 1}"
         )
     keep = others_zeroed(roles, loaded.adapter.n_heads)
-    store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded], measure_conditions)
     cell = dict(
         model=model,
         benchmark=b.name,

@@ -107,7 +107,7 @@ def run(cfg: Config) -> Result:
         bm.kv(names[STUDENT], tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
         *bm.knowledge(names[STUDENT], cfg.profile, cfg.n_knowledge, cfg.seed),
     ]
-    store = base.open_store(cfg.chapter, cfg.profile, "scores", list(loaded.values()))
+    store = base.open_store(cfg.chapter, cfg.profile, "scores", list(loaded.values()), measure)
     cells = [
         dict(model=name, label=label, benchmark=b.name, items=b.spec)
         for label, name in names.items()

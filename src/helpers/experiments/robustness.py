@@ -338,7 +338,7 @@ def run(cfg: Config) -> Result:
     ranking = shared.kv_ranking(attention, cfg.profile, cfg.smoke)
     order = ranked(ranking.table)
     kv = measured_set(attention, cfg, "kv")
-    store = base.open_store(cfg.chapter, cfg.profile, "kinds", [attention])
+    store = base.open_store(cfg.chapter, cfg.profile, "kinds", [attention], measure_kinds)
     sets, controls = with_controls(order, sorted({1, cfg.top}), cfg)
     # The mean's reference prompts and the resample donors' pool: the measured draw at another seed.
     cell = dict(
@@ -379,7 +379,7 @@ def run(cfg: Config) -> Result:
         task = "kv" if registry_toy(name) else cfg.task
         bench = measured_set(model, cfg, task)
         cut, controls = with_controls(order, [k for k in cfg.ks if k < len(order)], cfg)
-        rstore = base.open_store(cfg.chapter, cfg.profile, "redundancy", [model])
+        rstore = base.open_store(cfg.chapter, cfg.profile, "redundancy", [model], measure_cut)
         rcell = dict(
             model=name,
             benchmark=bench.name,
@@ -1003,7 +1003,7 @@ def run_patching(loaded, cfg: Config) -> Patching:
     of a layer side by side), and ranked by recovery against that ranking."""
     ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
     heads = measured(ranking.table)
-    store = base.open_store(cfg.chapter, cfg.profile, "patching", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "patching", [loaded], measure_patching)
     cell = dict(
         model=loaded.name,
         n=cfg.n_patch,
@@ -1175,7 +1175,7 @@ def run_stability(loaded, cfg: Config) -> Stability:
     reference = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
     layers = sorted({h.layer for h in measured(reference.table)})
     pairs, n = reference.settings["pairs"], reference.settings["n"]
-    store = base.open_store(cfg.chapter, cfg.profile, "stability", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "stability", [loaded], measure_clean)
     conditions = stability_conditions(cfg, registry_toy(loaded.name))
     prompts = [
         dict(pairs=pairs, n=n, seed=seed, query=query, form=form)
@@ -1245,15 +1245,7 @@ def measure_clean(cell: dict) -> dict:
     """KV accuracy with no head zeroed on the prompts of the cell's pairs, n, seed, query and form
     (a measurement, `runner`)."""
     loaded = base.model_for(cell["model"])
-    items = bm.kv(
-        loaded.name,
-        loaded.tokenizer,
-        cell["pairs"],
-        cell["n"],
-        cell["seed"],
-        cell["query"],
-        cell["form"],
-    ).items
+    items = bm.kv_of(cell, loaded.tokenizer).items
     return {"clean": SweepEngine(loaded, loaded.tokenizer, items).score().to_json()}
 
 

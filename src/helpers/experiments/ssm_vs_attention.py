@@ -227,7 +227,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     # 1. Accuracy against dictionary size.
     # what `measure_size` scores
     sets = {k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes}
-    store = base.open_store(cfg.chapter, cfg.profile, "by-size", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "by-size", [loaded], measure_size)
     rows = sweep(
         store,
         [dict(setting, keys=k) for k in cfg.sizes],
@@ -267,7 +267,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     order = sorted(
         conditions, key=lambda c: min((h.layer for h in conditions[c]), default=math.inf)
     )
-    store = base.open_store(cfg.chapter, cfg.profile, "zeroing", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "zeroing", [loaded], run_model)
     rows = sweep(
         store,
         [dict(setting, keys=keys, heads=[str(h) for h in conditions[c]]) for c in order],
@@ -279,7 +279,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
 
     # 3. What the candidates read, and their roles.
     items = kv.items[: cfg.n_maps]
-    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded], run_model)
 
     def measure(cell):
         table = measure_heads(loaded, items, kv.segments, list(measured), average=False)

@@ -100,7 +100,7 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     loaded = {name: base.load(name) for name in zoo.RECIPES}
     records = {name: zoo.record(name) for name in zoo.RECIPES}
-    store = base.open_store(cfg.chapter, cfg.profile, "final", list(loaded.values()))
+    store = base.open_store(cfg.chapter, cfg.profile, "final", list(loaded.values()), measure_final)
     cells = [dict(model=name, seed=records[name]["seed"], n=cfg.n) for name in zoo.RECIPES]
     rows = sweep(store, cells, measure_final, desc="re-measuring the zoo")
     remeasured = {

@@ -25,18 +25,17 @@ import glob
 import json
 import operator
 import os
-import sys
 import time
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import paths, provenance, registry, tasks
+from .. import paths, provenance, registry, runner, tasks
 from ..errors import ConfigError, StaleResults, StoreError
 from ..heads import Head
 from ..sweep import Store, os_error, writable
@@ -538,26 +537,34 @@ def dtype_tag(loaded: list) -> str:
 
 
 def open_store(
-    chapter: str, profile: str, part: str, loaded: list, module: str | None = None
+    chapter: str, profile: str, part: str, loaded: list, reads: Callable | Sequence = ()
 ) -> Store:
-    """The results store of one part of a chapter's run. Its file name carries the models' dtype
-    (`dtype_tag`) and the version of the code and data its cells are computed by
-    (`provenance.measurement_version` of `module`:
-    by default the module that opens the store, with what it imports; from outside the package,
-    a test or a notebook that may call anything, the whole package's `provenance.code_version`),
-    so results of other code are never mixed in, and editing `plots`, `page`, the verdict rules
-    or a chapter's prose recomputes nothing. A cell's key is its settings, so what a compute
-    reads from a setting must be in its cell, and the code it runs must be the opening module's
-    or what that imports (a function handed in by a caller is neither: pass that caller as
-    `module`). A sidecar (`<part>.models.json`) records the models' revisions, and a store
-    written with other weights under the same names stops the run with the fix. The sidecar is
-    checked and written holding the store's lock, swapped in whole (a full disk leaves the old
-    one) and only when it changes. A store without its sidecar is not trusted: nothing says
-    which weights computed it. The page's record lists the stores a chapter opened
-    (`record`'s "stores")."""
-    module = module or sys._getframe(1).f_globals.get("__name__", "")
-    inside = module.partition(".")[0] == provenance.TOP
-    version = provenance.measurement_version(module) if inside else provenance.code_version()
+    """The results store of one part of a chapter's run, filled by the measurement functions
+    `reads` (one, or several; a closure counts as the function it is defined in).
+
+    Its file name carries the models' dtype (`dtype_tag`) and the version of the code and data
+    that `reads` compute with (`provenance.measurement_version`: their own module as far as they
+    reach it, and every module it imports), so results of other code are never mixed in, and
+    editing a figure, a table, a verdict rule or a chapter's prose recomputes nothing. `sweep`
+    refuses to fill the store with a function that is not among `reads`. Without `reads`, or
+    with functions from outside the package (a test, a notebook that may call anything), the
+    version is the whole package's (`provenance.code_version`). A cell's key is its settings, so
+    what a measurement reads from a setting must be in its cell. A sidecar
+    (`<part>.models.json`) records the models' revisions, and a store written with other weights
+    under the same names stops the run with the fix. The sidecar is checked and written holding
+    the store's lock, swapped in whole (a full disk leaves the old one) and only when it changes.
+    A store without its sidecar is not trusted: nothing says which weights computed it. The
+    page's record lists the stores a chapter opened (`record`'s "stores")."""
+    owners = sorted({runner.owner(r) for r in ([reads] if callable(reads) else reads)})
+    modules = {o.partition(":")[0] for o in owners}
+    if len(modules) > 1:
+        raise ValueError(f"a store's measurements come from one module, got {', '.join(owners)}")
+    module = next(iter(modules), "")
+    version = (
+        provenance.measurement_version(module, reads=tuple(o.partition(":")[2] for o in owners))
+        if module.partition(".")[0] == provenance.TOP
+        else provenance.code_version()
+    )
     try:
         folder = paths.results_dir(chapter)
     except OSError as e:
@@ -579,7 +586,7 @@ def open_store(
                 f"computed them: delete {path} to compute them again, or set GA_RESULTS to a fresh folder"
             )
         recorded = recorded or {}
-        store = Store(path)
+        store = Store(path, reads=owners)
         # This run's models whose results the store holds must be in the sidecar already: else
         # writing their revisions now would certify results of unknown weights.
         # usually none: the records are read only when there are

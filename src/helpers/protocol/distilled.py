@@ -91,7 +91,9 @@ def find_teacher_layer(
             {},
         )
     # Zero every attention head of one teacher layer at a time, on each retrieval task.
-    store = base.open_store("hybrid_swap", profile, "teacher-layers", [teacher])
+    store = base.open_store(
+        "hybrid_swap", profile, "teacher-layers", [teacher], measure_teacher_layer
+    )
     layers = teacher.adapter.head_layers()
     cells = [
         dict(teacher=teacher.name, layer=l, **cell_of(b))

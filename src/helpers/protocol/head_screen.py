@@ -225,7 +225,7 @@ def rank(
     ):
         ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         return ranking.clean, ranking.table
-    store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded], measure_screen)
     cell = dict(
         model=cfg.model,
         items=screen.spec,
@@ -352,7 +352,7 @@ def layer_scan(cfg: ScreenConfig, loaded, screened: bm.Benchmark, kept: int) -> 
         NONE: {},
         **{attention_of(l): {str(l): list(range(loaded.adapter.n_heads(l)))} for l in range(kept)},
     }
-    store = base.open_store(cfg.chapter, cfg.profile, "layers", [loaded])
+    store = base.open_store(cfg.chapter, cfg.profile, "layers", [loaded], measure_conditions)
     cells = [
         dict(model=cfg.model, benchmark=b.name, items=b.spec, layers=kept, ablations=ablations)
         for b in [screened, *knowledge]

@@ -179,7 +179,9 @@ def prune(cfg: PruningConfig) -> Pruned:
             cfg.k_shot,
             permuted=True,
         )
-        store = base.open_store(PruningConfig.chapter, cfg.profile, "options-moved", [loaded])
+        store = base.open_store(
+            PruningConfig.chapter, cfg.profile, "options-moved", [loaded], measure_whole
+        )
         row = sweep(
             store,
             [dict(model=loaded.name, benchmark=moved.name, items=moved.spec)],
@@ -220,7 +222,7 @@ def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, 
     layer-pruning chapter's results store: one cell per benchmark, so a chapter that walks one of
     that chapter's benchmarks reads the number its page shows."""
     depths = range(1, loaded.adapter.n_layers + 1)
-    store = base.open_store(PruningConfig.chapter, profile, "depths", [loaded])
+    store = base.open_store(PruningConfig.chapter, profile, "depths", [loaded], measure_depths)
     cells = [dict(model=loaded.name, benchmark=b.name, items=b.spec) for b in sets]
     rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
     return {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}

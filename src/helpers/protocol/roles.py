@@ -370,7 +370,7 @@ def measure_roles(
             f"the roles are measured on a benchmark made by `helpers.benchmarks` (one with a `spec`, "
             f"so that its results-store cell names its items); {benchmark.name} has none"
         )
-    store = base.open_store("roles", profile, "behaviour", [loaded])
+    store = base.open_store("roles", profile, "behaviour", [loaded], measure_behaviour)
     base.hold(loaded)  # the measurement, run here, finds this model by its name
     cell = dict(model=loaded.name, items=benchmark.spec, heads=[str(h) for h in heads], n=n)
     per_prompt = pd.DataFrame(

@@ -82,7 +82,9 @@ def kv_ranking(
         "paper_layers": paper_layers(loaded),
         "seed": settings["seed"] if seed is None else seed,
     }
-    store = base.open_store("head_ranking", profile, "kv", [loaded])
+    store = base.open_store(
+        "head_ranking", profile, "kv", [loaded], (measure_screen, measure_layer)
+    )
     base.hold(loaded)  # the measurements below, run here, find this model by its name
     try:  # the layer sweep runs on the screen's prompts: it reuses the screen's engine
         screen = sweep(
@@ -119,7 +121,9 @@ def swept_layers(
     seed, query, form), one cell per layer of the ranking's store, so that a sweep on the
     ranking's own prompts is the ranking's (robustness's stability reads it there): per layer
     {"layer", "heads": {head index: {"correct", "margin"}}} (`measure_layer`)."""
-    store = base.open_store("head_ranking", profile, "kv", [loaded])
+    store = base.open_store(
+        "head_ranking", profile, "kv", [loaded], (measure_screen, measure_layer)
+    )
     base.hold(loaded)
     try:
         return sweep(
@@ -147,15 +151,7 @@ def _engine(cell: dict) -> SweepEngine:
     key = (id(loaded.model), *(cell[k] for k in PROMPTS))
     if key not in _engines:
         _engines.clear()
-        items = bm.kv(
-            loaded.name,
-            loaded.tokenizer,
-            cell["pairs"],
-            cell["n"],
-            cell["seed"],
-            cell["query"],
-            cell["form"],
-        ).items
+        items = bm.kv_of(cell, loaded.tokenizer).items
         _engines[key] = SweepEngine(loaded, loaded.tokenizer, items)
     return _engines[key]
 

@@ -449,14 +449,33 @@ def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypat
 
 
 def test_ga_dtype_sets_a_cpu_models_dtype_and_the_stores_name_it(monkeypatch):
-    from helpers.protocol.base import dtype_tag
+    from helpers.protocol.base import numerics_tag
 
     name = "smollm2-135m-instruct"
     monkeypatch.setenv("GA_DTYPE", "float32")  # a CPU chapter rerun without bfloat16's rounding
     loaded = models.load(name)
-    assert loaded.model.dtype == torch.float32 and dtype_tag([loaded]) == "float32-"
+    assert loaded.model.dtype == torch.float32 and numerics_tag([loaded]) == "float32-"
     monkeypatch.delenv("GA_DTYPE")
-    assert dtype_tag([models.load(name)]) == "bfloat16-" and dtype_tag([]) == ""
+    assert numerics_tag([models.load(name)]) == "bfloat16-" and numerics_tag([]) == ""
+
+
+def test_ga_batch_tokens_sets_the_batch_and_the_stores_name_it_and_a_bad_one_names_the_fix(
+    monkeypatch,
+):
+    from helpers.errors import ConfigError
+    from helpers.packing import default_batch_tokens
+    from helpers.protocol.base import numerics_tag
+
+    loaded = models.load("smollm2-135m-instruct")
+    cpu = torch.device("cpu")
+    assert default_batch_tokens(cpu) == 1024
+    monkeypatch.setenv("GA_BATCH_TOKENS", "128")
+    assert default_batch_tokens(cpu) == 128 and numerics_tag([loaded]) == "bfloat16-b128-"
+    assert numerics_tag([]) == ""
+    for bad in ("0", "-5", "lots"):
+        monkeypatch.setenv("GA_BATCH_TOKENS", bad)
+        with pytest.raises(ConfigError, match=f"GA_BATCH_TOKENS must be .* got '{bad}': set it"):
+            default_batch_tokens(cpu)
 
 
 def test_a_dequantized_copy_made_under_another_key_is_not_used(monkeypatch, tmp_path):

@@ -347,8 +347,11 @@ def key(md: Path, parameters: dict) -> str:
     version: a caption or page edit re-executes the page, so that it renders with the new code;
     its numbers it finds in the results stores, whose names carry only what the measurements
     read, `provenance.measurement_version`), the parameters and the environment variables that
-    choose models and data."""
-    env = {k: os.environ.get(k, "") for k in ("HF_HOME", "GA_DEVICE", "GA_DTYPE", "GA_DATA")}
+    choose models, data and rounding."""
+    env = {
+        k: os.environ.get(k, "")
+        for k in ("HF_HOME", "GA_DEVICE", "GA_DTYPE", "GA_DATA", "GA_BATCH_TOKENS")
+    }
     text = json.dumps([md.read_text(), provenance.code_version(), parameters, env], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -732,8 +735,16 @@ def rehearsal_hub(out: Path):
     dtype = os.environ.get("GA_DTYPE") or str(paper_dtype(torch.device("cuda"))).removeprefix(
         "torch."
     )
+    # Batches of 128 tokens: the rehearsal's sets are a few short prompts, which a CPU batch of
+    # 1024 tokens pads with filler rows that a scan looping over tokens computes at every step
+    # (`packing.default_batch_tokens`).
     with environment(
-        HF_HOME=str(hub), HF_HUB_OFFLINE="1", GA_DEVICE="cpu", GA_DTYPE=dtype, OMP_NUM_THREADS="1"
+        HF_HOME=str(hub),
+        HF_HUB_OFFLINE="1",
+        GA_DEVICE="cpu",
+        GA_DTYPE=dtype,
+        OMP_NUM_THREADS="1",
+        GA_BATCH_TOKENS="128",
     ):
         yield dtype
 

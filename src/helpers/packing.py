@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
 
+from .errors import ConfigError
 from .tasks import FEWSHOT_DELIMITER, Item
 
 
@@ -41,12 +43,37 @@ def default_batch_tokens(device: torch.device) -> int:
     heap, which `keep_freed_memory` stops glibc from handing back. Measured side by side, two
     passes over 200 letter questions through 23 layers: 4096 tokens 59.6 s (16.0 s system, 8.1 M
     faults), 2048 53.6 s, 1024 with freed memory kept 43.1 s (0.1 s system, no faults); SmolLM2
-    on 200 KV prompts 14.5 s against 12.3 s."""
+    on 200 KV prompts 14.5 s against 12.3 s.
+
+    `GA_BATCH_TOKENS` sets it (`batch_tokens_set`). The rehearsal's tiny models on CPU run 128:
+    their sets are a few prompts of about 30 tokens, which a 1024-token batch fills with 28
+    filler rows, and a scan that loops over tokens (Falcon-Mamba's, without kernels) does the
+    filler rows' work at every step (4 KV prompts through its 64 layers: 95.6 s at 1024, 17.0 s
+    at 128, the same log-likelihoods)."""
+    if device.type == "cpu":
+        keep_freed_memory()
+    given = batch_tokens_set()
+    if given is not None:
+        return given
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(max(2048, min(65536, free // (2 * 1024 * 1024))))
-    keep_freed_memory()
     return 1024
+
+
+def batch_tokens_set() -> int | None:
+    """The tokens per forward batch that `GA_BATCH_TOKENS` sets (None where it is unset). In
+    bfloat16 a row's rounding depends on its batch's shape, so a store's name carries it
+    (`protocol.base.numerics_tag`)."""
+    given = os.environ.get("GA_BATCH_TOKENS", "")
+    if not given:
+        return None
+    if not given.isdigit() or int(given) < 1:
+        raise ConfigError(
+            f"GA_BATCH_TOKENS must be a number of tokens, at least 1, got {given!r}: set it to "
+            f"e.g. 1024 or unset it"
+        )
+    return int(given)
 
 
 @functools.cache

@@ -263,18 +263,24 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
         **{f"paper {r}": hs for r, hs in paper_sets.items()},
         "clean": (),
     }
-    # Lowest layer first and the clean run last: the engine's cached residual stream then only moves up.
-    order = sorted(
-        conditions, key=lambda c: min((h.layer for h in conditions[c]), default=math.inf)
-    )
     store = base.open_store(cfg.chapter, cfg.profile, "zeroing", [loaded], run_model)
-    rows = sweep(
-        store,
-        [dict(setting, keys=keys, heads=[str(h) for h in conditions[c]]) for c in order],
-        lambda cell: engine().score(ablation(map(Head.parse, cell["heads"]))).to_json(),
-        desc=f"{name}: heads zeroed",
-    )
-    scores = {c: Score.from_json(r) for c, r in zip(order, rows)}
+    cells = {
+        c: dict(setting, keys=keys, heads=[str(h) for h in hs]) for c, hs in conditions.items()
+    }
+    scored: dict[tuple, dict] = {}
+
+    def zeroed_score(cell):
+        """Every condition the store lacks in one engine call, then stored one by one: its rows
+        share passes, and a scan that loops over tokens (Falcon-Mamba's, without kernels) runs
+        its loop once for all of them."""
+        if not scored:
+            missing = [c for c in cells.values() if c not in store]
+            ablations = {tuple(c["heads"]): ablation(map(Head.parse, c["heads"])) for c in missing}
+            scored.update({k: s.to_json() for k, s in engine().score_each(ablations).items()})
+        return scored.pop(tuple(cell["heads"]))
+
+    rows = sweep(store, cells.values(), zeroed_score, desc=f"{name}: heads zeroed")
+    scores = {c: Score.from_json(r) for c, r in zip(cells, rows)}
     zeroed = {"clean": scores["clean"], **{c: scores[c] for c in conditions if c != "clean"}}
 
     # 3. What the candidates read, and their roles.

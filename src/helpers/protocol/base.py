@@ -35,7 +35,7 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 import pandas as pd
 
 from .. import benchmarks as bm
-from .. import paths, provenance, registry, runner, tasks
+from .. import packing, paths, provenance, registry, runner, tasks
 from ..errors import ConfigError, StaleResults, StoreError
 from ..heads import Head
 from ..sweep import Store, os_error, writable
@@ -525,15 +525,16 @@ def models_for(*names: str) -> list:
     return found
 
 
-def dtype_tag(loaded: list) -> str:
-    """The models' dtypes for a store's file name ("bfloat16-"; "" without models), so that a
-    rerun in another dtype (`GA_DTYPE`) neither reads nor mixes in the other's results."""
+def numerics_tag(loaded: list) -> str:
+    """What decides a store's rounding, for its file name: the models' dtypes ("bfloat16-"; ""
+    without models) and the batch budget where `GA_BATCH_TOKENS` sets one ("b128-"), so that a
+    rerun in another dtype (`GA_DTYPE`) or batch shape neither reads nor mixes in the other's
+    results."""
     modules = [getattr(m, "model", m) for m in loaded]
     weights = [next(m.parameters(), None) for m in modules if hasattr(m, "parameters")]
-    return "".join(
-        f"{d}-"
-        for d in sorted({str(w.dtype).removeprefix("torch.") for w in weights if w is not None})
-    )
+    dtypes = sorted({str(w.dtype).removeprefix("torch.") for w in weights if w is not None})
+    budget = packing.batch_tokens_set()
+    return "".join(f"{d}-" for d in dtypes) + (f"b{budget}-" if budget and dtypes else "")
 
 
 def open_store(
@@ -542,7 +543,7 @@ def open_store(
     """The results store of one part of a chapter's run, filled by the measurement functions
     `reads` (one, or several; a closure counts as the function it is defined in).
 
-    Its file name carries the models' dtype (`dtype_tag`) and the version of the code and data
+    Its file name carries the models' dtype (`numerics_tag`) and the version of the code and data
     that `reads` compute with (`provenance.measurement_version`: their own module as far as they
     reach it, and every module it imports), so results of other code are never mixed in, and
     editing a figure, a table, a verdict rule or a chapter's prose recomputes nothing. `sweep`
@@ -571,7 +572,7 @@ def open_store(
         raise os_error(
             Path(os.environ.get("GA_RESULTS", "results")) / chapter, "create the results folder", e
         ) from None
-    path = folder / f"{part}-{profile}-{dtype_tag(loaded)}{version}.jsonl"
+    path = folder / f"{part}-{profile}-{numerics_tag(loaded)}{version}.jsonl"
     meta = path.with_suffix(".models.json")
     revisions = {m.name: m.revision for m in loaded}
     with store_lock(path):

@@ -451,14 +451,11 @@ class Zamba2Adapter(Mamba2Adapter):
     def hybrid_layers(self) -> list[int]:
         """The hybrid layers' positions in the block list as it stands (with layers removed, a
         hybrid layer's position, not its index in the full model)."""
-        return [
-            l
-            for l in range(self.n_layers)
-            if self.donor_of(l) is None and hasattr(self.block(l), "shared_transformer")
-        ]
+        return [l for l in range(self.n_layers) if self.is_attention(l)]
 
     def is_attention(self, layer: int) -> bool:
-        return self.check_layer(layer) in self.hybrid_layers
+        # this layer alone: a forward pass asks it of every hybrid layer it runs
+        return self.donor_of(layer) is None and hasattr(self.block(layer), "shared_transformer")
 
     def attention(self, layer: int) -> nn.Module:
         if not self.is_attention(layer):

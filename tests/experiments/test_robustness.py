@@ -15,6 +15,7 @@ from helpers.errors import ConfigError, InterventionError
 from helpers.experiments import robustness as chapter
 from helpers.heads import Head
 from helpers.stats import Score
+from helpers.sweep import Store
 from helpers.tasks import Item
 
 
@@ -53,11 +54,14 @@ def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path
     loaded = helpers.protocol.base.load("toy-transformer")
     cfg = chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer")
     ranking = chapter.shared.kv_ranking(loaded, "cpu", True)
-    measure, swept = chapter.shared.measure_layer, []
+    # what is computed, seen where it is stored (a store is versioned by its measurements'
+    # code, so the spy cannot stand in for one)
+    put, stored = Store.put, []
     monkeypatch.setattr(
-        chapter.shared, "measure_layer", lambda cell: swept.append(cell) or measure(cell)
+        Store, "put", lambda self, cell, result: stored.append(cell) or put(self, cell, result)
     )
     s = chapter.run_stability(loaded, cfg)
+    swept = [c for c in stored if c.get("part") == "layer"]
     own = {k: ranking.settings[k] for k in chapter.shared.PROMPTS}
     assert len(s.conditions) == 2 and swept  # the toy: the ranking's seed and the next
     assert {c["seed"] for c in swept} == {ranking.settings["seed"] + 1} and all(

@@ -558,12 +558,14 @@ def open_store(
     page's record lists the stores a chapter opened (`record`'s "stores")."""
     owners = sorted({runner.owner(r) for r in ([reads] if callable(reads) else reads)})
     modules = {o.partition(":")[0] for o in owners}
-    if len(modules) > 1:
+    inside = bool(modules) and all(m.partition(".")[0] == provenance.TOP for m in modules)
+    if inside and len(modules) > 1:
         raise ValueError(f"a store's measurements come from one module, got {', '.join(owners)}")
-    module = next(iter(modules), "")
     version = (
-        provenance.measurement_version(module, reads=tuple(o.partition(":")[2] for o in owners))
-        if module.partition(".")[0] == provenance.TOP
+        provenance.measurement_version(
+            modules.pop(), reads=tuple(o.partition(":")[2] for o in owners)
+        )
+        if inside
         else provenance.code_version()
     )
     try:

@@ -336,7 +336,7 @@ def test_every_module_the_book_imports_is_installed_where_it_runs():
         # what a chapter runs on Colab (its cells, the chapter and protocol modules)
         "the package's dependencies (Colab)": (
             third_party_imports(
-                list((package / "experiments").glob("*.py"))
+                list((package / "experiments").rglob("*.py"))
                 + list((package / "protocol").glob("*.py")),
                 True,
             ),

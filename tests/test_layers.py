@@ -73,7 +73,7 @@ def test_no_module_imports_a_private_name_of_another():
 
 # experiments/ holds the chapters and nothing else, and no chapter imports another, so that editing
 # one chapter's code recomputes that chapter alone: one level. What several chapters read is in
-# protocol/, layered bottom to top: a chapter's shape and stores, the book's KV ranking, the roles
+# protocol/, layered bottom to top: a config's fields, checks, models and stores, a chapter's shape, the book's KV ranking, the roles
 # and the minimal model, and the two things built on those (head zeroing's screen, which masking
 # reads too; the distilled student and its teacher).
 CHAPTERS = [md.stem for md in book.chapters()]  # the book's chapters, from _toc.yml
@@ -82,6 +82,7 @@ PROTOCOL = [
     Layer("roles", "minimal"),
     Layer("shared"),
     Layer("base"),
+    Layer("fields", "checks", "loading", "stores"),
 ]
 
 

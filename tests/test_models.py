@@ -449,7 +449,7 @@ def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypat
 
 
 def test_ga_dtype_sets_a_cpu_models_dtype_and_the_stores_name_it(monkeypatch):
-    from helpers.protocol.base import numerics_tag
+    from helpers.protocol.stores import numerics_tag
 
     name = "smollm2-135m-instruct"
     monkeypatch.setenv("GA_DTYPE", "float32")  # a CPU chapter rerun without bfloat16's rounding
@@ -464,7 +464,7 @@ def test_ga_batch_tokens_sets_the_batch_and_the_stores_name_it_and_a_bad_one_nam
 ):
     from helpers.errors import ConfigError
     from helpers.packing import default_batch_tokens
-    from helpers.protocol.base import numerics_tag
+    from helpers.protocol.stores import numerics_tag
 
     loaded = models.load("smollm2-135m-instruct")
     cpu = torch.device("cpu")

@@ -562,13 +562,13 @@ def test_a_chapter_config_takes_or_refuses_random_parameters_at_once(name, data)
     import time
 
     from helpers import ConfigError
-    from helpers.protocol import base
+    from helpers.protocol import checks
 
     chapter = importlib.import_module(f"helpers.experiments.{name}")
     fields = [f for f in chapter.Config.__dataclass_fields__ if f not in ("profile", "smoke")]
     chosen = data.draw(st.lists(st.sampled_from(fields), unique=True, max_size=3), label="fields")
     overrides = {f: data.draw(parameter_values(), label=f) for f in chosen}
-    base.shape("smollm2-135m-instruct")  # read once per process
+    checks.shape("smollm2-135m-instruct")  # read once per process
     start = time.perf_counter()
     try:
         chapter.Config.for_profile("cpu", smoke=True, **overrides)

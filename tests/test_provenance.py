@@ -5,6 +5,7 @@ reads it."""
 
 import ast
 import importlib
+import pkgutil
 import shutil
 from pathlib import Path
 
@@ -12,12 +13,11 @@ import pytest
 
 from helpers import paths, provenance, runner, zoo
 from helpers.experiments import toy_zoo
-from helpers.protocol import base
+from helpers.protocol import stores
 from helpers.sweep import Store
 
-CHAPTERS = sorted(
-    p.stem for p in (provenance.PACKAGE / "experiments").glob("*.py") if p.stem != "__init__"
-)
+# a chapter is a module or a package of experiments/
+CHAPTERS = sorted(m.name for m in pkgutil.iter_modules([str(provenance.PACKAGE / "experiments")]))
 # what chapters share
 SHARED = sorted(
     p.stem for p in (provenance.PACKAGE / "protocol").glob("*.py") if p.stem != "__init__"
@@ -110,6 +110,40 @@ def test_a_module_reads_what_it_imports_anywhere_but_not_through_presentation_mo
     assert after("scorer.py") == {"a": after("scorer.py")["a"], "b": before["b"]} != before
     assert after("experiments/b.py")["a"] != before["a"]  # a chapter it imports
     assert all(v != before[m] for m, v in after(data_file="fixtures/items.jsonl").items())
+
+
+PACKAGE_CHAPTER = {
+    # a chapter that is a package: its figure in __init__.py, its measurement beside it
+    "experiments/c/__init__.py": "from .m import measure\n\ndef figure():\n    return 1\n",
+    "experiments/c/m.py": (
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from . import figure\n"
+        "    from ... import unrelated\n\ndef measure():\n    return 1\n"
+    ),
+}
+
+
+def test_a_package_chapters_figure_is_not_read_by_the_measurement_beside_it(tmp_path):
+    def version(extra: dict[str, str]) -> tuple[str, list[str]]:
+        package, data = made_up(tmp_path / str(len(list(tmp_path.iterdir()))), extra)
+        module = "helpers.experiments.c.m"
+        return (
+            provenance.measurement_version(module, package, data, reads=("measure",)),
+            provenance.measurement_files(module, package),
+        )
+
+    before, files = version(PACKAGE_CHAPTER)
+    # imports under TYPE_CHECKING never run: the package is read as a package, unrelated not at all
+    assert "experiments/c/__init__.py" in files and "unrelated.py" not in files
+    init, m = PACKAGE_CHAPTER["experiments/c/__init__.py"], PACKAGE_CHAPTER["experiments/c/m.py"]
+    figure_edited = {**PACKAGE_CHAPTER, "experiments/c/__init__.py": init.replace("1", "2")}
+    assert version(figure_edited)[0] == before
+    # what the package runs on import, besides defining and importing, counts
+    runs = {**PACKAGE_CHAPTER, "experiments/c/__init__.py": init + "print('set up')\n"}
+    assert version(runs)[0] != before
+    measure_edited = {**PACKAGE_CHAPTER, "experiments/c/m.py": m.replace("return 1", "return 2")}
+    assert version(measure_edited)[0] != before
+    imported = {**PACKAGE_CHAPTER, "experiments/c/m.py": m + "from ... import unrelated\n"}
+    assert "unrelated.py" in version(imported)[1]
 
 
 def test_a_module_that_is_no_measurement_is_refused_with_what_is_known():
@@ -208,7 +242,8 @@ def test_no_chapter_reads_a_presentation_module_or_the_reference_numbers():
     presentation = {f"{m}.py" for m in provenance.PRESENTATION}
     for chapter in CHAPTERS:
         files = provenance.measurement_files(chapter)
-        assert f"experiments/{chapter}.py" in files and not presentation & set(files), chapter
+        own = {f"experiments/{chapter}.py", f"experiments/{chapter}/__init__.py"}
+        assert own & set(files) and not presentation & set(files), chapter
     assert provenance.measurement_version("layer_pruning") == provenance.measurement_version(
         "helpers.experiments.layer_pruning"
     )
@@ -218,7 +253,8 @@ def stores_opened() -> list[tuple[str, int, tuple[str, ...]]]:
     """Every `open_store` call of the package: its module, line and the functions it names."""
     found = []
     for path in sorted(provenance.PACKAGE.rglob("*.py")):
-        module = ".".join(("helpers", *path.relative_to(provenance.PACKAGE).with_suffix("").parts))
+        parts = path.relative_to(provenance.PACKAGE).with_suffix("").parts
+        module = ".".join(("helpers", *parts[: -1 if parts[-1] == "__init__" else None]))
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "open_store":
                 (reads,) = node.args[4:] or [k.value for k in node.keywords if k.arg == "reads"]
@@ -286,7 +322,7 @@ def test_a_presentation_edit_recomputes_no_cell_and_a_scorer_edit_recomputes_eve
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("GA_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(base, "_opened", {})
+    monkeypatch.setattr(stores, "_opened", {})
     computed = []
     put = Store.put
     monkeypatch.setattr(

@@ -25,9 +25,9 @@ from helpers.experiments import (
     layer_removal,
     masking,
     retrieval_aware,
-    robustness,
 )
-from helpers.protocol import base, distilled, head_screen, minimal, roles, shared
+from helpers.experiments.robustness import patching, removal, stability
+from helpers.protocol import distilled, head_screen, loading, minimal, roles, shared
 from helpers.sweep import Store, sweep
 
 TOY = "toy-transformer"
@@ -118,9 +118,9 @@ def test_two_workers_give_the_table_of_one_process_bit_for_bit(
     assert len({c["pid"] for c in calls(log)}) == 2  # both workers took cells
     # the head ranking, split into one cell per swept layer, with its screen's float estimates
     monkeypatch.setenv("GA_RESULTS", str(tmp_path / "one"))
-    alone = shared.kv_ranking(base.load(TOY), "cpu", True)
+    alone = shared.kv_ranking(loading.load(TOY), "cpu", True)
     monkeypatch.setenv("GA_RESULTS", str(tmp_path / "two"))
-    spread = shared.kv_ranking(base.load(TOY), "cpu", True, workers=2)
+    spread = shared.kv_ranking(loading.load(TOY), "cpu", True, workers=2)
     pd.testing.assert_frame_equal(spread.table, alone.table, check_exact=True)
     assert spread.clean.to_json() == alone.clean.to_json()
     # two layers of 4 heads
@@ -215,7 +215,7 @@ def test_a_closure_sent_to_workers_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(
         ConfigError,
         match=r"module-level function of a cell .*test_runner\..*compute.*"
-        r"base\.model_for\(cell\['model'\]\)",
+        r"loading\.model_for\(cell\['model'\]\)",
     ):
         sweep(Store(tmp_path / "s.jsonl"), CELLS, compute, workers=2)
     with pytest.raises(ConfigError, match="module-level function"):
@@ -247,10 +247,10 @@ MEASUREMENTS = [
     shared.measure_screen,
     shared.measure_layer,
     beyond_mmlu.measure_ranking,
-    robustness.measure_kinds,
-    robustness.measure_cut,
-    robustness.measure_patching,
-    robustness.measure_clean,
+    removal.measure_kinds,
+    removal.measure_cut,
+    patching.measure_patching,
+    stability.measure_clean,
     roles.measure_behaviour,
     retrieval_aware.measure,
 ]
@@ -342,24 +342,24 @@ def test_a_measurement_run_in_process_gets_the_chapters_model_and_a_worker_loads
 
     monkeypatch.setattr(models, "load", load)
     for cache in ("_held_models", "_kept"):  # the fakes below go with the test
-        monkeypatch.setattr(base, cache, type(getattr(base, cache))())
-    chapters = base.load("llama-3.2-3b-instruct")
-    assert base.model_for("llama-3.2-3b-instruct") is chapters and loads == [
+        monkeypatch.setattr(loading, cache, type(getattr(loading, cache))())
+    chapters = loading.load("llama-3.2-3b-instruct")
+    assert loading.model_for("llama-3.2-3b-instruct") is chapters and loads == [
         "llama-3.2-3b-instruct"
     ]
     del chapters  # the chapter done with it: a worker's own load, kept for its next cells
-    kept = base.model_for("llama-3.2-3b-instruct")
-    assert base.model_for("llama-3.2-3b-instruct") is kept and len(loads) == 2
+    kept = loading.model_for("llama-3.2-3b-instruct")
+    assert loading.model_for("llama-3.2-3b-instruct") is kept and len(loads) == 2
     first, kept = weakref.ref(kept), None
-    base.model_for("llama-3.1-8b-instruct")  # another model: the worker lets go of the first
+    loading.model_for("llama-3.1-8b-instruct")  # another model: the worker lets go of the first
     assert first() is None and len(loads) == 3
     # A measurement of two models (a swap) keeps both: its next cell loads nothing, the one before's goes.
-    student, teacher = base.models_for("llamba-3b", "llama-3.2-3b-instruct")
+    student, teacher = loading.models_for("llamba-3b", "llama-3.2-3b-instruct")
     assert (
-        base.models_for("llamba-3b", "llama-3.2-3b-instruct") == [student, teacher]
+        loading.models_for("llamba-3b", "llama-3.2-3b-instruct") == [student, teacher]
         and len(loads) == 5
     )
-    assert set(base._kept) == {"llamba-3b", "llama-3.2-3b-instruct"}
+    assert set(loading._kept) == {"llamba-3b", "llama-3.2-3b-instruct"}
 
 
 def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(
@@ -372,7 +372,7 @@ def test_the_ranking_split_into_layer_cells_equals_one_sweep_of_all_its_layers(
     from helpers.screen import rank_heads
 
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
-    loaded = base.load(TOY)
+    loaded = loading.load(TOY)
     ranking = shared.kv_ranking(loaded, "cpu", True)
     s = ranking.settings
     engine = SweepEngine(

@@ -367,21 +367,21 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     assert 0 < len(kept) < 30 and kept == list(range(len(kept))) and calls == kept + [len(kept)]
 
     # On a full disk a sidecar that needs no change is not written; one that does keeps its old text.
-    from helpers.protocol import base
+    from helpers.protocol import stores
 
     m1, m2 = (type("Loaded", (), {"name": name, "revision": "r"}) for name in ("m1", "m2"))
-    base.open_store("made_up", "cpu", "part", [m1])
+    stores.open_store("made_up", "cpu", "part", [m1])
     sidecar = next((disk / "made_up").glob("*.models.json"))
     filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
     with pytest.raises(OSError, match="No space left"):
         while True:  # the last free pages
             os.write(filler, b"0" * 4096)
     os.close(filler)
-    base.open_store("made_up", "cpu", "part", [m1])
+    stores.open_store("made_up", "cpu", "part", [m1])
     with pytest.raises(
         StoreError, match=r"\.models\.json: cannot write the store's sidecar .*No space left"
     ):
-        base.open_store("made_up", "cpu", "part", [m1, m2])
+        stores.open_store("made_up", "cpu", "part", [m1, m2])
     assert json.loads(sidecar.read_text()) == {"m1": "r"} and not list(disk.glob("made_up/*.tmp"))
     os.unlink(disk / "filler")
 
@@ -403,7 +403,7 @@ def test_a_full_disk_leaves_a_store_that_the_next_run_resumes(tmp_path, tiny_dis
     # Complete results on a read-only disk are read as they are (the lock file was opened to write)
     calls = []
     assert sweep(Store(disk / "s.jsonl"), cells, run) == rows and calls == []
-    assert base.open_store("made_up", "cpu", "part", [m1]) is not None
+    assert stores.open_store("made_up", "cpu", "part", [m1]) is not None
     with pytest.raises(
         StoreError, match=r"s\.jsonl: cannot add a record: this process cannot write its folder"
     ):

@@ -28,7 +28,7 @@ from helpers.experiments import (
     ssm_vs_attention,
 )
 from helpers.llamba import LlambaConfig
-from helpers.protocol import base, distilled
+from helpers.protocol import checks, distilled, loading
 
 
 def tiny_llama(layers=4, dtype=torch.float32):
@@ -402,7 +402,7 @@ def test_llamba_config_states_its_head_constraint_at_config_time():
 def test_a_chapter_parameter_beyond_its_model_or_task_stops_the_config(chapter, kwargs, message):
     """Each of these used to pass the config and fail only after the work (the whole screen, both
     rankings, 15 cells), with a message naming another parameter, or a bare StopIteration."""
-    base.shape("smollm2-135m-instruct")  # its GGUF header, read once per process
+    checks.shape("smollm2-135m-instruct")  # its GGUF header, read once per process
     start = time.perf_counter()
     with pytest.raises(ConfigError, match=message):
         chapter.Config.for_profile("cpu", smoke=True, **kwargs)
@@ -413,7 +413,7 @@ def test_a_chapter_parameter_beyond_its_model_or_task_stops_the_config(chapter, 
 def sixteen_layer_llama(tmp_path, monkeypatch):
     """The local hub cache holds a 16-layer snapshot under Llama-3.1-8B-Instruct's repo id (as a
     model= override or a smaller checkpoint would): shallower than the paper's heads L16H22, L17H24.
-    (`base.shape` reads a config once per file, so the next test sees the usual cache again.)"""
+    (`checks.shape` reads a config once per file, so the next test sees the usual cache again.)"""
     import huggingface_hub.constants
 
     snapshot = tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / "rev"
@@ -472,7 +472,7 @@ def test_every_paper_model_of_a_multi_model_chapter_is_checked_before_the_first_
 
     monkeypatch.setattr(models, "check_paper_model", check)
     monkeypatch.setattr(
-        base, "load", lambda name: pytest.fail(f"{name} loaded before every model was checked")
+        loading, "load", lambda name: pytest.fail(f"{name} loaded before every model was checked")
     )
     with pytest.raises(models.ModelUnavailable, match=models.spec(last).hub_id):
         chapter.run(cfg)
@@ -605,13 +605,13 @@ def test_hybrid_swap_checks_widths_from_the_configs_and_tries_its_swaps_before_t
     # 4096 wide: it fits
     hybrid_swap.Config.for_profile("paper", smoke=True, student="falcon-mamba-7b-instruct")
 
-    student, teacher = base.load("toy-student"), base.load("toy-transformer")
+    student, teacher = loading.load("toy-student"), loading.load("toy-transformer")
     # a teacher loaded in another dtype than the student (the cached one is left as is)
     bf16 = copy.copy(teacher)
     bf16.model = copy.deepcopy(teacher.model).to(torch.bfloat16)
     bf16.adapter = helpers.adapter_for(bf16.model)
     monkeypatch.setattr(
-        base, "load", lambda name: {"toy-student": student, "toy-transformer": bf16}[name]
+        loading, "load", lambda name: {"toy-student": student, "toy-transformer": bf16}[name]
     )
     monkeypatch.setattr(
         distilled, "find_teacher_layer", lambda *a, **k: pytest.fail("the sweep started")

@@ -590,7 +590,7 @@ def stage(
 def run_stores(record: dict) -> list[Path]:
     """The results stores a chapter's run read and wrote: those of its own folder that its
     record names (`protocol.base.record`'s "stores"; their names carry the measurement
-    version, `protocol.base.open_store`), with the sidecars that record the models' revisions."""
+    version, `protocol.stores.open_store`), with the sidecars that record the models' revisions."""
     chapter, names = record.get("chapter"), record.get("provenance", {}).get("stores", [])
     if not (chapter and names):
         return []

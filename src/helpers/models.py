@@ -272,7 +272,7 @@ def _packaged(
             keep_dequantized(s.name, dtype, model, tokenizer)
     model = model.to(device or "cpu")
     # Provenance names the GGUF either way (the copy is that file's tensors, not another source),
-    # and the dtype: a store computed in another one stops the run (`protocol.base.open_store`).
+    # and the dtype: a store computed in another one stops the run (`protocol.stores.open_store`).
     revision = f"gguf {s.gguf.sha256[:12]} {str(dtype).removeprefix('torch.')}"
     return Loaded(s.name, model, tokenizer, adapter_for(model), revision)
 
@@ -495,7 +495,7 @@ def _paper(s: ModelSpec, dtype: torch.dtype | None, device: str | None) -> Loade
     # the hub snapshot loaded
     snapshot = Path(config).parent.name if isinstance(config, str) else "unknown"
     # The dtype too, as for the packaged models: a store computed in another one stops the run
-    # (`protocol.base.open_store`) instead of serving float32 numbers to a bfloat16 run.
+    # (`protocol.stores.open_store`) instead of serving float32 numbers to a bfloat16 run.
     snapshot = snapshot if revision else f"{snapshot} (unpinned: the hub's main)"
     revision = f"{snapshot} {str(dtype).removeprefix('torch.')}"
     return Loaded(s.name, model.to(target), tokenizer, adapter_for(model), revision)

@@ -64,7 +64,7 @@ def default_batch_tokens(device: torch.device) -> int:
 def batch_tokens_set() -> int | None:
     """The tokens per forward batch that `GA_BATCH_TOKENS` sets (None where it is unset). In
     bfloat16 a row's rounding depends on its batch's shape, so a store's name carries it
-    (`protocol.base.numerics_tag`)."""
+    (`protocol.stores.numerics_tag`)."""
     given = os.environ.get("GA_BATCH_TOKENS", "")
     if not given:
         return None

@@ -91,7 +91,7 @@ def measurement_version(
     reads: tuple[str, ...] = (),
 ) -> str:
     """A hash of the code and data that the measurements of `module` read: what decides the
-    numbers in the results stores it opens (`protocol.base.open_store`).
+    numbers in the results stores it opens (`protocol.stores.open_store`).
 
     `module` is a module of the package (`helpers.experiments.layer_pruning`) or a chapter's
     name (`layer_pruning`); `reads`, the top-level functions of `module` that fill the store (the
@@ -101,9 +101,11 @@ def measurement_version(
       verdict functions are not reached by its measurements, so editing them recomputes
       nothing); without `reads`, the whole module;
     - the code of every module of the package it imports, transitively, read with `ast`
-      (imports inside functions included; `from . import x` counts `x`), never from what happens
-      to be imported in this process. Importing a module runs its packages' `__init__.py`, so
-      those count too;
+      (imports inside functions included, those under `if TYPE_CHECKING:` left out since they
+      never run; `from . import x` counts `x`), never from what happens to be imported in this
+      process. Importing a module runs its packages' `__init__.py`: what one runs there besides
+      defining and importing names counts too (a package that is a chapter keeps its figures
+      in its `__init__.py`, and its measurements in modules beside it);
     - except the `PRESENTATION` modules, where the walk stops (not followed through them either):
       they never change a stored number;
     - code counts as Python reads it, less its docstrings: a comment, a docstring or a reformat
@@ -126,13 +128,11 @@ def measurement_version(
 
 def measurement_files(module: str, package: Path | None = None) -> list[str]:
     """The package's source files that `module`'s measurements read (`measurement_version`),
-    relative to the package, in order."""
+    relative to the package, in order: the modules they import, and the packages around them."""
     package = package or PACKAGE
     modules = _modules(package)
-    return sorted(
-        modules[m].relative_to(package).as_posix()
-        for m in _reads(_module_name(module, package), package)
-    )
+    read = _reads(_module_name(module, package), package)
+    return sorted(modules[m].relative_to(package).as_posix() for m in read | _packages(read))
 
 
 def reached(module: str, names: tuple[str, ...], package: Path | None = None) -> list[str]:
@@ -196,9 +196,14 @@ def _tree(path: Path) -> ast.Module:
 def _measurement_version(module: str, package: Path, data: Path, reads: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     modules = _modules(package)
+    around = {modules[m] for m in _packages(_reads(module, package))}
     for rel in measurement_files(module, package):
         tree = _tree(package / rel)
-        if reads and package / rel == modules[module]:
+        if package / rel in around:  # run on import: what it does besides defining and importing
+            tree = ast.Module(
+                [n for n in tree.body if _defines(n) is None and not _imports_only(n)], []
+            )
+        elif reads and package / rel == modules[module]:
             keep = set(reached(module, reads, package))
             tree = ast.Module(
                 [n for n in tree.body if _defines(n) is None or keep & set(_defines(n))], []
@@ -243,23 +248,56 @@ def _module_name(module: str, package: Path) -> str:
                     f"{name} is presentation (provenance.PRESENTATION): it computes no stored number"
                 )
             return name
-    chapters = sorted(m.rpartition(".")[2] for m in modules if m.startswith(f"{TOP}.experiments."))
+    chapters = sorted(
+        m.rpartition(".")[2] for m in modules if m.rpartition(".")[0] == f"{TOP}.experiments"
+    )
     raise ValueError(
         f"unknown module {module!r}: give a module of the package ({TOP}.experiments.layer_pruning) "
         f"or a chapter's name (one of {', '.join(chapters)})"
     )
 
 
+def _imports_only(node: ast.stmt) -> bool:
+    return isinstance(node, (ast.Import, ast.ImportFrom))
+
+
+def _type_checking(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): a block that never runs."""
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _running(tree: ast.AST):
+    """Every node of `tree` but those under `if TYPE_CHECKING:`."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if _type_checking(node):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _packages(read: set[str]) -> set[str]:
+    """The packages around the modules `read` that are not among them (their `__init__.py` runs
+    when the modules are imported)."""
+    around = {".".join(m.split(".")[:i]) for m in read for i in range(1, m.count(".") + 1)}
+    return around - read
+
+
 @cache
 def _imports(module: str, package: Path) -> frozenset[str]:
-    """The package's modules that `module` imports anywhere in its source, and its packages."""
+    """The package's modules that `module` imports anywhere in its source where it runs."""
     modules = _modules(package)
     path = modules[module]
     # what `from .` means
     here = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    # its packages
-    found = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+    found = set()
+    for node in _running(ast.parse(path.read_bytes(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):

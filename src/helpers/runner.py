@@ -10,7 +10,7 @@ interrupted run keeps what the store holds, so the next run computes only the re
 
 Work sent to an actor is described by data: a cell (a dict of JSON values) and the name of a
 measurement, a module-level function of a cell importable as "module:name", which loads its
-model by name (`protocol.base.model_for`: each actor process loads a model once and keeps
+model by name (`protocol.loading.model_for`: each actor process loads a model once and keeps
 it). A closure over a loaded model cannot travel to another process, so one passed with
 workers is refused before any work, with the fix. The actors live as long as the driver's
 process (a chapter's second sweep reuses them and the models they hold).
@@ -111,7 +111,7 @@ def measurement_name(run) -> str:
             f"a sweep run on workers needs its measurement as a module-level function of a cell (importable as "
             f"'module:name'), not {what}: a closure over a loaded model cannot be sent to another process. Move the "
             f"function to the top level of a module (not __main__), put everything it reads into the cell, and load "
-            f"the model inside it by name (protocol.base.model_for(cell['model'])); or leave workers=None to run "
+            f"the model inside it by name (protocol.loading.model_for(cell['model'])); or leave workers=None to run "
             f"in this process"
         )
     return f"{module}:{qualname}"
@@ -120,7 +120,7 @@ def measurement_name(run) -> str:
 def owner(run) -> str:
     """The "module:name" of the top-level function that holds `run` (a measurement, its
     "module:name", or a closure or lambda defined in a function): the code a store's version is
-    cut from (`protocol.base.open_store`'s `reads`)."""
+    cut from (`protocol.stores.open_store`'s `reads`)."""
     if isinstance(run, str):
         return run
     qualname = getattr(run, "__qualname__", None)

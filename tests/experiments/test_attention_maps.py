@@ -154,9 +154,9 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 def test_the_roles_are_measured_once_for_every_chapter(monkeypatch):
     # KV retrieval, attention maps and masking name roles among the same candidates on the same
     # prompts: the second asks the results store, and gets exactly what the first measured.
-    from helpers.protocol import base
+    from helpers.protocol import loading
 
-    loaded = base.load("toy-transformer")
+    loaded = loading.load("toy-transformer")
     from helpers.sweep import Store
 
     first = roles.find_roles(loaded, "cpu", True, seed=3)

@@ -9,18 +9,18 @@ import pytest
 from helpers import Head, provenance
 from helpers.errors import ConfigError, StaleResults, StoreError
 from helpers.experiments import toy_zoo
-from helpers.protocol import base
+from helpers.protocol import base, fields, stores
 from helpers.sweep import sweep
 
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    model: str = base.model("attention")
-    n: int | None = base.count(optional=True)
-    sizes: tuple = base.counts()
-    gather: Head = base.head()
-    query: str = base.one_of("paper", "repeat")
-    alpha: float = base.number(0, 1)
+    model: str = fields.model("attention")
+    n: int | None = fields.count(optional=True)
+    sizes: tuple = fields.counts()
+    gather: Head = fields.head()
+    query: str = fields.one_of("paper", "repeat")
+    alpha: float = fields.number(0, 1)
 
     chapter = "made_up"
     smoke_sizes = dict(n=4, sizes=[2])
@@ -75,13 +75,13 @@ def test_store_file_carries_the_version_of_what_computes_it_and_refuses_other_we
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
-    monkeypatch.setattr(base, "_opened", {})  # the stores this process opened: only this test's
+    monkeypatch.setattr(stores, "_opened", {})  # the stores this process opened: only this test's
     cfg = Config.for_profile("cpu")
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
-    store = base.open_store(cfg.chapter, cfg.profile, "part", [model])
+    store = stores.open_store(cfg.chapter, cfg.profile, "part", [model])
     # opened from outside the package (this test could call anything in it): the whole code version
     assert store.path == tmp_path / "made_up" / f"part-cpu-{provenance.code_version()}.jsonl"
-    chapter = base.open_store(cfg.chapter, cfg.profile, "part", [model], toy_zoo.measure_final)
+    chapter = stores.open_store(cfg.chapter, cfg.profile, "part", [model], toy_zoo.measure_final)
     assert (
         chapter.path.name
         == f"part-cpu-{provenance.measurement_version('toy_zoo', reads=('measure_final',))}.jsonl"
@@ -100,10 +100,10 @@ def test_store_file_carries_the_version_of_what_computes_it_and_refuses_other_we
         chapter.path.name,
     ]
     store.put({"x": 1}, {"y": 2})
-    assert {"x": 1} in base.open_store(cfg.chapter, cfg.profile, "part", [model])
+    assert {"x": 1} in stores.open_store(cfg.chapter, cfg.profile, "part", [model])
     model.revision = "gguf bbb"
     with pytest.raises(StaleResults, match="other weights.*gguf aaa -> now gguf bbb.*delete"):
-        base.open_store(cfg.chapter, cfg.profile, "part", [model])
+        stores.open_store(cfg.chapter, cfg.profile, "part", [model])
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_an_unreadable_sidecar_names_its_file_and_the_fix(tmp_path, monkeypatch,
     """After a full disk it was left empty, and every rerun failed with a bare JSONDecodeError."""
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
-    base.open_store("made_up", "cpu", "part", [model]).put({"x": 1}, {"y": 2})
+    stores.open_store("made_up", "cpu", "part", [model]).put({"x": 1}, {"y": 2})
     sidecar = next(tmp_path.glob("made_up/*.models.json"))
     sidecar.write_text(text)
     with pytest.raises(
@@ -126,7 +126,7 @@ def test_an_unreadable_sidecar_names_its_file_and_the_fix(tmp_path, monkeypatch,
         match=rf"{sidecar}, the record of which weights computed .*\.jsonl, is {says}.*"
         r"delete both files .*or set GA_RESULTS",
     ):
-        base.open_store("made_up", "cpu", "part", [model])
+        stores.open_store("made_up", "cpu", "part", [model])
 
 
 def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_not_rewritten(
@@ -134,10 +134,10 @@ def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_
 ):
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
-    base.open_store("made_up", "cpu", "part", [model])
+    stores.open_store("made_up", "cpu", "part", [model])
     sidecar = next(tmp_path.glob("made_up/*.models.json"))
     before = sidecar.stat()
-    base.open_store("made_up", "cpu", "part", [model]).put({"x": 1}, {"y": 2})
+    stores.open_store("made_up", "cpu", "part", [model]).put({"x": 1}, {"y": 2})
     assert (sidecar.stat().st_ino, sidecar.stat().st_mtime_ns) == (
         before.st_ino,
         before.st_mtime_ns,
@@ -148,20 +148,20 @@ def test_a_store_without_its_sidecar_is_not_trusted_and_an_unchanged_sidecar_is_
         match=r"\.jsonl holds results but its sidecar .*models\.json is missing.*"
         r"delete .* or set GA_RESULTS",
     ):
-        base.open_store("made_up", "cpu", "part", [model])
+        stores.open_store("made_up", "cpu", "part", [model])
 
 
 def test_a_sidecar_write_killed_before_its_rename_leaves_no_file_for_good(tmp_path, monkeypatch):
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
-    base.open_store("made_up", "cpu", "part", [model])
+    stores.open_store("made_up", "cpu", "part", [model])
     sidecar = next(tmp_path.glob("made_up/*.models.json"))
     stale = sidecar.with_name(sidecar.name + ".4242.tmp")
     stale.write_text('{"smollm2-135m-instruct": "gguf a')  # what a kill mid-write leaves
     # another store's: not this open's business
     other = sidecar.with_name("other.models.json.4242.tmp")
     other.write_text("{")
-    base.open_store("made_up", "cpu", "part", [model])
+    stores.open_store("made_up", "cpu", "part", [model])
     assert (
         not stale.exists()
         and other.exists()
@@ -176,7 +176,9 @@ def test_a_sidecar_that_does_not_name_the_stores_model_is_not_trusted_nor_rewrit
     # It was accepted, and rewritten with this run's revisions: results of unknown weights certified.
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
     model = type("Loaded", (), {"name": "smollm2-135m-instruct", "revision": "gguf aaa"})
-    base.open_store("made_up", "cpu", "part", [model]).put({"model": model.name, "x": 1}, {"y": 2})
+    stores.open_store("made_up", "cpu", "part", [model]).put(
+        {"model": model.name, "x": 1}, {"y": 2}
+    )
     meta = next(tmp_path.glob("made_up/*.models.json"))
     meta.write_text(sidecar)
     with pytest.raises(
@@ -184,11 +186,11 @@ def test_a_sidecar_that_does_not_name_the_stores_model_is_not_trusted_nor_rewrit
         match=r"holds results of smollm2-135m-instruct but its sidecar .* does not say "
         r"which weights.*delete",
     ):
-        base.open_store("made_up", "cpu", "part", [model])
+        stores.open_store("made_up", "cpu", "part", [model])
     assert meta.read_text() == sidecar
     other = type("Loaded", (), {"name": "toy-transformer", "revision": "zoo 123"})
     # a model whose results it does not hold: no claim made
-    base.open_store("made_up", "cpu", "part", [other])
+    stores.open_store("made_up", "cpu", "part", [other])
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import beyond_mmlu as chapter
 from helpers.heads import Head
-from helpers.protocol import base
+from helpers.protocol import loading
 from helpers.stats import Score
 
 
@@ -264,7 +264,7 @@ def test_bad_parameters_fail_before_any_model_loads(kwargs, message):
 )
 def test_unknown_tasks_fail_before_the_model_loads(monkeypatch, kwargs, message):
     monkeypatch.setattr(
-        base, "load", lambda name: pytest.fail("the model loaded before the tasks were checked")
+        loading, "load", lambda name: pytest.fail("the model loaded before the tasks were checked")
     )
     with pytest.raises(ConfigError, match=message):
         chapter.run(chapter.Config.for_profile("cpu", smoke=True, **kwargs))
@@ -281,7 +281,7 @@ def test_a_chat_task_on_a_model_without_a_chat_template_is_refused_before_any_he
         and not chapter.chat("gsm8k")
     )
     plain = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None))
-    monkeypatch.setattr(base, "load", lambda name: plain)
+    monkeypatch.setattr(loading, "load", lambda name: plain)
     monkeypatch.setattr(
         chapter, "top_heads", lambda *a: pytest.fail("ranked heads for a task it cannot run")
     )

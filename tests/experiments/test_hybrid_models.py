@@ -10,7 +10,7 @@ from helpers import zoo
 from helpers.attention import mask_final_rows, mask_last_row
 from helpers.errors import ConfigError
 from helpers.experiments import hybrid_models as chapter
-from helpers.protocol import base
+from helpers.protocol import loading
 from helpers.stats import Score
 
 
@@ -24,7 +24,7 @@ def one_thread():
 
 @torch.inference_mode()
 def test_mask_final_rows_masks_each_rows_own_end_and_equals_mask_last_row_on_equal_lengths():
-    hybrid = base.load("toy-hybrid")
+    hybrid = loading.load("toy-hybrid")
     model = hybrid.model
     ids = torch.randint(6, 100, (3, 9))
     with mask_last_row(hybrid, 9):

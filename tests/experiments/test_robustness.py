@@ -13,6 +13,7 @@ from helpers import verdicts as v
 from helpers.engine import SweepEngine
 from helpers.errors import ConfigError, InterventionError
 from helpers.experiments import robustness as chapter
+from helpers.experiments.robustness import agreement, patching, removal, stability
 from helpers.heads import Head
 from helpers.stats import Score
 from helpers.sweep import Store
@@ -22,7 +23,7 @@ from helpers.tasks import Item
 def test_run_at_smoke_size_removes_every_set_every_way():
     # The toy Transformer: SmolLM2's code path (the book's smoke build runs SmolLM2) in seconds.
     result = chapter.run(chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer"))
-    assert set(result.kinds.kind) == set(chapter.KINDS)
+    assert set(result.kinds.kind) == set(removal.KINDS)
     assert set(result.kinds.set) == {"top 1", "top 2", "random 1 #1", "random 2 #1"}
     assert {s.n for s in result.kinds.score} == {6}
     assert set(result.redundancy.model) == {"toy-transformer", "toy-mamba2"} and set(
@@ -51,7 +52,7 @@ def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path
     # The reference condition is the book's ranking, read from its store: stability measures only
     # the other conditions, and the reference's top heads are the ranking's most harmful.
     monkeypatch.setenv("GA_RESULTS", str(tmp_path))
-    loaded = helpers.protocol.base.load("toy-transformer")
+    loaded = helpers.protocol.loading.load("toy-transformer")
     cfg = chapter.Config.for_profile("cpu", smoke=True, model="toy-transformer")
     ranking = chapter.shared.kv_ranking(loaded, "cpu", True)
     # what is computed, seen where it is stored (a store is versioned by its measurements'
@@ -60,7 +61,7 @@ def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path
     monkeypatch.setattr(
         Store, "put", lambda self, cell, result: stored.append(cell) or put(self, cell, result)
     )
-    s = chapter.run_stability(loaded, cfg)
+    s = stability.run_stability(loaded, cfg)
     swept = [c for c in stored if c.get("part") == "layer"]
     own = {k: ranking.settings[k] for k in chapter.shared.PROMPTS}
     assert len(s.conditions) == 2 and swept  # the toy: the ranking's seed and the next
@@ -75,15 +76,15 @@ def test_the_stability_reference_is_the_rankings_own_cells(monkeypatch, tmp_path
 
 def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():
     heads = [Head(l, h) for l in range(3) for h in range(4)]
-    sets = chapter.random_sets(heads, heads[:2], 3, 5, seed=1)
+    sets = removal.random_sets(heads, heads[:2], 3, 5, seed=1)
     assert len(sets) == 5 and len({tuple(s) for s in sets}) == 5
     assert all(len(s) == 3 and not set(s) & set(heads[:2]) for s in sets)
     assert (
         sets
-        == chapter.random_sets(heads, heads[:2], 3, 5, seed=1)
-        != chapter.random_sets(heads, heads[:2], 3, 5, 2)
+        == removal.random_sets(heads, heads[:2], 3, 5, seed=1)
+        != removal.random_sets(heads, heads[:2], 3, 5, 2)
     )
-    assert chapter.random_sets(heads[:3], heads[:2], 2, 5, 0) == []  # one head left: no set of two
+    assert removal.random_sets(heads[:3], heads[:2], 2, 5, 0) == []  # one head left: no set of two
 
 
 class WordTokenizer:
@@ -111,14 +112,14 @@ def test_resample_donors_have_the_measured_prompts_length_and_candidates():
         Item(((" ".join([f"p{i}"] * k), " 7"),), 0) for i, k in enumerate(lengths[:n])
     ]
     measured = [item(3), item(5), item(3), item(3)]
-    out = chapter.donors(WordTokenizer(), measured, draw)
+    out = removal.donors(WordTokenizer(), measured, draw)
     # each donor serves once (a shared context would be packed as one row); the draw grew to 8 for the third
     assert [o.pairs[0][0].split(" ")[0] for o in out] == ["p0", "p1", "p2", "p4"]
     assert all(o.pairs[1][1] == " 2" for o in out)  # the measured prompt's own candidates
     with pytest.raises(
         InterventionError, match="no unused reference prompt among 8 drawn has the layout"
     ):
-        chapter.donors(WordTokenizer(), [item(6)], draw)
+        removal.donors(WordTokenizer(), [item(6)], draw)
 
 
 def test_seeds_must_keep_ranking_measuring_and_reference_prompts_apart():
@@ -179,7 +180,7 @@ def made_up(
     kinds = pd.DataFrame(
         [
             dict(kind=k, set=name, size=2, control=name != "top 2", heads="L1H0, L1H1", score=at(a))
-            for k, t, c in zip(chapter.KINDS, top, controls)
+            for k, t, c in zip(removal.KINDS, top, controls)
             for name, a in (("top 2", t), ("random 2 #1", c))
         ]
     )
@@ -210,32 +211,32 @@ def made_up(
 
 
 def test_a_bottleneck_under_every_kind_and_one_only_under_zeroing():
-    assert [x.outcome for x in chapter.kind_verdicts(made_up())] == [v.REPRODUCED] * 3
+    assert [x.outcome for x in removal.kind_verdicts(made_up())] == [v.REPRODUCED] * 3
     # mean and resample leave the top heads' accuracy: the bottleneck is zeroing's artefact
-    only_zero = chapter.kind_verdicts(made_up(top=(0.2, 0.79, 0.8)))
+    only_zero = removal.kind_verdicts(made_up(top=(0.2, 0.79, 0.8)))
     assert [x.outcome for x in only_zero] == [v.REPRODUCED, v.NOT_REPRODUCED, v.NOT_REPRODUCED]
     # random heads as harmful as the top ones: not specific
-    assert chapter.kind_verdicts(made_up(controls=(0.2, 0.2, 0.2)))[0].outcome == v.NOT_REPRODUCED
+    assert removal.kind_verdicts(made_up(controls=(0.2, 0.2, 0.2)))[0].outcome == v.NOT_REPRODUCED
 
 
 def test_graceful_degradation_both_ways():
-    breaks, graceful, _ = chapter.redundancy_verdicts(made_up())
+    breaks, graceful, _ = removal.redundancy_verdicts(made_up())
     assert (breaks.outcome, graceful.outcome) == (v.REPRODUCED, v.REPRODUCED)
-    _, ssm_breaks_too, _ = chapter.redundancy_verdicts(made_up(ssm_k1=0.3))
+    _, ssm_breaks_too, _ = removal.redundancy_verdicts(made_up(ssm_k1=0.3))
     assert ssm_breaks_too.outcome == v.NOT_REPRODUCED
-    attn_kept, either, _ = chapter.redundancy_verdicts(made_up(attn_k1=0.8))
+    attn_kept, either, _ = removal.redundancy_verdicts(made_up(attn_k1=0.8))
     assert (attn_kept.outcome, either.outcome) == (v.NOT_REPRODUCED, v.NOT_REPRODUCED)
 
 
 def test_the_30_head_claim_both_ways_on_llamba_and_not_testable_elsewhere():
-    kept = chapter.claim_30(made_up("paper", ssm_clean=0.6, ssm_k30=0.6))
-    lost = chapter.claim_30(made_up("paper", ssm_clean=0.6, ssm_k30=0.4))
+    kept = removal.claim_30(made_up("paper", ssm_clean=0.6, ssm_k30=0.6))
+    lost = removal.claim_30(made_up("paper", ssm_clean=0.6, ssm_k30=0.4))
     assert (kept.outcome, lost.outcome) == (v.REPRODUCED, v.NOT_REPRODUCED)
     assert "3 points" in kept.evidence  # 5% of 60%: the margin follows the clean accuracy
     # no k = 30 in the run
-    assert chapter.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE
+    assert removal.claim_30(made_up("paper", ssm_clean=0.6)).outcome == v.NOT_TESTABLE
     # the toy is not Llamba-8B
-    assert chapter.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE
+    assert removal.claim_30(made_up("cpu", ssm_k30=0.8)).outcome == v.NOT_TESTABLE
 
 
 # --- activation patching ------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ class CharTokenizer:
 def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
     ctx = "Memorize the following dictionary:\nab:1\nxyz:2\ncd:3\n"
     item = Item(((ctx + "ab:", "1"), (ctx + "ab:", "2"), (ctx + "ab:", "3")), 0)
-    swapped = chapter.key_swapped(CharTokenizer(), item)
+    swapped = patching.key_swapped(CharTokenizer(), item)
     assert (
         swapped.pairs[0][0] == ctx + "cd:"
         and swapped.gold == 0
@@ -258,12 +259,12 @@ def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
     q = ctx + "The value of the key 'cd' is"
     paper_query = Item(((q, "1"), (q, "2"), (q, "3")), 2)
     assert (
-        chapter.key_swapped(CharTokenizer(), paper_query).pairs[1][0]
+        patching.key_swapped(CharTokenizer(), paper_query).pairs[1][0]
         == ctx + "The value of the key 'ab' is"
     )
     # none of 3 letters
     assert (
-        chapter.key_swapped(CharTokenizer(), Item(((ctx + "xyz:", "1"), (ctx + "xyz:", "2")), 1))
+        patching.key_swapped(CharTokenizer(), Item(((ctx + "xyz:", "1"), (ctx + "xyz:", "2")), 1))
         is None
     )
     toy = Item(
@@ -274,17 +275,17 @@ def test_the_query_key_swaps_to_the_first_key_of_the_same_length_or_none():
         0,
     )
     assert (
-        chapter.key_swapped(CharTokenizer(), toy).pairs[0][0]
+        patching.key_swapped(CharTokenizer(), toy).pairs[0][0]
         == "<s> k1 k2 : v4 \\n k3 k4 : v5 \\n ? k3 k4 :"
     )
     with pytest.raises(InterventionError, match="not a KV prompt"):
-        chapter.key_swapped(CharTokenizer(), Item((("no query here", " 1"),), 0))
+        patching.key_swapped(CharTokenizer(), Item((("no query here", " 1"),), 0))
 
 
 @pytest.fixture(scope="module")
 def swapped_runs(smol):
     items = helpers.kv_items(4, 6, seed=3, query="repeat")
-    pairs = [(it, c) for it in items if (c := chapter.key_swapped(smol.tokenizer, it)) is not None]
+    pairs = [(it, c) for it in items if (c := patching.key_swapped(smol.tokenizer, it)) is not None]
     assert len(pairs) >= 3
     clean, corrupted = (SweepEngine(smol, smol.tokenizer, [p[i] for p in pairs]) for i in (0, 1))
     return clean, corrupted
@@ -306,7 +307,7 @@ def test_patching_every_head_restores_the_clean_answer_and_patching_none_restore
     # (to float32's rounding: the two ablations run side by side, a batch twice as large)
     np.testing.assert_allclose(out["every head"], c, atol=1e-4)
     np.testing.assert_allclose(out["none"], x, atol=1e-4)
-    rec = chapter.recoveries(
+    rec = patching.recoveries(
         gold(clean, c), gold(corrupted, x), np.stack([gold(corrupted, out[k]) for k in out])
     )
     assert rec == pytest.approx([0, 1], abs=1e-4)
@@ -341,7 +342,7 @@ def test_recovery_rank_correlation_and_overlap_follow_the_heads_that_recover():
     rng = np.random.default_rng(0)
     clean, corrupted = rng.normal(2, 0.1, 50), rng.normal(0, 0.1, 50)
     same = {str(Head(1, h)): corrupted + (1 - 0.2 * h) * (clean - corrupted) for h in range(5)}
-    heads, a = chapter.patch_agreement(table, same, clean, corrupted, k=2)
+    heads, a = patching.patch_agreement(table, same, clean, corrupted, k=2)
     assert (
         np.allclose(heads.recovery, [1, 0.8, 0.6, 0.4, 0.2])
         and a["rho"] == pytest.approx(1)
@@ -349,7 +350,7 @@ def test_recovery_rank_correlation_and_overlap_follow_the_heads_that_recover():
     )
     assert a["lo"] > 0 and a["overlap_lo"] == 2
     reversed_ = {str(Head(1, h)): same[str(Head(1, 4 - h))] for h in range(5)}
-    _, b = chapter.patch_agreement(table, reversed_, clean, corrupted, k=2)
+    _, b = patching.patch_agreement(table, reversed_, clean, corrupted, k=2)
     assert b["rho"] == pytest.approx(-1) and b["overlap"] == 0 and b["hi"] < 0
     # 2 of 5 twice: 4/5 on average
     assert (a["chance"], a["chance_line"]) == (
@@ -387,20 +388,20 @@ def patching_made_up(rho=(0.8, 0.5, 0.9), overlap=(4, 3, 5), gap=2.0, readable=(
         n=27,
         prompts=40,
     )
-    return chapter.Patching(
+    return patching.Patching(
         pd.DataFrame(), clean, np.zeros(40), {}, a, at(0.7), readable, at(0.7), at(0.1)
     )
 
 
 def test_the_patching_verdict_both_ways_and_not_testable_without_a_gap_or_a_readable_ranking():
-    assert chapter.patching_verdict(patching_made_up()).outcome == v.REPRODUCED
+    assert patching.patching_verdict(patching_made_up()).outcome == v.REPRODUCED
     assert (
-        chapter.patching_verdict(patching_made_up(rho=(0.0, -0.3, 0.0), overlap=(1, 0, 2))).outcome
+        patching.patching_verdict(patching_made_up(rho=(0.0, -0.3, 0.0), overlap=(1, 0, 2))).outcome
         == v.NOT_REPRODUCED
     )
     # nothing to recover
-    assert chapter.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE
-    unread = chapter.patching_verdict(patching_made_up(readable=(False, "at chance")))
+    assert patching.patching_verdict(patching_made_up(gap=0.0)).outcome == v.NOT_TESTABLE
+    unread = patching.patching_verdict(patching_made_up(readable=(False, "at chance")))
     assert unread.outcome == v.NOT_TESTABLE and "at chance" in unread.evidence
 
 
@@ -442,28 +443,28 @@ def stability_made_up(rhos, readable=None):
             for i, r in enumerate(rhos)
         ]
     )
-    return chapter.Stability(conditions, pairs, ["L1H0", "L2H3"], 5, [1, 2])
+    return stability.Stability(conditions, pairs, ["L1H0", "L2H3"], 5, [1, 2])
 
 
 def test_the_stability_verdict_needs_every_condition_to_agree():
     good = (0.8, 0.5, 0.9, 3)
-    assert chapter.stability_verdict(stability_made_up([good, good])).outcome == v.REPRODUCED
-    assert "L1H0, L2H3" in chapter.stability_verdict(stability_made_up([good, good])).evidence
+    assert stability.stability_verdict(stability_made_up([good, good])).outcome == v.REPRODUCED
+    assert "L1H0, L2H3" in stability.stability_verdict(stability_made_up([good, good])).evidence
     assert (
-        chapter.stability_verdict(stability_made_up([good, (-0.3, -0.6, -0.1, 3)])).outcome
+        stability.stability_verdict(stability_made_up([good, (-0.3, -0.6, -0.1, 3)])).outcome
         == v.NOT_REPRODUCED
     )
     assert (
-        chapter.stability_verdict(stability_made_up([good, (0.3, -0.1, 0.6, 3)])).outcome
+        stability.stability_verdict(stability_made_up([good, (0.3, -0.1, 0.6, 3)])).outcome
         == v.INCONCLUSIVE
     )
     # a condition at chance is left out; the reference at chance makes the claim untestable
     assert (
-        chapter.stability_verdict(stability_made_up([good, good], [True, True, False])).outcome
+        stability.stability_verdict(stability_made_up([good, good], [True, True, False])).outcome
         == v.REPRODUCED
     )
     assert (
-        chapter.stability_verdict(stability_made_up([good, good], [False, True, True])).outcome
+        stability.stability_verdict(stability_made_up([good, good], [False, True, True])).outcome
         == v.NOT_TESTABLE
     )
 
@@ -475,18 +476,18 @@ def test_the_random_overlap_line_is_the_hypergeometric_975_point():
     # every top-k set of one order against a fixed top-k of the other: the exact overlap distribution
     overlaps = sorted(len(set(c) & {0, 1, 2}) for c in combinations(range(n), k))
     point = next(x for x in range(k + 1) if sum(o <= x for o in overlaps) >= 0.975 * len(overlaps))
-    assert chapter.overlap_chance(n, k) == (pytest.approx(np.mean(overlaps)), point)
+    assert agreement.overlap_chance(n, k) == (pytest.approx(np.mean(overlaps)), point)
 
 
 def test_stability_conditions_factorial_and_one_factor_at_a_time():
-    full = chapter.stability_conditions(
+    full = stability.stability_conditions(
         chapter.Config.for_profile(
             "cpu", stability_design="factorial", stability_seeds=3, stability_queries=2
         ),
         toy=False,
     )
     assert len(full) == 12 and full[0] == (0, "repeat", "released") and len(set(full)) == 12
-    one = chapter.stability_conditions(
+    one = stability.stability_conditions(
         chapter.Config.for_profile("cpu", stability_seeds=3, stability_queries=2), toy=False
     )
     # each factor alone from the reference
@@ -498,10 +499,10 @@ def test_stability_conditions_factorial_and_one_factor_at_a_time():
         (0, "repeat", "trailing"),
     ]
     # the CPU design
-    cpu = chapter.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)
+    cpu = stability.stability_conditions(chapter.Config.for_profile("cpu"), toy=False)
     assert cpu == [(0, "repeat", "released"), (1, "repeat", "released"), (0, "repeat", "trailing")]
     assert set(one) <= set(full)
-    paper = chapter.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
+    paper = stability.stability_conditions(chapter.Config.for_profile("paper"), toy=False)
     # the paper profile's query first
     assert len(paper) == 12 and paper[0] == (
         0,

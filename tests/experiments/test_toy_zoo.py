@@ -8,7 +8,7 @@ import pytest
 from helpers import verdicts as v
 from helpers import zoo
 from helpers.experiments import toy_zoo as chapter
-from helpers.protocol import base
+from helpers.protocol import loading
 from helpers.stats import Score
 
 
@@ -27,7 +27,7 @@ def test_run_at_smoke_size_re_measures_every_cell_of_every_model():
 
 
 def test_scores_are_the_zoos_own_accuracies_with_their_items():
-    loaded = base.load("toy-mamba1")
+    loaded = loading.load("toy-mamba1")
     with zoo.one_thread():
         scores = chapter.final_scores(loaded.model, seed=0, n=6)
         accuracies = zoo.final_accuracies(loaded.model, seed=0, n=6)

@@ -30,7 +30,7 @@ from .. import registry
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head
-from ..protocol import base, shared
+from ..protocol import base, checks, fields, loading, shared, stores
 from ..protocol.roles import (
     ANSWER_END,
     ROLE_NAMES,
@@ -62,15 +62,15 @@ MEASURES = {  # what the summary table shows, as the reader would name it
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    model: str = base.model("attention", "ssm")
+    model: str = fields.model("attention", "ssm")
     # None: the paper's, or found by behaviour
-    gather: tuple[Head, ...] | None = base.heads(optional=True)
-    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
-    n_prompts: int = base.count()  # KV prompts measured
-    n_mmlu: int | None = base.count(optional=True)  # MMLU questions measured (None: all)
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.seed()
+    gather: tuple[Head, ...] | None = fields.heads(optional=True)
+    aggregate: tuple[Head, ...] | None = fields.heads(optional=True)
+    n_prompts: int = fields.count()  # KV prompts measured
+    n_mmlu: int | None = fields.count(optional=True)  # MMLU questions measured (None: all)
+    kv_pairs: int = fields.count()
+    kv_query: str = fields.one_of("paper", "repeat")
+    seed: int = fields.seed()
 
     chapter = "attention_maps"
     smoke_sizes = dict(n_prompts=3, n_mmlu=3)
@@ -103,7 +103,7 @@ class Config(base.Config):
         super().__post_init__()
         check_pair(self.gather, self.aggregate)
         check_roles_of(self.model, self.gather, self.aggregate)
-        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+        checks.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
 # --- maps and measures -------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class Result:
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    loaded = base.load(cfg.model)
+    loaded = loading.load(cfg.model)
     # A head for every role: where no candidate plays one, the closest (said so on the page).
     roles = with_closest(
         find_roles(
@@ -177,7 +177,7 @@ def run(cfg: Config) -> Result:
         shared.held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
         shared.mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu),
     ]
-    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded], measure_maps)
+    store = stores.open_store(cfg.chapter, cfg.profile, "measures", [loaded], measure_maps)
     cells = [
         dict(
             model=cfg.model,
@@ -208,7 +208,7 @@ def measure_maps(cell: dict) -> dict:
     """On one benchmark (the cell's items), the model's accuracy and each role's measures on
     every prompt, its heads given by the cell's "G" and "A" (lists of heads as text; a
     measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     b = bm.from_spec(cell["items"], loaded.tokenizer)
     heads = {r: tuple(map(Head.parse, cell[r])) for r in ROLE_NAMES}
     rows = [

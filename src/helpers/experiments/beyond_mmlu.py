@@ -47,7 +47,7 @@ from .. import verdicts as v
 from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..heads import Head
-from ..protocol import base, shared
+from ..protocol import base, checks, fields, loading, shared, stores
 from ..reference import paper
 from ..screen import attribution, gradient_batch_tokens
 from ..stats import Score
@@ -118,20 +118,22 @@ def tasks_field():
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    model: str = base.model("attention", "ssm", "hybrid")
+    model: str = fields.model("attention", "ssm", "hybrid")
     tasks: tuple[str, ...] = tasks_field()
     # items per task (lm-eval's limit; per subtask of a group); None: all
-    n: int | None = base.count(optional=True)
-    bbh_subtasks: int | None = base.count(optional=True)  # BBH: its first k subtasks (None: all 27)
-    n_heads: int = base.count()  # the ranking's top heads, zeroed together
-    ranking: str = base.one_of("shared", "screen")
-    n_rank: int = base.count()  # KV prompts of the cheap ranking ("screen")
+    n: int | None = fields.count(optional=True)
+    bbh_subtasks: int | None = fields.count(
+        optional=True
+    )  # BBH: its first k subtasks (None: all 27)
+    n_heads: int = fields.count()  # the ranking's top heads, zeroed together
+    ranking: str = fields.one_of("shared", "screen")
+    n_rank: int = fields.count()  # KV prompts of the cheap ranking ("screen")
     # keys per prompt ("screen")
-    kv_pairs: int | None = base.count(optional=True, none_means="the shared ranking's")
-    n_controls: int = base.count()
-    max_gen_toks: int | None = base.count(optional=True)  # None: each task's own
-    batch_size: int = base.count()
-    seed: int = base.seed()
+    kv_pairs: int | None = fields.count(optional=True, none_means="the shared ranking's")
+    n_controls: int = fields.count()
+    max_gen_toks: int | None = fields.count(optional=True)  # None: each task's own
+    batch_size: int = fields.count()
+    seed: int = fields.seed()
 
     chapter = "beyond_mmlu"
     smoke_sizes = dict(
@@ -189,7 +191,7 @@ class Config(base.Config):
                     f"kv_pairs sets the cheap ranking's prompts (ranking='screen'); the shared ranking's "
                     f"are the book's, shared with other chapters: leave kv_pairs None, not {self.kv_pairs}"
                 )
-            base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+            checks.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
 
 # --- the heads ---------------------------------------------------------------------------------
@@ -231,7 +233,7 @@ def top_heads(cfg: Config, loaded) -> TopHeads:
         seed=s["seed"],
         n=cfg.n_rank if cfg.ranking == "screen" else s["n"],
     )
-    store = base.open_store(
+    store = stores.open_store(
         cfg.chapter, cfg.profile, "ranking", [loaded], (measure_ranking, measure_held_out)
     )
     if cfg.ranking == "shared":
@@ -285,7 +287,7 @@ def measure_ranking(cell: dict) -> dict:
     """The cheap ranking (a measurement, `runner`): the screen's estimate of every head in one
     pass (alpha 1) on the cell's KV prompts, then its `confirm` best candidates zeroed one at a
     time on the same prompts."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     items = bm.kv_of(cell, loaded.tokenizer).items
     engine = SweepEngine(
         loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model)
@@ -304,7 +306,7 @@ def measure_held_out(cell: dict) -> dict:
     """KV accuracy on the cell's `n` prompts after the ranking's `skip` (the same seed's stream:
     prompts the ranking did not see), clean and with the cell's heads zeroed together (a
     measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     kv = bm.kv(
         loaded.name,
         loaded.tokenizer,
@@ -423,7 +425,7 @@ def run(cfg: Config) -> Result:
     runs = {task: expand(task, cfg.bbh_subtasks, task_manager) for task in cfg.tasks}
     for task, names in runs.items():  # every name checked before the model loads
         lmeval.resolve_tasks(names, task_manager)
-    loaded = base.load(cfg.model)
+    loaded = loading.load(cfg.model)
     if (chats := [t for t in cfg.tasks if chat(t)]) and not getattr(
         loaded.tokenizer, "chat_template", None
     ):
@@ -439,7 +441,7 @@ def run(cfg: Config) -> Result:
         cfg.seed,
     )
     zeroed = {CLEAN: (), TOP: top.heads, **{control(i): c for i, c in enumerate(drawn)}}
-    store = base.open_store(cfg.chapter, cfg.profile, "tasks", [loaded], run)
+    store = stores.open_store(cfg.chapter, cfg.profile, "tasks", [loaded], run)
     cells = [
         dict(
             model=cfg.model,

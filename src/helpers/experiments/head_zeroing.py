@@ -36,7 +36,7 @@ from .. import heads as hd
 from .. import registry
 from .. import verdicts as v
 from ..heads import Head, ablation
-from ..protocol import base, head_screen
+from ..protocol import base, head_screen, loading, stores
 
 # The screen (minimal model, prompts split, where the harm is, ranking, roles) is shared with masking:
 # this chapter's Config is the screen's; the check (the heads zeroed on fresh prompts) and its verdicts are here.
@@ -192,7 +192,7 @@ def distinct_draws(pool: list[Head], size: int, n: int, seed: int) -> list[tuple
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    loaded = base.load(cfg.model)
+    loaded = loading.load(cfg.model)
     n_layers = loaded.adapter.n_layers
     found = screen(cfg, loaded)
     check, kept, layers, ranking, roles = (
@@ -220,7 +220,7 @@ def run(cfg: Config) -> Result:
     measured = [("check", check, headline if first is not check else ablations)]
     measured += [("first", first, dependent)] if first is not check else []
     measured += [(b.name, b, headline) for b in knowledge]
-    store = base.open_store(cfg.chapter, cfg.profile, "check", [loaded], measure_conditions)
+    store = stores.open_store(cfg.chapter, cfg.profile, "check", [loaded], measure_conditions)
     cells = [
         dict(
             model=cfg.model,

@@ -35,7 +35,7 @@ from ..attention import mask_final_rows
 from ..errors import ConfigError
 from ..evaluate import score
 from ..interventions import swap_layers, zero_heads
-from ..protocol import base, distilled
+from ..protocol import base, checks, distilled, fields, loading, stores
 from ..reference import paper
 from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
@@ -46,11 +46,11 @@ ABLATIONS = (MASKED, ZEROED)
 
 @dataclass(frozen=True)
 class Config(base.BenchmarkConfig):
-    hybrid: str = base.model("hybrid")
-    swapped: bool = base.flag()  # also hybrid_swap's student with one teacher layer swapped in
-    ssm: str = base.one_of("none", *registry.names("ssm"))  # a pure SSM scored beside, as is
-    n_controls: int = base.count(minimum=0)
-    single_heads: bool = base.flag()
+    hybrid: str = fields.model("hybrid")
+    swapped: bool = fields.flag()  # also hybrid_swap's student with one teacher layer swapped in
+    ssm: str = fields.one_of("none", *registry.names("ssm"))  # a pure SSM scored beside, as is
+    n_controls: int = fields.count(minimum=0)
+    single_heads: bool = fields.flag()
 
     chapter = "hybrid_models"
     # Zamba2-7B's 81 layers run on CPU in the rehearsal
@@ -91,7 +91,7 @@ class Config(base.BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        base.check_kv_sizes(self.hybrid, "kv_pairs", [self.kv_pairs])
+        checks.check_kv_sizes(self.hybrid, "kv_pairs", [self.kv_pairs])
         student = self.swap().student if self.swapped else None
         if student and registry.spec(student).toy != registry.spec(self.hybrid).toy:
             raise ConfigError(
@@ -158,10 +158,10 @@ def swapped(student, teacher, layer: int) -> Hybrid:
 
 
 def hybrid_of(spec: dict) -> Hybrid:
-    """The hybrid a `Hybrid.spec` describes, its models found by name (`base.models_for`)."""
+    """The hybrid a `Hybrid.spec` describes, its models found by name (`loading.models_for`)."""
     if "trained" in spec:
-        return trained(base.model_for(spec["trained"]))
-    return swapped(*base.models_for(spec["student"], spec["teacher"]), spec["layer"])
+        return trained(loading.model_for(spec["trained"]))
+    return swapped(*loading.models_for(spec["student"], spec["teacher"]), spec["layer"])
 
 
 # What a condition is, beside its name: the verdicts and tables read this, never the name.
@@ -285,14 +285,14 @@ class Result(base.ByRole):
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    base.check_available(
+    checks.check_available(
         [
             cfg.hybrid,
             *((cfg.swap().student, cfg.swap().teacher) if cfg.swapped else ()),
             *((cfg.ssm,) if cfg.ssm != "none" else ()),
         ]
     )
-    main = base.load(cfg.hybrid)
+    main = loading.load(cfg.hybrid)
     tok = main.tokenizer
     retrieval = [
         bm.letter_mcq(cfg.hybrid, tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
@@ -302,14 +302,14 @@ def run(cfg: Config) -> Result:
     hybrids, loaded, found = [trained(main)], [main], None
     if cfg.swapped:
         pair = cfg.swap()
-        student, teacher = base.load(pair.student), base.load(pair.teacher)
+        student, teacher = loading.load(pair.student), loading.load(pair.teacher)
         found = distilled.find_teacher_layer(
             teacher, retrieval, pair.teacher_layer_by, cfg.profile, cfg.smoke
         )
         hybrids.append(swapped(student, teacher, found.layer))
         loaded += [student, teacher]
     plans = {h.name: conditions(h, cfg) for h in hybrids}
-    store = base.open_store(cfg.chapter, cfg.profile, "ablations", loaded, measure_condition)
+    store = stores.open_store(cfg.chapter, cfg.profile, "ablations", loaded, measure_condition)
     cells = [
         dict(hybrid=h.name, build=h.spec, **c.cell(), **distilled.cell_of(b))
         for h in hybrids
@@ -323,10 +323,10 @@ def run(cfg: Config) -> Result:
         )
     ssm = {}
     if cfg.ssm != "none":
-        pure = base.load(cfg.ssm)
+        pure = loading.load(cfg.ssm)
         loaded.append(pure)
         rows = sweep(
-            base.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure], measure_as_is),
+            stores.open_store(cfg.chapter, cfg.profile, "pure-ssm", [pure], measure_as_is),
             [dict(model=cfg.ssm, **distilled.cell_of(b)) for b in benchmarks],
             measure_as_is,
             desc="pure SSM",
@@ -356,7 +356,7 @@ def measure_condition(cell: dict) -> dict:
 
 def measure_as_is(cell: dict) -> dict:
     """A model as it is on the cell's items (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     return score(
         loaded.model, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
     ).to_json()

@@ -27,7 +27,7 @@ from .. import verdicts as v
 from ..errors import ConfigError
 from ..evaluate import score
 from ..interventions import swap_layers
-from ..protocol import base, distilled
+from ..protocol import base, checks, distilled, fields, loading, stores
 from ..reference import paper
 from ..stats import Score, TaskMean, difference
 from ..sweep import sweep
@@ -35,10 +35,10 @@ from ..sweep import sweep
 
 @dataclass(frozen=True)
 class Config(base.BenchmarkConfig):
-    student: str = base.model("ssm")
-    teacher: str = base.model("attention")
-    layers: tuple | None = base.layers()  # None: every layer
-    teacher_layer_by: str = base.one_of(*distilled.LAYER_RULES)
+    student: str = fields.model("ssm")
+    teacher: str = fields.model("attention")
+    layers: tuple | None = fields.layers()  # None: every layer
+    teacher_layer_by: str = fields.one_of(*distilled.LAYER_RULES)
 
     chapter = "hybrid_swap"
     # Smoke: two layers besides the aggregating one (which is always swapped).
@@ -71,16 +71,16 @@ class Config(base.BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        base.check_layers_of(self.student, "layers", self.layers)
-        base.check_layers_of(self.teacher, "layers", self.layers)
-        student, teacher = base.shape(self.student), base.shape(self.teacher)
+        checks.check_layers_of(self.student, "layers", self.layers)
+        checks.check_layers_of(self.teacher, "layers", self.layers)
+        student, teacher = checks.shape(self.student), checks.shape(self.teacher)
         if student.width != teacher.width:
             raise ConfigError(
                 f"student {self.student} (residual width {student.width}) and teacher {self.teacher} "
                 f"(width {teacher.width}) cannot swap layers: their residual streams must match; pick "
                 f"a teacher of the student's width"
             )
-        base.check_kv_sizes(self.student, "kv_pairs", [self.kv_pairs])
+        checks.check_kv_sizes(self.student, "kv_pairs", [self.kv_pairs])
         if (
             self.teacher_layer_by == "reference"
             and self.teacher not in distilled.reference_teachers()
@@ -138,8 +138,8 @@ def try_swaps(student, teacher, layers) -> None:
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    base.check_available([cfg.student, cfg.teacher])
-    student, teacher = base.load(cfg.student), base.load(cfg.teacher)
+    checks.check_available([cfg.student, cfg.teacher])
+    student, teacher = loading.load(cfg.student), loading.load(cfg.teacher)
     try_swaps(
         student,
         teacher,
@@ -160,7 +160,7 @@ def run(cfg: Config) -> Result:
     plan = [(b, c, None) for b in retrieval + knowledge for c in (STUDENT, TEACHER)]
     plan += [(b, swapped(l), l) for b in retrieval for l in layers]
     plan += [(b, swapped(found.layer), found.layer) for b in knowledge]
-    store = base.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher], measure_swap)
+    store = stores.open_store(cfg.chapter, cfg.profile, "swaps", [student, teacher], measure_swap)
     cells = [
         dict(student=cfg.student, teacher=cfg.teacher, condition=c, layer=l, **distilled.cell_of(b))
         for b, c, l in plan
@@ -185,7 +185,7 @@ def measure_swap(cell: dict) -> dict:
     """One benchmark (the cell's items) scored by the teacher, the student, or (condition any
     other) the student with the teacher's `layer` in place of its own (a measurement, `runner`).
     The items are the student's: they do not depend on whose tokenizer finds their segments."""
-    student, teacher = base.models_for(cell["student"], cell["teacher"])
+    student, teacher = loading.models_for(cell["student"], cell["teacher"])
     items = bm.from_spec(cell["items"], student.tokenizer).items
     if cell["condition"] == TEACHER:
         return score(teacher.model, teacher.tokenizer, items).to_json()

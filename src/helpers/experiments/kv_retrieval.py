@@ -26,7 +26,7 @@ from .. import registry, runner
 from .. import verdicts as v
 from ..engine import SweepEngine
 from ..heads import Head, ablation, measured
-from ..protocol import base, shared
+from ..protocol import base, checks, fields, loading, shared, stores
 from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, missing_role
 from ..reference import paper
 from ..stats import Estimate, Score, difference_in_differences
@@ -41,16 +41,16 @@ CURVES_SEED = (
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    model: str = base.model("attention", "ssm")
-    sizes: tuple[int, ...] = base.counts()
-    n_per_size: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
+    model: str = fields.model("attention", "ssm")
+    sizes: tuple[int, ...] = fields.counts()
+    n_per_size: int = fields.count()
+    kv_query: str = fields.one_of("paper", "repeat")
     # None: the paper's, or found by behaviour
-    gather: tuple[Head, ...] | None = base.heads(optional=True)
-    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
-    seed: int = base.seed()
+    gather: tuple[Head, ...] | None = fields.heads(optional=True)
+    aggregate: tuple[Head, ...] | None = fields.heads(optional=True)
+    seed: int = fields.seed()
     # Ray workers for the sweeps (None: this process)
-    workers: int | None = base.count(optional=True, maximum=1024, none_means="in this process")
+    workers: int | None = fields.count(optional=True, maximum=1024, none_means="in this process")
 
     chapter = "kv_retrieval"
     smoke_sizes = dict(sizes=[2, 8], n_per_size=3)
@@ -83,7 +83,7 @@ class Config(base.Config):
     def __post_init__(self):
         super().__post_init__()
         check_pair(self.gather, self.aggregate)
-        base.check_kv_sizes(self.model, "sizes", self.sizes)
+        checks.check_kv_sizes(self.model, "sizes", self.sizes)
         check_roles_of(self.model, self.gather, self.aggregate)
         # Ray installed and large enough: now, before any model loads
         runner.check_workers_fit(self.workers)
@@ -123,7 +123,7 @@ def condition(role: str) -> str:
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    loaded = base.load(cfg.model)
+    loaded = loading.load(cfg.model)
     toy = registry.spec(cfg.model).toy  # the zoo's token task has no query forms
     rankings = {
         form: shared.kv_ranking(loaded, cfg.profile, cfg.smoke, form, cfg.seed, workers=cfg.workers)
@@ -132,7 +132,7 @@ def run(cfg: Config) -> Result:
     same = {} if toy else same_tokens(loaded.tokenizer, shared.RANKING[cfg.profile]["query"])
     roles = find_roles(loaded, cfg.profile, cfg.smoke, cfg.gather, cfg.aggregate, seed=cfg.seed)
     conditions = size_conditions(heads={r: roles.heads[r] for r in ROLE_NAMES})
-    store = base.open_store(cfg.chapter, cfg.profile, "sizes", [loaded], measure_size)
+    store = stores.open_store(cfg.chapter, cfg.profile, "sizes", [loaded], measure_size)
     heads = {r: [str(h) for h in roles.heads[r]] for r in ROLE_NAMES}
     cells = [
         dict(
@@ -165,7 +165,7 @@ def size_conditions(heads: dict[str, list]) -> dict[str, dict]:
 def measure_size(cell: dict) -> dict:
     """One dictionary size (a cell of `run`'s sweep) in every condition, on the same prompts: a
     measurement that travels to a Ray worker (it reads only its cell, and loads the model by name)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     items = bm.kv_of(cell, loaded.tokenizer).items
     engine = SweepEngine(loaded, loaded.tokenizer, items)
     return {

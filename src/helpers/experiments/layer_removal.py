@@ -28,7 +28,7 @@ from .. import verdicts as v
 from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..evaluate import mean_over_tasks
-from ..protocol import base, minimal
+from ..protocol import base, checks, fields, loading, minimal, stores
 from ..reference import paper
 from ..stats import Score, TaskMean
 from ..sweep import sweep
@@ -39,8 +39,8 @@ FEW = 0.15  # "a few layers": at most this share of the minimal model's layers (
 
 @dataclass(frozen=True)
 class Config(base.BenchmarkConfig):
-    model: str = base.model("attention", "ssm")
-    minimal_layers: int | None = base.count(optional=True)  # None: `run` resolves it
+    model: str = fields.model("attention", "ssm")
+    minimal_layers: int | None = fields.count(optional=True)  # None: `run` resolves it
 
     chapter = "layer_removal"
     # At smoke size the pruning walk cannot shorten the model, so every layer of the 28-layer letter
@@ -58,9 +58,9 @@ class Config(base.BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        base.refuse_toy(self.chapter, "model", self.model)
-        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
-        n_layers = base.shape(self.model).n_layers
+        checks.refuse_toy(self.chapter, "model", self.model)
+        checks.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+        n_layers = checks.shape(self.model).n_layers
         if self.minimal_layers is not None and self.minimal_layers > n_layers:
             raise ConfigError(
                 f"minimal_layers must be at most {n_layers} for {self.model}, got {self.minimal_layers}"
@@ -117,7 +117,7 @@ def run(cfg: Config) -> Result:
     probe = minimal.probe(pruning)
     given = cfg.minimal_layers or minimal.published_minimal(cfg.model)
     d = given or pruning.minimal()
-    loaded = base.load(cfg.model)
+    loaded = loading.load(cfg.model)
     if d > loaded.adapter.n_layers:
         raise ConfigError(
             f"minimal_layers must be at most {loaded.adapter.n_layers} for {cfg.model}, got {d}"
@@ -149,7 +149,7 @@ def run(cfg: Config) -> Result:
             *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
         ]
     kept = list(range(d))
-    store = base.open_store(cfg.chapter, cfg.profile, "removed", [loaded], measure_removals)
+    store = stores.open_store(cfg.chapter, cfg.profile, "removed", [loaded], measure_removals)
     cells = [dict(model=cfg.model, benchmark=b.name, items=b.spec, minimal_layers=d) for b in sets]
     rows = sweep(store, cells, measure_removals, desc="benchmarks x layers removed")
     removed = {r["benchmark"]: {l: Score.from_json(r[str(l)]) for l in kept} for r in rows}
@@ -173,7 +173,7 @@ def run(cfg: Config) -> Result:
 def measure_removals(cell: dict) -> dict:
     """One benchmark (the cell's items, `benchmarks.from_spec`) on the whole model, on its first
     `minimal_layers` layers, and on those with each one removed (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     engine = SweepEngine(
         loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
     )

@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from ..evaluate import from_loglikelihoods
 from ..heads import Head, ablation
 from ..packing import ONE_ROW
-from ..protocol import base, head_screen, minimal, shared
+from ..protocol import base, checks, fields, head_screen, loading, minimal, shared, stores
 from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, with_closest
 from ..reference import paper, paper_heads
 from ..segments import aggregate_pattern, gather_pattern
@@ -87,15 +87,15 @@ N_CPU = 100  # the CPU profile's prompts per condition
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    models: tuple[str, ...] = base.models("attention", "ssm")
+    models: tuple[str, ...] = fields.models("attention", "ssm")
     # one model only; None: the paper's, or by behaviour
-    gather: tuple[Head, ...] | None = base.heads(optional=True)
-    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
-    task: str = base.one_of("kv", "mmlu")
-    n: int = base.count()  # prompts, the same under every condition
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    seed: int = base.seed()
+    gather: tuple[Head, ...] | None = fields.heads(optional=True)
+    aggregate: tuple[Head, ...] | None = fields.heads(optional=True)
+    task: str = fields.one_of("kv", "mmlu")
+    n: int = fields.count()  # prompts, the same under every condition
+    kv_pairs: int = fields.count()
+    kv_query: str = fields.one_of("paper", "repeat")
+    seed: int = fields.seed()
 
     chapter = "masking"
     smoke_sizes = dict(n=3)
@@ -136,7 +136,7 @@ class Config(base.Config):
         for name in self.models:  # every model, from its config, before the first one runs
             check_roles_of(name, self.gather, self.aggregate)
             if self.task == "kv":
-                base.check_kv_sizes(name, "kv_pairs", [self.kv_pairs])
+                checks.check_kv_sizes(name, "kv_pairs", [self.kv_pairs])
         checked = check_questions(self.profile, self.smoke)
         if checked and any(uses_head_zeroing(self, m) for m in self.models) and self.n > checked:
             raise ConfigError(
@@ -306,7 +306,7 @@ def measure_conditions(cell: dict) -> dict:
     """Every condition on the cell's items, in the model's first `layers` layers with the heads
     `others_zeroed` ({layer: [heads]}, layers as text) zeroed, the roles' heads "G" and "A"
     (lists of heads as text): {condition: score} (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     heads = {r: tuple(map(Head.parse, cell[r])) for r in ROLE_NAMES}
     keep = {int(l): hs for l, hs in cell["others_zeroed"].items()}
     found = scores(
@@ -332,7 +332,7 @@ def uses_head_zeroing(cfg: Config, model: str) -> bool:
 
 
 def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dict]:
-    loaded = base.load(model)
+    loaded = loading.load(model)
     n_layers = loaded.adapter.n_layers
     if uses_head_zeroing(cfg, model):
         zcfg = head_screen.ScreenConfig.for_profile(
@@ -366,7 +366,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
             f"heads {', '.join(map(str, bad))} lie above the minimal model's layers 0..{kept - 1}"
         )
     keep = others_zeroed(roles, loaded.adapter.n_heads)
-    store = base.open_store(cfg.chapter, cfg.profile, "conditions", [loaded], measure_conditions)
+    store = stores.open_store(cfg.chapter, cfg.profile, "conditions", [loaded], measure_conditions)
     cell = dict(
         model=model,
         benchmark=b.name,
@@ -386,7 +386,7 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
 def run(cfg: Config) -> Result:
     timer = base.Timer()
     runs, made = [], {}
-    base.check_available(cfg.models)  # every model, before the first one computes
+    checks.check_available(cfg.models)  # every model, before the first one computes
     for model in cfg.models:  # one paper model in memory at a time
         one, record = run_model(cfg, model, timer)
         runs.append(one)

@@ -29,7 +29,7 @@ from .. import verdicts as v
 from .. import zoo
 from ..errors import ConfigError
 from ..evaluate import score
-from ..protocol import base
+from ..protocol import base, checks, loading, stores
 from ..reference import paper
 from ..stats import Score, difference
 from ..sweep import sweep
@@ -60,7 +60,7 @@ class Config(base.BenchmarkConfig):
             raise ConfigError(
                 f"k_shot: the zoo's letter MCQ has no solved examples; use k_shot=0, not {self.k_shot}"
             )
-        base.check_kv_sizes(teacher(), "kv_pairs", [self.kv_pairs])
+        checks.check_kv_sizes(teacher(), "kv_pairs", [self.kv_pairs])
 
 
 def teacher() -> str:
@@ -100,14 +100,14 @@ def run(cfg: Config) -> Result:
         STUDENT: student(),
         **{h: h for h in zoo.RECIPES if zoo.recipe(h).keep},
     }
-    loaded = {name: base.load(name) for name in names.values()}
+    loaded = {name: loading.load(name) for name in names.values()}
     tok = loaded[names[STUDENT]].tokenizer
     benchmarks = [
         bm.letter_mcq(names[STUDENT], tok, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
         bm.kv(names[STUDENT], tok, cfg.kv_pairs, cfg.n_kv, cfg.seed, cfg.kv_query),
         *bm.knowledge(names[STUDENT], cfg.profile, cfg.n_knowledge, cfg.seed),
     ]
-    store = base.open_store(cfg.chapter, cfg.profile, "scores", list(loaded.values()), measure)
+    store = stores.open_store(cfg.chapter, cfg.profile, "scores", list(loaded.values()), measure)
     cells = [
         dict(model=name, label=label, benchmark=b.name, items=b.spec)
         for label, name in names.items()
@@ -141,7 +141,7 @@ def run(cfg: Config) -> Result:
 
 def measure(cell: dict) -> dict:
     """One zoo model's score on one benchmark's items (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
     with zoo.one_thread():  # as in training, so that equal inputs give bit-equal logits
         return score(loaded.model, loaded.tokenizer, items).to_json()

@@ -43,7 +43,7 @@ from ..heads import (
     assign_roles,
 )
 from ..heads import measured as exactly_measured
-from ..protocol import base, shared
+from ..protocol import base, checks, fields, loading, shared, stores
 from ..protocol.roles import MAX_CANDIDATES, check_roles_of
 from ..protocol.roles import harmful as harmful_heads
 from ..reference import paper
@@ -66,11 +66,11 @@ def kv_values() -> int:
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    models: tuple = base.models("attention", "ssm")
-    sizes: tuple = base.counts()  # dictionary sizes of part 1
-    n: int = base.count()  # prompts per model and size, and held-out prompts of part 2
-    n_maps: int = base.count()  # held-out prompts the attention measures average over
-    seed: int = base.seed()
+    models: tuple = fields.models("attention", "ssm")
+    sizes: tuple = fields.counts()  # dictionary sizes of part 1
+    n: int = fields.count()  # prompts per model and size, and held-out prompts of part 2
+    n_maps: int = fields.count()  # held-out prompts the attention measures average over
+    seed: int = fields.seed()
 
     chapter = "ssm_vs_attention"
     smoke_sizes = dict(sizes=[2, 4], n=4, n_maps=4)
@@ -213,7 +213,7 @@ def held_out(loaded, settings: dict, n: int, seed: int) -> bm.Benchmark:
 def measure_size(cell: dict) -> dict:
     """The model's accuracy on KV prompts of `keys` keys (its n, seed and query; a measurement,
     `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     items = bm.kv(
         loaded.name, loaded.tokenizer, cell["keys"], cell["n"], cell["seed"], cell["query"]
     ).items
@@ -227,7 +227,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
     # 1. Accuracy against dictionary size.
     # what `measure_size` scores
     sets = {k: bm.kv(name, tok, k, cfg.n, cfg.seed, query) for k in cfg.sizes}
-    store = base.open_store(cfg.chapter, cfg.profile, "by-size", [loaded], measure_size)
+    store = stores.open_store(cfg.chapter, cfg.profile, "by-size", [loaded], measure_size)
     rows = sweep(
         store,
         [dict(setting, keys=k) for k in cfg.sizes],
@@ -263,16 +263,18 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
         **{f"paper {r}": hs for r, hs in paper_sets.items()},
         "clean": (),
     }
-    store = base.open_store(cfg.chapter, cfg.profile, "zeroing", [loaded], run_model)
+    store = stores.open_store(cfg.chapter, cfg.profile, "zeroing", [loaded], run_model)
     cells = {
         c: dict(setting, keys=keys, heads=[str(h) for h in hs]) for c, hs in conditions.items()
     }
     scored: dict[tuple, dict] = {}
 
     def zeroed_score(cell):
-        """Every condition the store lacks in one engine call, then stored one by one: its rows
-        share passes, and a scan that loops over tokens (Falcon-Mamba's, without kernels) runs
-        its loop once for all of them."""
+        """Every condition the store lacks in one engine call (`score_each`), then stored one by
+        one: the engine puts as many conditions into a forward batch as the batch budget holds,
+        so a scan that loops over tokens (Falcon-Mamba's, without kernels) runs its loop once per
+        batch, not once per condition (with the CPU's default budget and long prompts, a batch
+        may hold one condition: then nothing is shared)."""
         if not scored:
             missing = [c for c in cells.values() if c not in store]
             ablations = {tuple(c["heads"]): ablation(map(Head.parse, c["heads"])) for c in missing}
@@ -285,7 +287,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
 
     # 3. What the candidates read, and their roles.
     items = kv.items[: cfg.n_maps]
-    store = base.open_store(cfg.chapter, cfg.profile, "measures", [loaded], run_model)
+    store = stores.open_store(cfg.chapter, cfg.profile, "measures", [loaded], run_model)
 
     def measure(cell):
         table = measure_heads(loaded, items, kv.segments, list(measured), average=False)
@@ -352,9 +354,9 @@ def run(cfg: Config) -> Result:
     timer = base.Timer()
     settings = shared.ranking_settings(cfg.profile, cfg.smoke)
     runs, revisions, record = {}, {}, None
-    base.check_available(cfg.models)  # every model, before the first one computes
+    checks.check_available(cfg.models)  # every model, before the first one computes
     for name in cfg.models:
-        loaded = base.load(name)
+        loaded = loading.load(name)
         runs[name] = run_model(cfg, loaded, settings)
         # device, dtype, versions: the first model's; taken after its run, which opened the stores
         record = record or base.record(cfg, [loaded], timer)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import evaluate, registry, synthetic, zoo
 from .. import verdicts as v
-from ..protocol import base
+from ..protocol import base, fields, loading, stores
 from ..stats import Score
 from ..sweep import sweep
 
@@ -38,8 +38,8 @@ def recorded_n() -> int:
 
 @dataclass(frozen=True)
 class Config(base.Config):
-    n: int = base.count()  # examples per re-measured accuracy
-    seed: int = base.seed()  # which example of each task the page shows
+    n: int = fields.count()  # examples per re-measured accuracy
+    seed: int = fields.seed()  # which example of each task the page shows
 
     chapter = "toy_zoo"
     smoke_sizes = dict(n=24)
@@ -98,9 +98,11 @@ def describe(loaded, name: str) -> dict:
 
 def run(cfg: Config) -> Result:
     timer = base.Timer()
-    loaded = {name: base.load(name) for name in zoo.RECIPES}
+    loaded = {name: loading.load(name) for name in zoo.RECIPES}
     records = {name: zoo.record(name) for name in zoo.RECIPES}
-    store = base.open_store(cfg.chapter, cfg.profile, "final", list(loaded.values()), measure_final)
+    store = stores.open_store(
+        cfg.chapter, cfg.profile, "final", list(loaded.values()), measure_final
+    )
     cells = [dict(model=name, seed=records[name]["seed"], n=cfg.n) for name in zoo.RECIPES]
     rows = sweep(store, cells, measure_final, desc="re-measuring the zoo")
     remeasured = {
@@ -114,7 +116,7 @@ def measure_final(cell: dict) -> dict:
     """A toy's final scores on its tasks (`final_scores` at the cell's seed and n; a measurement,
     `runner`)."""
     with zoo.one_thread():  # as in training, so that equal inputs give bit-equal logits
-        scores = final_scores(base.model_for(cell["model"]).model, cell["seed"], cell["n"])
+        scores = final_scores(loading.model_for(cell["model"]).model, cell["seed"], cell["n"])
     return {k: s.to_json() for k, s in scores.items()}
 
 

@@ -20,7 +20,7 @@ from ..heads import Head
 from ..reference import paper, table
 from ..stats import Score
 from ..sweep import sweep
-from . import base, roles, shared
+from . import loading, roles, shared, stores
 
 LAYER_RULES = ("reference", "layer ablation", "KV ranking")
 
@@ -91,7 +91,7 @@ def find_teacher_layer(
             {},
         )
     # Zero every attention head of one teacher layer at a time, on each retrieval task.
-    store = base.open_store(
+    store = stores.open_store(
         "hybrid_swap", profile, "teacher-layers", [teacher], measure_teacher_layer
     )
     layers = teacher.adapter.head_layers()
@@ -125,7 +125,7 @@ def find_teacher_layer(
 def measure_teacher_layer(cell: dict) -> dict:
     """The teacher on one benchmark (the cell's items) with every attention head of `layer`
     zeroed (None: none), its score (a measurement, `runner`)."""
-    teacher = base.model_for(cell["teacher"])
+    teacher = loading.model_for(cell["teacher"])
     engine = SweepEngine(
         teacher, teacher.tokenizer, bm.from_spec(cell["items"], teacher.tokenizer).items
     )

@@ -35,7 +35,7 @@ from ..reference import paper_heads
 from ..screen import attribution, gradient_batch_tokens
 from ..stats import Difference, Score, TaskMean, paired, rank_correlation
 from ..sweep import sweep
-from . import base, minimal, shared
+from . import base, checks, fields, loading, minimal, shared, stores
 from .roles import Roles, check_pair, check_roles_of, find_roles
 
 SWEEP_ALL = 64  # a minimal model with at most this many heads is swept whole
@@ -53,25 +53,25 @@ MAX_SWEPT = 1024  # an exact sweep covers at most this many heads (Falcon-Mamba 
 class ScreenConfig(base.Config):
     """The head-zeroing chapter's settings (its `Config`): the screen's, and its check's sizes."""
 
-    model: str = base.model("attention", "ssm")
-    task: str = base.one_of("kv", "mmlu")
+    model: str = fields.model("attention", "ssm")
+    task: str = fields.one_of("kv", "mmlu")
     # None: the published minimal model, else found on the screen
-    layers_kept: int | None = base.count(optional=True)
-    n_screen: int | None = base.count(optional=True)  # MMLU: None = half the test set
-    n_check: int | None = base.count(optional=True)  # MMLU: None = the other half
-    n_knowledge: int | None = base.count(optional=True)  # knowledge items per task (None: all)
-    kv_pairs: int = base.count()
-    kv_query: str = base.one_of("paper", "repeat")
-    top: int = base.count()
-    screen_alpha: float = base.number(0, 1)
+    layers_kept: int | None = fields.count(optional=True)
+    n_screen: int | None = fields.count(optional=True)  # MMLU: None = half the test set
+    n_check: int | None = fields.count(optional=True)  # MMLU: None = the other half
+    n_knowledge: int | None = fields.count(optional=True)  # knowledge items per task (None: all)
+    kv_pairs: int = fields.count()
+    kv_query: str = fields.one_of("paper", "repeat")
+    top: int = fields.count()
+    screen_alpha: float = fields.number(0, 1)
     # None: where the harm is, the paper's heads' and the screen's
-    sweep_layers: tuple[int, ...] | None = base.layers(optional=True)
-    harm_layers: int = base.count()  # of the layers whose attention matters, how many are swept exactly (most letter-specific first)
+    sweep_layers: tuple[int, ...] | None = fields.layers(optional=True)
+    harm_layers: int = fields.count()  # of the layers whose attention matters, how many are swept exactly (most letter-specific first)
     # None: the paper's, or found by behaviour
-    gather: tuple[Head, ...] | None = base.heads(optional=True)
-    aggregate: tuple[Head, ...] | None = base.heads(optional=True)
-    n_controls: int = base.count()
-    seed: int = base.seed()
+    gather: tuple[Head, ...] | None = fields.heads(optional=True)
+    aggregate: tuple[Head, ...] | None = fields.heads(optional=True)
+    n_controls: int = fields.count()
+    seed: int = fields.seed()
 
     chapter = "head_zeroing"
     smoke_sizes = dict(
@@ -131,16 +131,16 @@ class ScreenConfig(base.Config):
                 "(None means half of MMLU)"
             )
         # Against the model, from its config: before the screen runs.
-        n_layers = base.shape(self.model).n_layers
+        n_layers = checks.shape(self.model).n_layers
         if self.layers_kept is not None and self.layers_kept > n_layers:
             raise ConfigError(
                 f"layers_kept must be at most {n_layers} for {self.model}, got {self.layers_kept}"
             )
         kept = self.layers_kept or minimal.published_minimal(self.model) or n_layers
-        base.check_layers_of(self.model, "sweep_layers", self.sweep_layers, below=kept)
+        checks.check_layers_of(self.model, "sweep_layers", self.sweep_layers, below=kept)
         check_roles_of(self.model, self.gather, self.aggregate, below=kept)
         if self.task == "kv":
-            base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+            checks.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
         elif (held := bm.letter_mcq_size(self.model, self.profile)) is not None:
             asked = (self.n_screen or held // 2) + (self.n_check or 0)
             if asked > held:
@@ -225,7 +225,7 @@ def rank(
     ):
         ranking = shared.kv_ranking(loaded, cfg.profile, cfg.smoke)
         return ranking.clean, ranking.table
-    store = base.open_store(cfg.chapter, cfg.profile, "screen", [loaded], measure_screen)
+    store = stores.open_store(cfg.chapter, cfg.profile, "screen", [loaded], measure_screen)
     cell = dict(
         model=cfg.model,
         items=screen.spec,
@@ -245,7 +245,7 @@ def measure_screen(cell: dict) -> dict:
     the layers `sweep_layers` zeroed exactly and, with `add_top`, the screen's `top` heads too
     (each alone: a whole layer of the bottom of the model costs a full pass per head); the
     accuracy with no head zeroed and the ranking table's records."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
     layers = list(range(cell["layers"]))
     engine = SweepEngine(
@@ -274,7 +274,7 @@ def measure_conditions(cell: dict) -> dict:
     """One benchmark (the cell's items) in the model's first `layers` layers under each of the
     cell's `ablations` ({condition: {layer: [heads]}}, layers as text), {condition: score} (a
     measurement, `runner`): the layer scan's and head zeroing's check's."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     engine = SweepEngine(
         loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
     )
@@ -352,7 +352,7 @@ def layer_scan(cfg: ScreenConfig, loaded, screened: bm.Benchmark, kept: int) -> 
         NONE: {},
         **{attention_of(l): {str(l): list(range(loaded.adapter.n_heads(l)))} for l in range(kept)},
     }
-    store = base.open_store(cfg.chapter, cfg.profile, "layers", [loaded], measure_conditions)
+    store = stores.open_store(cfg.chapter, cfg.profile, "layers", [loaded], measure_conditions)
     cells = [
         dict(model=cfg.model, benchmark=b.name, items=b.spec, layers=kept, ablations=ablations)
         for b in [screened, *knowledge]

@@ -23,22 +23,22 @@ from ..engine import SweepEngine
 from ..reference import paper, paper_heads
 from ..stats import Score, TaskMean
 from ..sweep import sweep
-from . import base
+from . import base, checks, fields, loading, stores
 
 
 @dataclass(frozen=True)
 class PruningConfig(base.BenchmarkConfig):
     """The layer-pruning chapter's settings: its model and benchmarks (its `Config`)."""
 
-    model: str = base.model("attention", "ssm")
+    model: str = fields.model("attention", "ssm")
 
     chapter = "layer_pruning"
     smoke_sizes = dict(n_mmlu=8, n_knowledge=4, n_kv=4)
 
     def __post_init__(self):
         super().__post_init__()
-        base.refuse_toy(self.chapter, "model", self.model)
-        base.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
+        checks.refuse_toy(self.chapter, "model", self.model)
+        checks.check_kv_sizes(self.model, "kv_pairs", [self.kv_pairs])
 
     @classmethod
     def defaults(cls, profile):
@@ -156,7 +156,7 @@ class Pruned(base.ByRole):
 def prune(cfg: PruningConfig) -> Pruned:
     """Every benchmark at every depth: one walk up the residual stream per benchmark."""
     timer = base.Timer()
-    loaded = base.load(cfg.model)
+    loaded = loading.load(cfg.model)
     sets = [
         bm.letter_mcq(cfg.model, loaded.tokenizer, cfg.profile, cfg.n_mmlu, cfg.seed, cfg.k_shot),
         *bm.knowledge(cfg.model, cfg.profile, cfg.n_knowledge, cfg.seed),
@@ -179,7 +179,7 @@ def prune(cfg: PruningConfig) -> Pruned:
             cfg.k_shot,
             permuted=True,
         )
-        store = base.open_store(
+        store = stores.open_store(
             PruningConfig.chapter, cfg.profile, "options-moved", [loaded], measure_whole
         )
         row = sweep(
@@ -209,7 +209,7 @@ def prune(cfg: PruningConfig) -> Pruned:
 
 def measure_whole(cell: dict) -> dict:
     """One benchmark (the cell's items) scored by the whole model (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     return (
         SweepEngine(loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items)
         .score()
@@ -222,7 +222,7 @@ def walk(profile: str, loaded, sets: list[bm.Benchmark]) -> dict[str, dict[int, 
     layer-pruning chapter's results store: one cell per benchmark, so a chapter that walks one of
     that chapter's benchmarks reads the number its page shows."""
     depths = range(1, loaded.adapter.n_layers + 1)
-    store = base.open_store(PruningConfig.chapter, profile, "depths", [loaded], measure_depths)
+    store = stores.open_store(PruningConfig.chapter, profile, "depths", [loaded], measure_depths)
     cells = [dict(model=loaded.name, benchmark=b.name, items=b.spec) for b in sets]
     rows = sweep(store, cells, measure_depths, desc="benchmarks x depths")
     return {r["benchmark"]: {d: Score.from_json(r[str(d)]) for d in depths} for r in rows}
@@ -249,7 +249,7 @@ def task_depths(
 def measure_depths(cell: dict) -> dict:
     """One benchmark (`benchmarks.from_spec` of the cell's items) scored at every depth of the
     model, {depth: score}: one walk up the residual stream (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
     depths = range(1, loaded.adapter.n_layers + 1)
     return {

@@ -33,7 +33,7 @@ from ..reference import paper_heads
 from ..segments import Segments, head_measures
 from ..stats import Score, mean_interval
 from ..sweep import sweep
-from . import base, shared
+from . import checks, loading, shared, stores
 
 ROLE_NAMES = {"G": "Gather", "A": "Aggregate"}
 ANSWER_END = "final position: answer end's share of the segment ends"
@@ -54,7 +54,7 @@ def check_roles_of(model: str, gather, aggregate, below: int | None = None) -> N
     any work, naming the parameters that fix it."""
     named = paper_heads(model) if gather is None else {"G": gather, "A": aggregate}
     for role, field in (("G", "gather"), ("A", "aggregate")):
-        base.check_heads_of(
+        checks.check_heads_of(
             model, field, (named or {}).get(role), paper=gather is None, below=below
         )
 
@@ -370,8 +370,8 @@ def measure_roles(
             f"the roles are measured on a benchmark made by `helpers.benchmarks` (one with a `spec`, "
             f"so that its results-store cell names its items); {benchmark.name} has none"
         )
-    store = base.open_store("roles", profile, "behaviour", [loaded], measure_behaviour)
-    base.hold(loaded)  # the measurement, run here, finds this model by its name
+    store = stores.open_store("roles", profile, "behaviour", [loaded], measure_behaviour)
+    loading.hold(loaded)  # the measurement, run here, finds this model by its name
     cell = dict(model=loaded.name, items=benchmark.spec, heads=[str(h) for h in heads], n=n)
     per_prompt = pd.DataFrame(
         sweep(store, [cell], measure_behaviour, desc="roles: what the candidates do")[0]["rows"]
@@ -382,7 +382,7 @@ def measure_roles(
 def measure_behaviour(cell: dict) -> dict:
     """Per head and prompt, `measures` of its attention (one pass a prompt) on the first `n`
     prompts of the cell's items (a measurement, `runner`)."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     benchmark = bm.from_spec(cell["items"], loaded.tokenizer)
     heads = [Head.parse(h) for h in cell["heads"]]
     return {

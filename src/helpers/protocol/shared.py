@@ -21,7 +21,7 @@ from ..reference import paper, paper_heads
 from ..screen import attribution
 from ..stats import Score, rank_correlation
 from ..sweep import sweep
-from . import base
+from . import loading, stores
 
 # The screen's setting: a layer's gradient taken with its heads at half strength finds heads
 # that the clean gradient misses (README, "Fast, exact sweeps"); on the paper profiles the chapters
@@ -82,10 +82,10 @@ def kv_ranking(
         "paper_layers": paper_layers(loaded),
         "seed": settings["seed"] if seed is None else seed,
     }
-    store = base.open_store(
+    store = stores.open_store(
         "head_ranking", profile, "kv", [loaded], (measure_screen, measure_layer)
     )
-    base.hold(loaded)  # the measurements below, run here, find this model by its name
+    loading.hold(loaded)  # the measurements below, run here, find this model by its name
     try:  # the layer sweep runs on the screen's prompts: it reuses the screen's engine
         screen = sweep(
             store,
@@ -121,10 +121,10 @@ def swept_layers(
     seed, query, form), one cell per layer of the ranking's store, so that a sweep on the
     ranking's own prompts is the ranking's (robustness's stability reads it there): per layer
     {"layer", "heads": {head index: {"correct", "margin"}}} (`measure_layer`)."""
-    store = base.open_store(
+    store = stores.open_store(
         "head_ranking", profile, "kv", [loaded], (measure_screen, measure_layer)
     )
-    base.hold(loaded)
+    loading.hold(loaded)
     try:
         return sweep(
             store,
@@ -147,7 +147,7 @@ _engines: dict[tuple, SweepEngine] = {}
 
 def _engine(cell: dict) -> SweepEngine:
     """The sweep engine on the ranking's prompts of `cell`, built once per process and model."""
-    loaded = base.model_for(cell["model"])
+    loaded = loading.model_for(cell["model"])
     key = (id(loaded.model), *(cell[k] for k in PROMPTS))
     if key not in _engines:
         _engines.clear()

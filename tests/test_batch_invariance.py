@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import evaluate, registry, stats, tasks
+from helpers import evaluate, hooks, registry, stats, tasks
 from helpers.engine import SweepEngine
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -66,10 +66,14 @@ def test_an_items_bfloat16_scores_do_not_depend_on_the_items_beside_it(smol_bf16
             np.testing.assert_array_equal(every_third[i // 3], together[i])
     for i in (0, 7, 14):
         np.testing.assert_array_equal(run([items[i]])[0], together[i])
-    # Not true of any computation: in another forward shape (here another batch budget) the same
-    # item rounds otherwise, which is what a neighbour's width or height used to do to it.
-    other = run(items, batch_tokens=333)
-    assert max(np.abs(a - b).max() for a, b in zip(other, together)) > 1e-3
+    # The check can fail: rows that leaked into each other (planted here, the batch's rows mixed
+    # after the first layer) are seen. Whether another batch shape rounds an item otherwise is the
+    # CPU's business, not a control: an AMD EPYC's bfloat16 kernels gave bit-equal rows at every
+    # batch budget, where an earlier machine's differed by more than 1e-3.
+    leak = {(hooks.LAYER_OUT, 0): lambda x: x + 0.05 * x.mean(dim=0, keepdim=True)}
+    with hooks.hooked(smol_bf16, leak):
+        leaked, leaked_third = run(items), run(items[::3])
+    assert max(np.abs(a - b).max() for a, b in zip(leaked_third, leaked[::3])) > 1e-3
 
 
 def lm_eval_loglikelihoods(loaded, items) -> np.ndarray:

@@ -17,6 +17,9 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
+
+from helpers import book
 
 DTYPES = ("bfloat16", "float32")
 
@@ -58,7 +61,9 @@ def main() -> None:
         return
     if not args.chapters:
         p.error("name at least one chapter, e.g. kv_retrieval")
-    env = {**os.environ, **({"GA_RESULTS": args.results} if args.results else {})}
+    # at smoke size in the smoke book's batches (`book.smoke_batches`)
+    with book.smoke_batches() if args.smoke else nullcontext():
+        env = {**os.environ, **({"GA_RESULTS": args.results} if args.results else {})}
     for chapter in args.chapters:
         got, seconds = {}, {}
         for dtype in DTYPES:

@@ -103,6 +103,18 @@ def test_cpu_book_passes_the_readers_check_with_every_verdict(cpu_book):
     assert "colab.research.google.com/github/" in launch and f"{PAGES[0]}.ipynb" in launch
 
 
+def test_a_smoke_build_runs_small_batches_unless_the_reader_sets_them(monkeypatch):
+    from helpers import packing
+
+    monkeypatch.delenv("GA_BATCH_TOKENS", raising=False)
+    with book.smoke_batches():
+        assert packing.batch_tokens_set() == book.SMOKE_BATCH_TOKENS
+    assert packing.batch_tokens_set() is None
+    monkeypatch.setenv("GA_BATCH_TOKENS", "64")
+    with book.smoke_batches():
+        assert packing.batch_tokens_set() == 64
+
+
 COLAB = """
 import importlib.machinery, sys, types
 colab = types.ModuleType("google.colab")  # what Colab's runtime has imported

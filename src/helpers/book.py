@@ -685,7 +685,10 @@ def build(
     out = out or output_folder(profile, rehearsal)
     pages = pages or chapters()
     parameters = {"profile": profile, "smoke": smoke}
-    with rehearsal_hub(out) if rehearsal else nullcontext() as dtype:
+    with (
+        smoke_batches() if smoke else nullcontext(),
+        rehearsal_hub(out) if rehearsal else nullcontext() as dtype,
+    ):
         executed = execute_all(pages, out, parameters)
     banner = (
         REHEARSAL_BANNER.format(dtype=dtype)
@@ -715,6 +718,26 @@ def output_folder(profile: str = "cpu", rehearsal: bool = False) -> Path:
     )
 
 
+SMOKE_BATCH_TOKENS = 128
+
+
+@contextmanager
+def smoke_batches():
+    """Forward batches of `SMOKE_BATCH_TOKENS` in the block, unless `GA_BATCH_TOKENS` says
+    otherwise. A smoke set is a few prompts, and a batch has a fixed shape for its rows' width
+    (`packing.batches`): at the CPU's 1024 tokens each prompt ran beside filler rows to the
+    batch's height, mostly of a width no other prompt shared, and a scan that loops over tokens
+    (Falcon-Mamba's, without kernels) computes them at every step. Measured alone on one thread,
+    five chapters of the CPU smoke book (layer pruning, layer removal, head zeroing, KV retrieval,
+    beyond MMLU): 1191 s at 1024 tokens in the last CI's lane, 481 s at 128, 489 s at one row a
+    pass (`packing.ONE_ROW`), which is slower on the rehearsal's tiny models (robustness 198 s
+    against 140 s at 128: those passes cost their overhead, not their rows)."""
+    from .packing import batch_tokens_set
+
+    with environment(GA_BATCH_TOKENS=str(batch_tokens_set() or SMOKE_BATCH_TOKENS)):
+        yield
+
+
 @contextmanager
 def rehearsal_hub(out: Path):
     """Run the block against a mini-hub built in `out/minihub`, the paper models on CPU in the
@@ -735,16 +758,12 @@ def rehearsal_hub(out: Path):
     dtype = os.environ.get("GA_DTYPE") or str(paper_dtype(torch.device("cuda"))).removeprefix(
         "torch."
     )
-    # Batches of 128 tokens: the rehearsal's sets are a few short prompts, which a CPU batch of
-    # 1024 tokens pads with filler rows that a scan looping over tokens computes at every step
-    # (`packing.default_batch_tokens`).
     with environment(
         HF_HOME=str(hub),
         HF_HUB_OFFLINE="1",
         GA_DEVICE="cpu",
         GA_DTYPE=dtype,
         OMP_NUM_THREADS="1",
-        GA_BATCH_TOKENS="128",
     ):
         yield dtype
 

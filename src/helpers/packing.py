@@ -45,11 +45,11 @@ def default_batch_tokens(device: torch.device) -> int:
     faults), 2048 53.6 s, 1024 with freed memory kept 43.1 s (0.1 s system, no faults); SmolLM2
     on 200 KV prompts 14.5 s against 12.3 s.
 
-    `GA_BATCH_TOKENS` sets it (`batch_tokens_set`). The rehearsal's tiny models on CPU run 128:
-    their sets are a few prompts of about 30 tokens, which a 1024-token batch fills with 28
-    filler rows, and a scan that loops over tokens (Falcon-Mamba's, without kernels) does the
-    filler rows' work at every step (4 KV prompts through its 64 layers: 95.6 s at 1024, 17.0 s
-    at 128, the same log-likelihoods)."""
+    `GA_BATCH_TOKENS` sets it (`batch_tokens_set`). Smoke builds of the book run 128
+    (`book.smoke_batches`): their sets are a few prompts of about 30 to 100 tokens, which a
+    1024-token batch fills with filler rows, and a scan that loops over tokens (Falcon-Mamba's,
+    without kernels) does the filler rows' work at every step (4 KV prompts through its 64
+    layers: 95.6 s at 1024, 17.0 s at 128, the same log-likelihoods)."""
     if device.type == "cpu":
         keep_freed_memory()
     given = batch_tokens_set()

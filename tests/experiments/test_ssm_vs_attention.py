@@ -1,13 +1,13 @@
 """SSMs vs attention: the run at smoke size, and every verdict both ways (and not testable) on
 hand-built results."""
 
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from helpers import reference, synthetic
+from helpers import benchmarks as bm
+from helpers import reference
 from helpers import verdicts as v
 from helpers.experiments import ssm_vs_attention as chapter
 from helpers.heads import AGGREGATE_MEASURE, GATHER_MEASURE, LOCAL_MEASURE, Head
@@ -52,12 +52,19 @@ def test_run_at_smoke_size_gives_every_part_for_every_model():
         assert figure(result).axes
 
 
-def test_held_out_prompts_leave_out_what_the_ranking_saw():
-    loaded = SimpleNamespace(name="toy-mamba2", tokenizer=synthetic.tokenizer())
-    settings = dict(pairs=8, n=10, seed=0, query="repeat")
-    seen = {it.pairs[0][0] for it in chapter.bm.kv("toy-mamba2", None, 8, 10, 0).items}
-    held = chapter.held_out(loaded, settings, 25, seed=0)
-    assert len(held.items) == 25 and not seen & {it.pairs[0][0] for it in held.items}
+@pytest.mark.parametrize("seed", [0, 1])
+def test_held_out_prompts_leave_out_what_the_ranking_saw(seed):
+    ranking = dict(pairs=8, n=10, seed=0, query="repeat")
+    seen = [it.pairs[0][0] for it in bm.kv("toy-mamba2", None, 8, 10, 0, "repeat").items]
+    held = shared.held_out_kv("toy-mamba2", None, 25, ranking, 8, seed, "repeat")
+    prompts = [it.pairs[0][0] for it in held.items]
+    assert len(set(prompts)) == 25 and not set(seen) & set(prompts)
+    # the rule's premise: a larger draw begins with the ranking's prompts
+    larger = bm.kv("toy-mamba2", None, 8, 35, 0, "repeat").items
+    assert [it.pairs[0][0] for it in larger[:10]] == seen
+    # and the held-out set is made again from its spec (a store's cell holds it)
+    again = bm.from_spec(held.spec, None)
+    assert [it.pairs[0][0] for it in again.items] == prompts
 
 
 def test_the_paper_heads_read_falcon_mambas_channels():

@@ -174,7 +174,15 @@ def run(cfg: Config) -> Result:
         )
     )
     sets = [
-        shared.held_out_kv(cfg, cfg.model, loaded.tokenizer, cfg.n_prompts),
+        shared.held_out_kv(
+            cfg.model,
+            loaded.tokenizer,
+            cfg.n_prompts,
+            shared.ranking_settings(cfg.profile, cfg.smoke),
+            cfg.kv_pairs,
+            cfg.seed,
+            cfg.kv_query,
+        ),
         shared.mmlu(cfg, cfg.model, loaded.tokenizer, cfg.n_mmlu),
     ]
     store = stores.open_store(cfg.chapter, cfg.profile, "measures", [loaded], measure_maps)

@@ -188,7 +188,10 @@ def benchmark(cfg: Config, model: str, tokenizer) -> bm.Benchmark:
     """The prompts every condition is scored on: KV prompts the head ranking did not see, or
     MMLU questions."""
     if cfg.task == "kv":
-        return shared.held_out_kv(cfg, model, tokenizer, cfg.n)
+        ranking = shared.ranking_settings(cfg.profile, cfg.smoke)
+        return shared.held_out_kv(
+            model, tokenizer, cfg.n, ranking, cfg.kv_pairs, cfg.seed, cfg.kv_query
+        )
     return shared.mmlu(cfg, model, tokenizer, cfg.n)
 
 

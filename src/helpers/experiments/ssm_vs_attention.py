@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -191,25 +191,6 @@ def digest(items) -> str:
     return hashlib.sha256("\x00".join(it.pairs[0][0] for it in items).encode()).hexdigest()[:12]
 
 
-def held_out(loaded, settings: dict, n: int, seed: int) -> bm.Benchmark:
-    """`n` KV prompts of the ranking's size that the ranking did not see."""
-    seen = {
-        it.pairs[0][0]
-        for it in bm.kv(
-            loaded.name,
-            loaded.tokenizer,
-            settings["pairs"],
-            settings["n"],
-            settings["seed"],
-            settings["query"],
-        ).items
-    }
-    drawn = bm.kv(
-        loaded.name, loaded.tokenizer, settings["pairs"], n + settings["n"], seed, settings["query"]
-    )
-    return replace(drawn, items=[it for it in drawn.items if it.pairs[0][0] not in seen][:n])
-
-
 def measure_size(cell: dict) -> dict:
     """The model's accuracy on KV prompts of `keys` keys (its n, seed and query; a measurement,
     `runner`)."""
@@ -254,7 +235,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
             f"{name} has {widest} {loaded.adapter.head_kind}s in a layer, more than the "
             f"{SWEEP_LIMIT} the ranking sweeps, and data/reference names none of them"
         )
-    kv = held_out(loaded, settings, max(cfg.n, cfg.n_maps), cfg.seed)
+    kv = shared.held_out_kv(name, tok, max(cfg.n, cfg.n_maps), settings, keys, cfg.seed, query)
     engine = cache(lambda: SweepEngine(loaded, tok, kv.items[: cfg.n]))
     # an unranked model's channels are zeroed as the paper's sets
     singles = measured if ranking is not None else ()

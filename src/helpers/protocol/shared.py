@@ -206,12 +206,15 @@ def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:
     )
 
 
-def held_out_kv(cfg, model: str, tokenizer, n: int) -> bm.Benchmark:
-    """`n` KV prompts the shared ranking did not see: those after its own (with the ranking's
-    settings the first prompts are the ranking's; with others, skipping them costs nothing).
-    `cfg`: a chapter's config with profile, smoke, kv_pairs, seed and kv_query."""
-    skip = ranking_settings(cfg.profile, cfg.smoke)["n"]
-    return bm.part(bm.kv(model, tokenizer, cfg.kv_pairs, skip + n, cfg.seed, cfg.kv_query), skip)
+def held_out_kv(
+    model: str, tokenizer, n: int, ranking: dict, pairs: int, seed: int, query: str
+) -> bm.Benchmark:
+    """`n` KV prompts of `pairs` keys and `query`, drawn with `seed`, that the KV ranking with
+    `ranking`'s settings (`ranking_settings`) did not see: those after its number of prompts. With
+    the ranking's settings a draw's first prompts are the ranking's own (a draw of more prompts
+    begins with those of fewer); with others, skipping them costs nothing."""
+    skip = ranking["n"]
+    return bm.part(bm.kv(model, tokenizer, pairs, skip + n, seed, query), skip)
 
 
 def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:

@@ -1,7 +1,6 @@
 """SSMs vs attention: the run at smoke size, and every verdict both ways (and not testable) on
 hand-built results."""
 
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -54,9 +53,8 @@ def test_run_at_smoke_size_gives_every_part_for_every_model():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_held_out_prompts_leave_out_what_the_ranking_saw(seed):
-    ranking = dict(pairs=8, n=10, seed=0, query="repeat")
     seen = [it.pairs[0][0] for it in bm.kv("toy-mamba2", None, 8, 10, 0, "repeat").items]
-    held = shared.held_out_kv("toy-mamba2", None, 25, ranking, 8, seed, "repeat")
+    held = shared.held_out_kv("toy-mamba2", None, 25, 10, 8, seed, "repeat")
     prompts = [it.pairs[0][0] for it in held.items]
     assert len(set(prompts)) == 25 and not set(seen) & set(prompts)
     # the rule's premise: a larger draw begins with the ranking's prompts

@@ -178,7 +178,7 @@ def run(cfg: Config) -> Result:
             cfg.model,
             loaded.tokenizer,
             cfg.n_prompts,
-            shared.ranking_settings(cfg.profile, cfg.smoke),
+            shared.ranking_settings(cfg.profile, cfg.smoke)["n"],
             cfg.kv_pairs,
             cfg.seed,
             cfg.kv_query,

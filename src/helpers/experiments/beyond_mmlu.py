@@ -307,16 +307,17 @@ def measure_held_out(cell: dict) -> dict:
     prompts the ranking did not see), clean and with the cell's heads zeroed together (a
     measurement, `runner`)."""
     loaded = loading.model_for(cell["model"])
-    kv = bm.kv(
+    kv = shared.held_out_kv(
         loaded.name,
         loaded.tokenizer,
+        cell["n"],
+        cell["skip"],
         cell["pairs"],
-        cell["skip"] + cell["n"],
         cell["seed"],
         cell["query"],
         cell["form"],
     )
-    engine = SweepEngine(loaded, loaded.tokenizer, bm.part(kv, cell["skip"]).items)
+    engine = SweepEngine(loaded, loaded.tokenizer, kv.items)
     zeroed = hd.ablation([Head.parse(h) for h in cell["zero"]])
     return {"clean": engine.score().to_json(), "zeroed": engine.score(zeroed).to_json()}
 

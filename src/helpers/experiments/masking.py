@@ -188,9 +188,9 @@ def benchmark(cfg: Config, model: str, tokenizer) -> bm.Benchmark:
     """The prompts every condition is scored on: KV prompts the head ranking did not see, or
     MMLU questions."""
     if cfg.task == "kv":
-        ranking = shared.ranking_settings(cfg.profile, cfg.smoke)
+        skip = shared.ranking_settings(cfg.profile, cfg.smoke)["n"]
         return shared.held_out_kv(
-            model, tokenizer, cfg.n, ranking, cfg.kv_pairs, cfg.seed, cfg.kv_query
+            model, tokenizer, cfg.n, skip, cfg.kv_pairs, cfg.seed, cfg.kv_query
         )
     return shared.mmlu(cfg, model, tokenizer, cfg.n)
 

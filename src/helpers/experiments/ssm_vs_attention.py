@@ -235,7 +235,7 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
             f"{name} has {widest} {loaded.adapter.head_kind}s in a layer, more than the "
             f"{SWEEP_LIMIT} the ranking sweeps, and data/reference names none of them"
         )
-    kv = shared.held_out_kv(name, tok, max(cfg.n, cfg.n_maps), settings, keys, cfg.seed, query)
+    kv = shared.held_out_kv(name, tok, max(cfg.n, cfg.n_maps), settings["n"], keys, cfg.seed, query)
     engine = cache(lambda: SweepEngine(loaded, tok, kv.items[: cfg.n]))
     # an unranked model's channels are zeroed as the paper's sets
     singles = measured if ranking is not None else ()

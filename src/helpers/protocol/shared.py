@@ -207,14 +207,20 @@ def agreement(a: pd.DataFrame, b: pd.DataFrame, k: int) -> dict:
 
 
 def held_out_kv(
-    model: str, tokenizer, n: int, ranking: dict, pairs: int, seed: int, query: str
+    model: str,
+    tokenizer,
+    n: int,
+    skip: int,
+    pairs: int,
+    seed: int,
+    query: str,
+    form: str = "released",
 ) -> bm.Benchmark:
-    """`n` KV prompts of `pairs` keys and `query`, drawn with `seed`, that the KV ranking with
-    `ranking`'s settings (`ranking_settings`) did not see: those after its number of prompts. With
-    the ranking's settings a draw's first prompts are the ranking's own (a draw of more prompts
-    begins with those of fewer); with others, skipping them costs nothing."""
-    skip = ranking["n"]
-    return bm.part(bm.kv(model, tokenizer, pairs, skip + n, seed, query), skip)
+    """`n` KV prompts (`bm.kv`'s settings) that a ranking of the first `skip` prompts drawn with
+    them did not see: those after its own (a draw of more prompts begins with those of fewer). A
+    chapter whose prompts differ from the shared ranking's (`ranking_settings`, its `n`) skips as
+    many all the same, so that its prompts do not depend on whether its settings match."""
+    return bm.part(bm.kv(model, tokenizer, pairs, skip + n, seed, query, form), skip)
 
 
 def mmlu(cfg, model: str, tokenizer, n: int | None) -> bm.Benchmark:

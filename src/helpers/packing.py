@@ -24,13 +24,24 @@ from .tasks import FEWSHOT_DELIMITER, Item
 def encode_pair(
     tokenizer, context: str, continuation: str, verbatim: bool = False
 ) -> tuple[list[int], list[int]]:
-    if not verbatim:
-        n_spaces = len(context) - len(context.rstrip())
+    return encode_pairs(tokenizer, [(context, continuation, verbatim)])[0]
+
+
+def encode_pairs(
+    tokenizer, pairs: list[tuple[str, str, bool]]
+) -> list[tuple[list[int], list[int]]]:
+    """(context, continuation) token ids of each (context, continuation, verbatim), as lm-eval
+    splits them. The tokenizer is called once on the distinct texts: one call per text, with a
+    context shared by every choice of a question, took 42% of scoring a toy's 5,500 items."""
+    moved = []
+    for context, continuation, verbatim in pairs:
+        n_spaces = 0 if verbatim else len(context) - len(context.rstrip())
         if n_spaces:
             context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-    whole = tokenizer.encode(context + continuation)
-    ctx = tokenizer.encode(context)
-    return ctx, whole[len(ctx) :]
+        moved.append((context, context + continuation))
+    texts = list(dict.fromkeys(t for both in moved for t in both))
+    ids = dict(zip(texts, tokenizer(texts)["input_ids"]))
+    return [(ids[ctx], ids[whole][len(ids[ctx]) :]) for ctx, whole in moved]
 
 
 def default_batch_tokens(device: torch.device) -> int:
@@ -143,7 +154,7 @@ def pack(items: list[Item], tokenizer, shared_rows: bool, max_row_tokens: int = 
     positions numbered as if each stood alone."""
     if not items:
         raise ValueError("no items to score: the evaluation set is empty")
-    encoded = [encode_pair(tokenizer, c, x, it.verbatim) for it in items for c, x in it.pairs]
+    encoded = encode_pairs(tokenizer, [(c, x, it.verbatim) for it in items for c, x in it.pairs])
     for (ctx, cont), (c, x) in zip(encoded, [p for it in items for p in it.pairs]):
         if not ctx or not cont:
             raise ValueError(

@@ -4,6 +4,7 @@ rows (attention), flat rows (recurrent), ablations side by side, any layer."""
 import numpy as np
 import pytest
 import torch
+from fakes import Tokenizer
 
 import helpers
 from helpers import screen
@@ -11,10 +12,8 @@ from helpers.engine import SweepEngine
 from helpers.packing import pack
 
 
-class CharTokenizer:
+class CharTokenizer(Tokenizer):
     """A character-level tokenizer for the tiny random models' vocabularies."""
-
-    pad_token_id = 0
 
     def encode(self, s):
         return [3 + ord(c) % 40 for c in s]

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from fakes import Tokenizer
 
 import helpers
 from helpers import verdicts as v
@@ -87,7 +88,7 @@ def test_random_sets_are_distinct_reproducible_and_avoid_the_top_heads():
     assert removal.random_sets(heads[:3], heads[:2], 2, 5, 0) == []  # one head left: no set of two
 
 
-class WordTokenizer:
+class WordTokenizer(Tokenizer):
     def encode(self, s):
         return [hash(w) % 97 + 3 for w in s.split(" ")]
 
@@ -242,7 +243,7 @@ def test_the_30_head_claim_both_ways_on_llamba_and_not_testable_elsewhere():
 # --- activation patching ------------------------------------------------------------------------------
 
 
-class CharTokenizer:
+class CharTokenizer(Tokenizer):
     def encode(self, s):
         return [ord(c) for c in s]
 

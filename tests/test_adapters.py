@@ -3,6 +3,7 @@ device, Zamba2's shared attention handled per call site, and the hybrid swap."""
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -80,6 +81,51 @@ def tiny_zamba2():
             # O(1) activations instead of the init's 0.02 scale
             mixer.in_proj.weight.normal_(0, 0.3)
     return model
+
+
+def tiny_gemma3():
+    """Gemma-3's two kinds of layer with a window of 4 positions, so that prompts of a dozen
+    tokens differ between them; weights at O(1) so that a head moves the scores."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    )
+    model = Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+@torch.inference_mode()
+def test_gemma3_heads_are_the_query_heads_of_both_kinds_of_layer():
+    model = tiny_gemma3()
+    adapter = helpers.adapter_for(model)
+    assert adapter.family == "gemma3" and adapter.n_layers == 3
+    assert [adapter.n_heads(l) for l in range(3)] == [4, 4, 4]
+    assert (
+        adapter.head_dim(1) == 8 and adapter.head_site(1) is model.model.layers[1].self_attn.o_proj
+    )
+    # a layer run outside the model is the model's own layer, sliding window included
+    ids = torch.randint(0, 50, (2, 12))
+    out = model.model(input_ids=ids, output_hidden_states=True).hidden_states
+    for layer in range(3):
+        got = adapter.run_layer(adapter.block(layer), out[layer])
+        if layer == 2:  # transformers' last hidden state is after the final norm
+            got = adapter.final_norm(got)
+        np.testing.assert_allclose(got, out[layer + 1], atol=1e-5)
 
 
 @torch.inference_mode()

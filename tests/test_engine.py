@@ -81,6 +81,27 @@ def test_engine_on_a_recurrent_model():
         np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
 
 
+@torch.inference_mode()
+def test_engine_packs_gemma3_rows_under_both_kinds_of_attention():
+    # Shared rows put a choice's tokens at its own positions behind the context: a sliding layer's
+    # window must count those positions, not the row's columns.
+    from test_adapters import tiny_gemma3
+
+    model = tiny_gemma3()
+    items = [
+        helpers.Item((("ab:1 cd:2 ef:3 ab:", "1"), ("ab:1 cd:2 ef:3 ab:", "2x")), 0),
+        helpers.Item((("gh:4 ij:5 gh:", " 4"), ("gh:4 ij:5 gh:", " 5"), ("gh:4 ij:5 gh:", "6")), 1),
+    ]
+    engine = SweepEngine(model, CharTokenizer(), items, batch_tokens=64, shared_rows=True)
+    assert engine.rows.allowed is not None  # choices share their context's row
+    rows = engine.loglikelihoods([{}, {0: [1]}, {1: [0, 3]}])
+    for ablation, row in zip(({}, {0: [1]}, {1: [0, 3]}), rows):
+        with helpers.zero_heads(model, ablation):
+            ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
+        np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
+    assert not np.allclose(rows[0], rows[1]) and not np.allclose(rows[0], rows[2])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("view", ["attention", "mamba"])
 @torch.inference_mode()

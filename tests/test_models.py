@@ -96,8 +96,11 @@ def test_missing_smollm2_package_names_the_fix(monkeypatch):
         models.gguf_file("smollm2-135m-instruct")
 
 
-def _split_model(monkeypatch, tmp_path, pieces: list[bytes], sha: str | None = None):
-    """A registered model whose GGUF is split over fake installed packages holding `pieces`."""
+def _split_model(
+    monkeypatch, tmp_path, pieces: list[bytes], sha: str | None = None, first: int = 1
+):
+    """A registered model whose GGUF is split over fake installed packages holding `pieces`, the
+    slices' files numbered from `first`."""
     import dataclasses
     import hashlib
     import importlib.machinery
@@ -110,10 +113,11 @@ def _split_model(monkeypatch, tmp_path, pieces: list[bytes], sha: str | None = N
         "1.0",
         "data/part{:02d}.bin",
         sha or hashlib.sha256(b"".join(pieces)).hexdigest(),
+        first,
     )
     for i, piece in enumerate(pieces, 1):
         (tmp_path / f"fake_part{i}" / "data").mkdir(parents=True)
-        (tmp_path / f"fake_part{i}" / "data" / f"part{i:02d}.bin").write_bytes(piece)
+        (tmp_path / f"fake_part{i}" / "data" / f"part{i - 1 + first:02d}.bin").write_bytes(piece)
     real = importlib.util.find_spec
 
     def find_spec(name):
@@ -142,6 +146,13 @@ def test_split_gguf_is_assembled_in_order_once_outside_the_repository(monkeypatc
     assert path.read_bytes() == b"".join(pieces) and path.parent == tmp_path / "cache"
     stamp = path.stat().st_mtime_ns
     assert models.gguf_file("fake-split").stat().st_mtime_ns == stamp  # not written again
+
+
+def test_split_gguf_slices_may_be_numbered_from_zero(monkeypatch, tmp_path):
+    # Gemma-3-270M's packages part1..part4 hold slices part00..part03
+    pieces = [b"GGUF" + bytes(range(7)), b"middle", b"end"]
+    _split_model(monkeypatch, tmp_path, pieces, first=0)
+    assert models.gguf_file("fake-split").read_bytes() == b"".join(pieces)
 
 
 def test_two_lanes_assembling_one_gguf_at_once_each_write_a_part_of_their_own(

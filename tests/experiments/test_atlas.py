@@ -11,7 +11,7 @@ from helpers.errors import ConfigError
 from helpers.experiments import atlas as chapter
 from helpers.experiments import head_zeroing
 from helpers.heads import Head
-from helpers.protocol.head_screen import NONE
+from helpers.protocol.head_screen import NONE, LayerScan, attention_of
 from helpers.stats import Score, TaskMean
 
 TOY = "toy-transformer"  # the code path of the real models, with a walk and a screen of seconds
@@ -104,3 +104,16 @@ def test_the_top_heads_share_is_of_the_whole_layers_loss_and_says_when_the_layer
     assert chapter.share(r, chapter.TOP) == "50%" and chapter.share(r, chapter.TOP_FIVE) == "75%"
     flat = chapter.Row(**{**r.__dict__, "conditions": {**conditions, chapter.LAYER: score(158)}})
     assert chapter.share(flat, chapter.TOP).startswith("- (the layer's loss is 1.0 points")
+
+
+def test_the_critical_layer_is_the_one_that_costs_the_task_most_beyond_knowledge():
+    # L0 costs the task most but knowledge as much; L2 costs the task less and knowledge nothing.
+    task = {NONE: score(160), attention_of(0): score(40), attention_of(1): score(158)}
+    task[attention_of(2)] = score(90)
+    knowledge = {NONE: score(150), attention_of(0): score(30), attention_of(1): score(150)}
+    knowledge[attention_of(2)] = score(150)
+    scan = LayerScan(task, {"cloze": knowledge}, 0.25, True)
+    assert chapter.critical_layer(scan) == 2
+    # where no layer surely matters, the one that costs the task most
+    flat = {NONE: score(160), **{attention_of(l): score(158 + l) for l in range(3)}}
+    assert chapter.critical_layer(LayerScan(flat, {}, 0.25, True)) == 0

@@ -6,8 +6,8 @@ task), each layer's whole attention zeroed on the screen's prompts (where the ha
 whose zeroing surely hurts swept head by head, the screen's ranking and the roles among the heads
 that hurt. A model whose whole depth does not clear chance on the task cannot test a claim about
 it: its row stops there and says so. On the check's prompts (disjoint from the screen's, as many
-as the claims need), the screen's most harmful head, its five most harmful heads and the most
-harmful layer's whole attention are zeroed, and knowledge is scored under the same zeroing.
+as the claims need), the screen's most harmful head, its five most harmful heads and the critical
+layer's whole attention (`critical_layer`) are zeroed, and knowledge is scored under the same zeroing.
 
 Every measurement goes through the head-zeroing chapter's results stores where it is the same
 computation (the walk, the layer scan, the screen), so the atlas recomputes nothing that chapter,
@@ -36,7 +36,7 @@ from ..sweep import sweep
 TASKS = ("kv", "mmlu")
 TASK_NAMES = {"kv": "KV retrieval", "mmlu": "MMLU letters"}
 TOP, TOP_FIVE = "the most harmful head zeroed", "the five most harmful heads zeroed"
-LAYER = "the most harmful layer's attention zeroed"
+LAYER = "the critical layer's attention zeroed"
 KV_CHECK_MOST = (
     1000  # KV prompts are drawn on demand: the check's n is what its claims need, up to this
 )
@@ -88,7 +88,7 @@ class Row:
     knowledge_chance: float = 0.25
     top: Head | None = None
     top_five: tuple[Head, ...] = ()
-    layer: int | None = None  # the layer whose attention hurts most on the screen
+    layer: int | None = None  # the critical layer, found on the screen (`critical_layer`)
 
     @property
     def measured(self) -> bool:
@@ -108,6 +108,15 @@ class Result:
     cfg: Config
     rows: list[Row]
     provenance: dict
+
+
+def critical_layer(scan: LayerScan) -> int:
+    """The layer whose attention, zeroed on the screen's prompts, surely lowers the task and costs
+    it the most beyond knowledge (`LayerScan.that_matter`, the order head zeroing sweeps in): the
+    paper's critical layers lose the task while knowledge stays. Where no layer surely matters,
+    the one whose zeroing costs the task most."""
+    matter = scan.that_matter()
+    return matter[0] if matter else max(scan.layers, key=lambda l: (-scan.loss(l).delta, -l))
 
 
 def run(cfg: Config) -> Result:
@@ -181,7 +190,7 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
             "no head was measured exactly on the screen",
         )
     top, top_five = order[0], tuple(order[:5])
-    layer = max(scan.layers, key=lambda l: (-scan.loss(l).delta, -l))
+    layer = critical_layer(scan)
     ablations = {
         NONE: {},
         TOP: top.ablation,
@@ -279,8 +288,8 @@ def subject(result: Result) -> str:
 
 
 def share(row: Row, condition: str) -> str:
-    """The condition's loss as a share of the most harmful layer's whole attention zeroed (point
-    estimates of the paired losses on the check's prompts)."""
+    """The condition's loss as a share of the loss of the critical layer's whole attention zeroed
+    (point estimates of the paired losses on the check's prompts)."""
     layer_loss = -paired(row.clean, row.conditions[LAYER]).delta
     if layer_loss <= v.MARGIN:
         return f"- (the layer's loss is {100 * layer_loss:.1f} points)"
@@ -316,7 +325,7 @@ def atlas_table(result: Result) -> pd.DataFrame:
                 **base_cols,
                 "minimal model": f"{row.kept} of {row.n_layers} layers ({row.kept / row.n_layers:.0%})",
                 "clean (check)": row.clean.brief,
-                "most harmful layer": f"L{row.layer}: {loss(LAYER)}",
+                "critical layer": f"L{row.layer}: {loss(LAYER)}",
                 "most harmful head": f"{row.top}: {loss(TOP)}",
                 "top head's share": share(row, TOP),
                 "top five's share": share(row, TOP_FIVE),

@@ -39,6 +39,10 @@ def test_run_at_smoke_size_fills_a_row_per_task_and_adds_nothing_to_head_zeroing
             assert set(row.conditions) == {NONE, chapter.TOP, chapter.TOP_FIVE, chapter.LAYER}
             assert len({s.n for s in row.conditions.values()}) == 1  # the same check prompts
             assert row.top == row.top_five[0] and 0 <= row.layer < row.kept
+    note = chapter.power_note(result)
+    for row in result.rows:
+        if row.measured and row.top is not None:
+            assert f"{row.label}: n = {row.clean.n}" in note
     table = chapter.atlas_table(result)
     assert list(table.model) == [TOY, TOY] and len(chapter.verdicts(result)) == 4
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)

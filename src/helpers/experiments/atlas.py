@@ -145,7 +145,7 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
     screen_cfg = screen_config(cfg, loaded.name, task)
     n_layers = loaded.adapter.n_layers
     published = minimal.published_minimal(loaded.name)
-    whole, chance = None, None
+    whole, chance, power = None, None, None
     if not published:
         depths, chance = minimal.task_depths(
             loaded,
@@ -166,10 +166,10 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
     if task == "kv":
         # KV's screen has no layer scan of its own (`head_screen.screen` scans letters): the atlas
         # scans it the same way and sweeps exactly the layers whose attention matters there.
-        check_n = cfg.kv_floor
         if whole is not None:
             most = cfg.kv_floor if cfg.smoke else KV_CHECK_MOST
-            check_n = v.plan(depths[kept].acc, chance, cfg.kv_floor, most).n
+            power = v.plan(depths[kept].acc, chance, cfg.kv_floor, most)
+        check_n = power.n if power else cfg.kv_floor
         screen_cfg = screen_config(cfg, loaded.name, task, n_check=check_n, layers_kept=kept)
         screened, _, _ = head_screen.prompts(screen_cfg, loaded)
         scan = head_screen.layer_scan(screen_cfg, loaded, screened, kept)
@@ -225,7 +225,7 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
         scan,
         found.ranking,
         found.roles,
-        found.power,
+        found.power or power,
         scores[0],
         knowledge_means,
         knowledge[0].chance,
@@ -301,6 +301,30 @@ def roles_text(row: Row) -> str:
         f"{r}: {row.roles.label(r)}" + ("" if row.roles.filled[r] else " (closest)")
         for r in ROLE_NAMES
     )
+
+
+def power_note(result: Result) -> str:
+    """Each measured row's n on the check and why (`verdicts.plan`), or that it was set."""
+    lines = []
+    for row in result.rows:
+        if not row.measured or row.top is None:
+            continue
+        n = row.clean.n
+        if row.power is None:
+            lines.append(f"{row.label}: n = {n}, as set.")
+            continue
+        p = row.power
+        needs = "; ".join(f"{k}: {x if x is not None else 'no n'}" for k, x in p.needs.items())
+        seen = (
+            f"a loss of {100 * p.detectable:.1f} points or more is told as a collapse"
+            if p.detectable is not None
+            else "no loss down to chance is told as a collapse"
+        )
+        lines.append(
+            f"{row.label}: n = {n}, the largest need at the minimal model's {p.clean:.1%} ({needs}), "
+            f"at least {p.floor}, at most {p.available}; {seen} with 80% power."
+        )
+    return "Check prompts per row. " + " ".join(lines) if lines else ""
 
 
 def atlas_table(result: Result) -> pd.DataFrame:

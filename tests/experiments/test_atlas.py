@@ -43,8 +43,10 @@ def test_run_at_smoke_size_fills_a_row_per_task_and_adds_nothing_to_head_zeroing
     for row in result.rows:
         if row.measured and row.top is not None:
             assert f"{row.label}: n = {row.clean.n}" in note
-    table = chapter.atlas_table(result)
-    assert list(table.model) == [TOY, TOY] and len(chapter.verdicts(result)) == 4
+    assert list(chapter.protocol_table(result).model) == [TOY, TOY]
+    measured = [r for r in result.rows if r.measured and r.top is not None]
+    assert len(chapter.zeroing_table(result)) == len(measured)
+    assert len(chapter.verdicts(result)) == 4
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 

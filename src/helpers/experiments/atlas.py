@@ -293,7 +293,8 @@ def share(row: Row, condition: str) -> str:
     layer_loss = -paired(row.clean, row.conditions[LAYER]).delta
     if layer_loss <= v.MARGIN:
         return f"- (the layer's loss is {100 * layer_loss:.1f} points)"
-    return f"{-paired(row.clean, row.conditions[condition]).delta / layer_loss:.0%}"
+    # rounded first, so that a loss of a hair below zero shows as 0%, not -0%
+    return f"{round(-paired(row.clean, row.conditions[condition]).delta / layer_loss, 2) + 0.0:.0%}"
 
 
 def roles_text(row: Row) -> str:
@@ -327,37 +328,54 @@ def power_note(result: Result) -> str:
     return "Check prompts per row. " + " ".join(lines) if lines else ""
 
 
-def atlas_table(result: Result) -> pd.DataFrame:
-    """One row per model and task: every column filled or the reason it is not."""
+def protocol_table(result: Result) -> pd.DataFrame:
+    """One row per model and task: the whole model, the minimal model, the critical layer and the
+    roles found, or why the row stops."""
     records = []
     for row in result.rows:
-        base_cols = {
-            "model": row.model,
-            "task": TASK_NAMES[row.task],
-            "whole model": row.whole.brief
-            if row.whole is not None
-            else "- (published minimal model)",
-            "chance": f"{row.chance:.0%}",
-        }
-        if not row.measured or row.top is None:
-            records.append({**base_cols, "minimal model": row.reason})
-            continue
-        loss = lambda c: str(paired(row.clean, row.conditions[c]))
-        know = paired(row.knowledge[NONE], row.knowledge[TOP])
+        measured = row.measured and row.top is not None
         records.append(
             {
-                **base_cols,
-                "minimal model": f"{row.kept} of {row.n_layers} layers ({row.kept / row.n_layers:.0%})",
-                "clean (check)": row.clean.brief,
-                "critical layer": f"L{row.layer}: {loss(LAYER)}",
-                "most harmful head": f"{row.top}: {loss(TOP)}",
-                "top head's share": share(row, TOP),
-                "top five's share": share(row, TOP_FIVE),
-                "roles": roles_text(row),
-                "knowledge, top head zeroed": str(know),
+                "model": row.model,
+                "task": TASK_NAMES[row.task],
+                "whole model": "- (published minimal model)"
+                if row.whole is None
+                else row.whole.brief,
+                "chance": f"{row.chance:.0%}",
+                "minimal model": (
+                    f"{row.kept} of {row.n_layers} layers ({row.kept / row.n_layers:.0%})"
+                    if row.measured
+                    else "not testable: the whole model is at chance"
+                ),
+                "critical layer": f"L{row.layer}" if measured else "-",
+                "roles": roles_text(row) if measured else "-",
             }
         )
-    return pd.DataFrame(records).fillna("")
+    return pd.DataFrame(records)
+
+
+def zeroing_table(result: Result) -> pd.DataFrame:
+    """One row per measured model and task, on the check's prompts: clean accuracy, each zeroing's
+    paired loss, the shares of the critical layer's loss, and knowledge under the top head."""
+    records = []
+    for row in result.rows:
+        if not row.measured or row.top is None:
+            continue
+        loss = lambda c: str(paired(row.clean, row.conditions[c]))
+        records.append(
+            {
+                "model": row.model,
+                "task": TASK_NAMES[row.task],
+                "clean": f"{row.clean.brief}, n={row.clean.n}",
+                "top head zeroed": f"{row.top}: {loss(TOP)}",
+                "top five zeroed": loss(TOP_FIVE),
+                "critical layer zeroed": f"L{row.layer}: {loss(LAYER)}",
+                "top head's share": share(row, TOP),
+                "top five's share": share(row, TOP_FIVE),
+                "knowledge, top head zeroed": str(paired(row.knowledge[NONE], row.knowledge[TOP])),
+            }
+        )
+    return pd.DataFrame(records)
 
 
 def comparison(result: Result) -> pd.DataFrame:

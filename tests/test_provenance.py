@@ -295,10 +295,11 @@ def test_editing_a_chapter_changes_its_version_only_and_a_shared_module_its_impo
         versions(edited(tmp_path, "helpers", "experiments/layer_pruning.py")),
     )
     assert {c for c in CHAPTERS if after[c] != before[c]} == {"layer_pruning"}
-    # The minimal model's walk is read by the chapters that work in the minimal model, and by the
-    # head screen that two of them share.
+    # The minimal model's walk is read by the chapters that work in the minimal model, by the
+    # head screen that two of them share, and by the atlas, which runs that screen on every model.
     after = versions(edited(tmp_path, "again", "protocol/minimal.py"))
     assert {c for c in after if after[c] != before[c]} == {
+        "atlas",
         "minimal",
         "head_screen",
         "layer_pruning",

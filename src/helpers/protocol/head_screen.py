@@ -334,10 +334,20 @@ class LayerScan:
         know = self.knowledge_loss(layer)
         return -self.loss(layer).delta + (know.delta if know is not None else 0.0)
 
+    def breaks_knowledge(self, layer: int) -> bool:
+        """Whether zeroing the layer's attention surely lowers knowledge too (its interval below
+        zero)."""
+        know = self.knowledge_loss(layer)
+        return know is not None and know.hi < 0
+
     def that_matter(self) -> list[int]:
-        """The layers whose attention matters, most letter-specific first (`specific`)."""
+        """The layers whose attention matters, those that keep knowledge first (the paper's
+        critical layers lose the task while knowledge stays; a layer that breaks both, such as an
+        early one that every later layer reads, is no evidence of a task-specific circuit), each
+        group most letter-specific first (`specific`)."""
         return sorted(
-            (l for l in self.layers if self.matters(l)), key=lambda l: (-self.specific(l), l)
+            (l for l in self.layers if self.matters(l)),
+            key=lambda l: (self.breaks_knowledge(l), -self.specific(l), l),
         )
 
 

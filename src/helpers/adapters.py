@@ -278,11 +278,11 @@ class LlamaAdapter(Adapter):
         return inputs
 
     def pass_inputs(self, hidden, positions, allowed):
-        """What every layer of one pass reads (`new_pass`): made once per pass, not per layer (measured alone, a clean pass of 4 KV prompts on Qwen-1.5B ran
-        1.2x faster; `benchmarks/small_sets.py`). A pass
-        hands each layer the same `positions` and `allowed` objects; the last pass's are kept
-        with them, so that the same objects (and the same stream shape, dtype and grad mode) mean
-        the same inputs."""
+        """What every layer of one pass reads (`new_pass`): made once per pass, not per layer
+        (measured alone, a clean pass of 4 KV prompts on Qwen-1.5B ran 1.2x faster;
+        `benchmarks/small_sets.py`). A pass hands each layer the same `positions` and `allowed`
+        objects; the last pass's are kept with them, so that the same objects (and the same
+        stream shape, dtype and grad mode) mean the same inputs."""
         key = (
             hidden.shape[:2],
             hidden.dtype,

@@ -44,7 +44,7 @@ def test_run_at_smoke_size_fills_a_row_per_task_and_adds_nothing_to_head_zeroing
     for row in result.rows:
         if row.measured and row.top is not None:
             assert f"{row.label}: n = {row.clean.n}" in note
-    assert list(chapter.protocol_table(result).model) == [TOY, TOY]
+    assert list(chapter.protocol_table(result).model) == [f"{TOY} (toy)"] * 2  # marked as a toy
     measured = [r for r in result.rows if r.measured and r.top is not None]
     assert len(chapter.zeroing_table(result)) == len(measured)
     assert len(chapter.verdicts(result)) == 4
@@ -61,7 +61,8 @@ def test_the_atlas_takes_attention_models_each_once():
 
 def test_at_smoke_size_the_atlas_runs_the_smallest_model_unless_told_otherwise():
     full = chapter.Config.for_profile("cpu").models
-    assert len(full) == 4 and chapter.Config.for_profile("cpu", smoke=True).models == full[:1]
+    assert full == (*registry.ATLAS["cpu"], *chapter.TOYS["cpu"]) and len(full) == 5
+    assert chapter.Config.for_profile("cpu", smoke=True).models == full[:1]
     assert chapter.Config.for_profile("cpu", smoke=True, models=[TOY]).models == (TOY,)
     assert chapter.Config.for_profile("paper", smoke=True).models == registry.ATLAS["paper"]
 

@@ -37,6 +37,9 @@ TASKS = ("kv", "mmlu")
 TASK_NAMES = {"kv": "KV retrieval", "mmlu": "MMLU letters"}
 TOP, TOP_FIVE = "the most harmful head zeroed", "the five most harmful heads zeroed"
 LAYER = "the critical layer's attention zeroed"
+# The toy zoo's attention model beside the real ones on the CPU profile (marked as a toy): the
+# model the other chapters' CPU runs stand in for Llama with.
+TOYS = {"cpu": (registry.cast("cpu", "llama"),)}
 KV_CHECK_MOST = (
     1000  # KV prompts are drawn on demand: the check's n is what its claims need, up to this
 )
@@ -55,7 +58,9 @@ class Config(base.Config):
     @classmethod
     def defaults(cls, profile):
         return dict(
-            models=list(registry.ATLAS[profile]), kv_floor=150 if profile == "cpu" else 500, seed=0
+            models=[*registry.ATLAS[profile], *TOYS.get(profile, ())],
+            kv_floor=150 if profile == "cpu" else 500,
+            seed=0,
         )
 
     @classmethod
@@ -104,8 +109,13 @@ class Row:
         return self.kept is not None
 
     @property
+    def name(self) -> str:
+        """The model's name, a toy's marked as one."""
+        return f"{self.model} (toy)" if registry.MODELS[self.model].toy else self.model
+
+    @property
     def label(self) -> str:
-        return f"{self.model} · {TASK_NAMES[self.task]}"
+        return f"{self.name} · {TASK_NAMES[self.task]}"
 
     @property
     def clean(self) -> Score:
@@ -189,15 +199,8 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
     scan = found.scan if task == "mmlu" else scan
     order = list(hd.measured(found.ranking))
     if not order:
-        return Row(
-            loaded.name,
-            task,
-            n_layers,
-            found.check.chance,
-            whole,
-            found.layers_kept,
-            "no head was measured exactly on the screen",
-        )
+        why = "no head was measured exactly on the screen"
+        return Row(loaded.name, task, n_layers, found.check.chance, whole, found.layers_kept, why)
     top, top_five = order[0], tuple(order[:5])
     layer = critical_layer(scan)
     ablations = {
@@ -229,18 +232,17 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
         n_layers,
         found.check.chance,
         whole,
-        found.layers_kept,
-        "",
-        scan,
-        found.ranking,
-        found.roles,
-        found.power or power,
-        scores[0],
-        knowledge_means,
-        knowledge[0].chance,
-        top,
-        top_five,
-        layer,
+        kept=found.layers_kept,
+        scan=scan,
+        ranking=found.ranking,
+        roles=found.roles,
+        power=found.power or power,
+        conditions=scores[0],
+        knowledge=knowledge_means,
+        knowledge_chance=knowledge[0].chance,
+        top=top,
+        top_five=top_five,
+        layer=layer,
     )
 
 
@@ -273,7 +275,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
     for row in result.rows:
         out.append(
             v.Verdict(
-                f"one head takes {TASK_NAMES[row.task]} most of the way to chance ({row.model})",
+                f"one head takes {TASK_NAMES[row.task]} most of the way to chance ({row.name})",
                 "§3.4",
                 *one_head(row),
                 headline=True,
@@ -281,7 +283,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
         )
         out.append(
             v.Verdict(
-                f"knowledge kept with that head zeroed ({row.model}, {TASK_NAMES[row.task]})",
+                f"knowledge kept with that head zeroed ({row.name}, {TASK_NAMES[row.task]})",
                 "§3.4, abstract",
                 *knowledge_kept(row),
             )
@@ -345,7 +347,7 @@ def protocol_table(result: Result) -> pd.DataFrame:
         measured = row.measured and row.top is not None
         records.append(
             {
-                "model": row.model,
+                "model": row.name,
                 "task": TASK_NAMES[row.task],
                 "whole model": "- (published minimal model)"
                 if row.whole is None
@@ -373,7 +375,7 @@ def zeroing_table(result: Result) -> pd.DataFrame:
         loss = lambda c: str(paired(row.clean, row.conditions[c]))
         records.append(
             {
-                "model": row.model,
+                "model": row.name,
                 "task": TASK_NAMES[row.task],
                 "clean": f"{row.clean.brief}, n={row.clean.n}",
                 "top head zeroed": f"{row.top}: {loss(TOP)}",
@@ -396,7 +398,7 @@ def comparison(result: Result) -> pd.DataFrame:
             "models",
             "Llama-3.1-8B-Instruct and the SSMs and hybrids of §4",
             "one model per notebook",
-            ", ".join(result.cfg.models)
+            ", ".join(dict.fromkeys(r.name for r in result.rows))
             + f" ({result.cfg.profile} profile; {base.weights(result.provenance)})",
         ),
         (
@@ -448,7 +450,7 @@ def figure(result: Result):
                 label=c if i == 0 else None,
             )
         ax.plot([100 * row.chance] * 2, [i - 0.45, i + 0.45], ":", color="0.2", lw=1.5)
-    ax.set_yticks(np.arange(len(rows)), [f"{r.model}\n{TASK_NAMES[r.task]}" for r in rows])
+    ax.set_yticks(np.arange(len(rows)), [f"{r.name}\n{TASK_NAMES[r.task]}" for r in rows])
     ax.invert_yaxis()
     ax.set(xlabel="accuracy on the check's prompts (%); dotted: chance", xlim=(0, 102))
     plots.legend_below(ax, ncols=2)

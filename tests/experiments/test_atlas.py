@@ -45,6 +45,7 @@ def test_run_at_smoke_size_fills_a_row_per_task_and_adds_nothing_to_head_zeroing
         if row.measured and row.top is not None:
             assert f"{row.label}: n = {row.clean.n}" in note
     assert list(chapter.protocol_table(result).model) == [f"{TOY} (toy)"] * 2  # marked as a toy
+    assert chapter.subject(result) == f"{TOY} (toy) on the cpu profile"
     measured = [r for r in result.rows if r.measured and r.top is not None]
     assert len(chapter.zeroing_table(result)) == len(measured)
     assert len(chapter.verdicts(result)) == 4

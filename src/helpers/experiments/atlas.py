@@ -292,7 +292,7 @@ def verdicts(result: Result) -> list[v.Verdict]:
 
 
 def subject(result: Result) -> str:
-    return f"{len(result.cfg.models)} models on the {result.cfg.profile} profile"
+    return f"{', '.join(dict.fromkeys(r.name for r in result.rows))} on the {result.cfg.profile} profile"
 
 
 # --- tables and figures ------------------------------------------------------------------------

@@ -479,7 +479,7 @@ def test_ga_batch_tokens_sets_the_batch_and_the_stores_name_it_and_a_bad_one_nam
 
     loaded = models.load("smollm2-135m-instruct")
     cpu = torch.device("cpu")
-    assert default_batch_tokens(cpu) == 1024
+    assert default_batch_tokens(cpu) == 256
     monkeypatch.setenv("GA_BATCH_TOKENS", "128")
     assert default_batch_tokens(cpu) == 128 and numerics_tag([loaded]) == "bfloat16-b128-"
     assert numerics_tag([]) == ""

@@ -725,7 +725,7 @@ SMOKE_BATCH_TOKENS = 128
 def smoke_batches():
     """Forward batches of `SMOKE_BATCH_TOKENS` in the block, unless `GA_BATCH_TOKENS` says
     otherwise. A smoke set is a few prompts, and a batch has a fixed shape for its rows' width
-    (`packing.batches`): at the CPU's 1024 tokens each prompt ran beside filler rows to the
+    (`packing.batches`): at 1024 tokens (the CPU's budget then) each prompt ran beside filler rows to the
     batch's height, mostly of a width no other prompt shared, and a scan that loops over tokens
     (Falcon-Mamba's, without kernels) computes them at every step. Measured alone on one thread,
     five chapters of the CPU smoke book (layer pruning, layer removal, head zeroing, KV retrieval,

@@ -45,22 +45,27 @@ def encode_pairs(
 
 
 def default_batch_tokens(device: torch.device) -> int:
-    """Tokens per forward batch: on CPU 1024, or a share of the free GPU memory for the 8B models.
+    """Tokens per forward batch: on CPU 256, or a share of the free GPU memory for the 8B models.
 
-    On CPU the batch is sized for glibc's allocator. A tensor over its mmap threshold (32 MiB at
-    most) is mapped fresh and faulted in page by page on every allocation: at 4096 tokens a
-    Qwen2.5-Coder-1.5B MLP activation is 73 MB, and scoring spent 16% of its time in the kernel
-    (200 M page faults in one head-zeroing run). At 1024 tokens every activation stays on the
-    heap, which `keep_freed_memory` stops glibc from handing back. Measured side by side, two
-    passes over 200 letter questions through 23 layers: 4096 tokens 59.6 s (16.0 s system, 8.1 M
-    faults), 2048 53.6 s, 1024 with freed memory kept 43.1 s (0.1 s system, no faults); SmolLM2
-    on 200 KV prompts 14.5 s against 12.3 s.
+    A batch has a fixed height for its rows' width (`batches`), so a set spread over many widths
+    runs, for each width, a batch's worth of tokens however few of its rows have that width: at
+    1024 tokens SmolLM2's letter screen (80 0-shot questions, 3,045 tokens) ran 10,816 tokens, at
+    256 it runs 3,576. The matrix multiplies barely care: on a 2-core AMD EPYC (AVX-512
+    bfloat16) a Qwen2.5-Coder-1.5B MLP projection runs at 385 GFLOP/s on 256 rows and 412 on
+    1,000. Measured side by side there (`benchmarks/batch_tokens.py`: one clean pass of each of
+    the CPU chapters' sets, SmolLM2 and Qwen-1.5B, the log-likelihoods equal to the last bit at
+    every budget), 256 against 1024: the letter screen 2.2x and 3.1x faster, its cloze twins
+    1.6x and 1.4x, five-shot questions 1.2x and 1.5x, KV prompts within 5% either way; all the
+    sets 1.38x (128: 1.21x, slower on KV's rows of 64 to 72 tokens, one a batch). Larger
+    batches cost the allocator too: a tensor over glibc's mmap threshold (32 MiB at most) is
+    mapped fresh and faulted in page by page on every allocation (at 4096 tokens a Qwen-1.5B MLP
+    activation is 73 MB: 16% of a scoring run in the kernel, 200 M page faults);
+    `keep_freed_memory` keeps the smaller ones on the heap.
 
     `GA_BATCH_TOKENS` sets it (`batch_tokens_set`). Smoke builds of the book run 128
-    (`book.smoke_batches`): their sets are a few prompts of about 30 to 100 tokens, which a
-    1024-token batch fills with filler rows, and a scan that loops over tokens (Falcon-Mamba's,
-    without kernels) does the filler rows' work at every step (4 KV prompts through its 64
-    layers: 95.6 s at 1024, 17.0 s at 128, the same log-likelihoods)."""
+    (`book.smoke_batches`): their sets are a few prompts, and a scan that loops over tokens
+    (Falcon-Mamba's, without kernels) does the filler rows' work at every step (4 KV prompts
+    through its 64 layers: 95.6 s at 1024, 17.0 s at 128, the same log-likelihoods)."""
     if device.type == "cpu":
         keep_freed_memory()
     given = batch_tokens_set()
@@ -69,7 +74,7 @@ def default_batch_tokens(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(max(2048, min(65536, free // (2 * 1024 * 1024))))
-    return 1024
+    return 256
 
 
 def batch_tokens_set() -> int | None:

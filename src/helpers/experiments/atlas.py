@@ -291,8 +291,13 @@ def verdicts(result: Result) -> list[v.Verdict]:
     return out
 
 
+def model_names(result: Result) -> str:
+    """The models of the rows, in order, each once."""
+    return ", ".join(dict.fromkeys(r.name for r in result.rows))
+
+
 def subject(result: Result) -> str:
-    return f"{', '.join(dict.fromkeys(r.name for r in result.rows))} on the {result.cfg.profile} profile"
+    return f"{model_names(result)} on the {result.cfg.profile} profile"
 
 
 # --- tables and figures ------------------------------------------------------------------------
@@ -398,8 +403,7 @@ def comparison(result: Result) -> pd.DataFrame:
             "models",
             "Llama-3.1-8B-Instruct and the SSMs and hybrids of §4",
             "one model per notebook",
-            ", ".join(dict.fromkeys(r.name for r in result.rows))
-            + f" ({result.cfg.profile} profile; {base.weights(result.provenance)})",
+            f"{model_names(result)} ({result.cfg.profile} profile; {base.weights(result.provenance)})",
         ),
         (
             "Gather and Aggregate heads (Llama-3.1-8B)",

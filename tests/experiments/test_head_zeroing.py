@@ -32,14 +32,17 @@ def test_run_at_smoke_size_measures_every_condition_on_fresh_prompts():
     assert list(chapter.comparison(result).columns) == ["", "paper", "released code", "this run"]
 
 
-def test_the_kv_task_runs_with_knowledge_scored_beside_it():
+def test_the_kv_task_runs_with_knowledge_scored_beside_it_and_its_layers_scanned():
     """A reader's `task="kv"`: the check's knowledge is the profile's (KV prompts have no cloze
-    twins); it used to look for a profile in the KV set's spec and stop with a KeyError."""
+    twins); it used to look for a profile in the KV set's spec and stop with a KeyError. Where the
+    harm is is found on KV's screen as on the letters' (it used to be scanned for letters only)."""
     cfg = chapter.Config.for_profile(
         "cpu", smoke=True, model="toy-transformer", task="kv", n_screen=6, n_check=6
     )
     result = chapter.run(cfg)
     assert list(result.knowledge) == ["knowledge"] and result.task_name.startswith("KV")
+    assert result.scan.layers == list(range(result.layers_kept))
+    assert all(s.n == 6 for s in result.scan.task.values())  # on the screen's KV prompts
     assert {x.outcome for x in chapter.verdicts(result)} <= set(v.OUTCOMES)
 
 
@@ -137,6 +140,17 @@ def made_up(
         chapter.zeroed("G"): at(k_g),
         chapter.zeroed("A"): at(k_a),
     }
+    # the screen's layer scan: zeroing G's and A's layers costs the letters what zeroing G and A does
+    scan = head_screen.LayerScan(
+        {
+            chapter.NONE: at(clean),
+            head_screen.attention_of(G.layer): at(g),
+            head_screen.attention_of(A.layer): at(a),
+        },
+        {},
+        chance,
+        False,
+    )
     return chapter.Result(
         chapter.Config.for_profile("paper"),
         18,
@@ -144,6 +158,7 @@ def made_up(
         at(clean),
         ranked,
         roles,
+        scan,
         scores,
         [(Head(16, i), Head(17, i)) for i in range(len(controls))],
         chance,

@@ -182,27 +182,19 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
         kept = minimal.minimal_depth(depths, chance)
     else:
         kept = published
-    if task == "kv":
-        # KV's screen has no layer scan of its own (`head_screen.screen` scans letters): the atlas
-        # scans it the same way and sweeps exactly the layers whose attention matters there.
-        if whole is not None:
-            most = cfg.kv_floor if cfg.smoke else KV_CHECK_MOST
-            power = v.plan(depths[kept].acc, chance, cfg.kv_floor, most)
-        check_n = power.n if power else cfg.kv_floor
-        screen_cfg = screen_config(cfg, loaded.name, task, n_check=check_n, layers_kept=kept)
-        screened, _, _ = head_screen.prompts(screen_cfg, loaded)
-        scan = head_screen.layer_scan(screen_cfg, loaded, screened, kept)
-        harm = scan.that_matter()[: screen_cfg.harm_layers]
-        if harm:
-            screen_cfg = dataclasses.replace(screen_cfg, sweep_layers=tuple(sorted(harm)))
+    if task == "kv" and whole is not None:
+        # KV prompts are drawn on demand: the check is as large as its claims need (letters: the
+        # screen plans it from what the set holds, `head_screen.prompts`)
+        most = cfg.kv_floor if cfg.smoke else KV_CHECK_MOST
+        power = v.plan(depths[kept].acc, chance, cfg.kv_floor, most)
+        screen_cfg = dataclasses.replace(screen_cfg, n_check=power.n, layers_kept=kept)
     found = head_screen.screen(screen_cfg, loaded)
-    scan = found.scan if task == "mmlu" else scan
     order = list(hd.measured(found.ranking))
     if not order:
         why = "no head was measured exactly on the screen"
         return Row(loaded.name, task, n_layers, found.check.chance, whole, found.layers_kept, why)
     top, top_five = order[0], tuple(order[:5])
-    layer = critical_layer(scan)
+    layer = critical_layer(found.scan)
     ablations = {
         NONE: {},
         TOP: top.ablation,
@@ -233,7 +225,7 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
         found.check.chance,
         whole,
         kept=found.layers_kept,
-        scan=scan,
+        scan=found.scan,
         ranking=found.ranking,
         roles=found.roles,
         power=found.power or power,

@@ -65,6 +65,7 @@ class Result:
     screen_clean: Score  # no head zeroed, on the screen's prompts
     ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
     roles: Roles
+    scan: LayerScan  # each layer's attention zeroed on the screen's prompts
     scores: dict[str, Score]  # the headline's conditions -> score on the check's prompts
     controls: list[tuple[Head, ...]]
     chance: float
@@ -75,7 +76,6 @@ class Result:
     # the task by layers kept on the layer-pruning chapter's items, where the minimal model was found there
     depths: dict[int, Score] = field(default_factory=dict)
     task_name: str = ""  # the check's benchmark (a toy's letter MCQ is not MMLU)
-    scan: LayerScan | None = None  # each layer's attention zeroed on the screen's prompts
     swept: tuple[int, ...] = ()  # the layers swept exactly on the screen
     power: v.Power | None = (
         None  # how many check questions the claims need (None: set, or the rest of MMLU)
@@ -244,6 +244,7 @@ def run(cfg: Config) -> Result:
         found.screen_clean,
         ranking,
         roles,
+        found.scan,
         {k: scored["check"][k] for k in headline},
         controls,
         check.chance,
@@ -252,7 +253,6 @@ def run(cfg: Config) -> Result:
         {b.name: b.chance for b in knowledge},
         found.depths,
         check.name,
-        found.scan,
         found.swept,
         found.power,
         top,
@@ -464,8 +464,6 @@ def verdicts(result: Result) -> list[v.Verdict]:
 
 def layers_matter(result: Result, layers: list[int]) -> str:
     """Whether the layers' attention matters on the screen's prompts (the layer scan), in words."""
-    if result.scan is None:
-        return "their attention was not scanned"
     said = [
         f"L{l}: {'matters' if result.scan.matters(l) else 'does not matter'} ({result.scan.loss(l)})"
         for l in layers
@@ -656,8 +654,6 @@ def comparison(result: Result) -> pd.DataFrame:
 def harm_row(result: Result) -> str:
     """The layers whose attention matters on the screen, the most harmful first, and those swept."""
     scan = result.scan
-    if scan is None:
-        return f"not scanned; swept: {', '.join(f'L{l}' for l in result.swept) or 'none'}"
     matter = scan.that_matter()
     worst = min(scan.layers, key=lambda l: scan.loss(l).delta)
     return (
@@ -751,14 +747,13 @@ def protocol_note(result: Result) -> str:
             f"The random controls flipped {100 * min(flips):.1f}% to {100 * max(flips):.1f}% of the check's "
             "questions either way."
         )
-    if result.scan is not None:
-        beside = " beside the layers of the paper's heads" if result.roles.source == "paper" else ""
-        parts.append(
-            f"Where the harm is, on the screen's {result.screen_clean.n} questions: {harm_row(result)}. The "
-            f"{result.cfg.harm_layers} most letter-specific of the layers that matter (letters lost beyond "
-            f"knowledge) are swept head by head{beside}, and the attribution screen's top {result.cfg.top} "
-            "heads are zeroed exactly too."
-        )
+    beside = " beside the layers of the paper's heads" if result.roles.source == "paper" else ""
+    parts.append(
+        f"Where the harm is, on the screen's {result.screen_clean.n} prompts: {harm_row(result)}. The "
+        f"{result.cfg.harm_layers} most task-specific of the layers that matter ({_task(result)} lost "
+        f"beyond knowledge) are swept head by head{beside}, and the attribution screen's top "
+        f"{result.cfg.top} heads are zeroed exactly too."
+    )
     agree = agreement(result.ranking)
     if agree["n"] >= 5:
         rho, lo, hi = agree["rho"]

@@ -5,11 +5,12 @@
    task, at this seed).
 2. The prompts, split in two, disjoint (`prompts`): the screen's and the check's, the check as
    large as its claims need (`verdicts.plan`, at the walk's accuracy of the minimal model).
-3. Where the harm is (`layer_scan`): on the screen's prompts (letters, and beside them their
-   cloze twins or the knowledge tasks), each layer's whole attention zeroed in turn. The layers
-   whose zeroing surely lowers the letters matter (`LayerScan.that_matter`); the most
-   letter-specific of them (letters lost beyond knowledge) are swept exactly, beside the layers of
-   the paper's heads, and the attribution screen's top heads are zeroed exactly too (`rank`).
+3. Where the harm is (`layer_scan`): on the screen's prompts (letters or KV retrieval, and beside
+   them the letters' cloze twins or the knowledge tasks), each layer's whole attention zeroed in
+   turn. The layers whose zeroing surely lowers the task matter (`LayerScan.that_matter`); the
+   most task-specific of them (the task lost beyond knowledge) are swept exactly, beside the
+   layers of the paper's heads, and the attribution screen's top heads are zeroed exactly too
+   (`rank`).
 4. The roles, among the heads whose zeroing hurts on the screen's prompts, most harmful first
    (`roles.find_roles`).
 
@@ -66,7 +67,7 @@ class ScreenConfig(base.Config):
     screen_alpha: float = fields.number(0, 1)
     # None: where the harm is, the paper's heads' and the screen's
     sweep_layers: tuple[int, ...] | None = fields.layers(optional=True)
-    harm_layers: int = fields.count()  # of the layers whose attention matters, how many are swept exactly (most letter-specific first)
+    harm_layers: int = fields.count()  # of the layers whose attention matters, how many are swept exactly (most task-specific first)
     # None: the paper's, or found by behaviour
     gather: tuple[Head, ...] | None = fields.heads(optional=True)
     aggregate: tuple[Head, ...] | None = fields.heads(optional=True)
@@ -403,7 +404,7 @@ class Screen:
     screen_clean: Score  # no head zeroed, on the screen's prompts
     ranking: pd.DataFrame  # `heads.ranking_table` on the screen's prompts
     roles: Roles
-    scan: LayerScan | None = None  # each layer's attention zeroed (letters; None where not scanned)
+    scan: LayerScan  # each layer's attention zeroed on the screen's prompts
     swept: tuple[int, ...] = ()  # the layers swept exactly
     power: v.Power | None = None  # how the check's size was chosen (None: set, or the rest of MMLU)
 
@@ -429,11 +430,11 @@ def screen(cfg: ScreenConfig, loaded) -> Screen:
     screened, check, power = prompts(cfg, loaded, depths[kept].acc if depths else None)
     layers = list(range(kept))
     named = paper_heads(cfg.model) if cfg.gather is None else {"G": cfg.gather, "A": cfg.aggregate}
-    scan = layer_scan(cfg, loaded, screened, kept) if cfg.task == "mmlu" else None
+    scan = layer_scan(cfg, loaded, screened, kept)
     # Swept exactly: as set; else every head of a toy; else the layers of the paper's heads, the most
-    # letter-specific of the layers that matter, and (in `measure_screen`) the screen's top heads.
+    # task-specific of the layers that matter, and (in `measure_screen`) the screen's top heads.
     toy = sum(loaded.adapter.n_heads(l) for l in layers) <= SWEEP_ALL
-    harm = scan.that_matter()[: cfg.harm_layers] if scan else []
+    harm = scan.that_matter()[: cfg.harm_layers]
     sweep_layers = (
         list(cfg.sweep_layers)
         if cfg.sweep_layers

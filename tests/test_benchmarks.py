@@ -76,7 +76,7 @@ def test_dtype_verdicts_runs_a_chapter_in_both_dtypes_into_stores_of_their_own(t
             "--smoke",
             "--results",
             str(tmp_path),
-            "kv_retrieval",
+            "attention_maps",
         ],
         capture_output=True,
         text=True,
@@ -84,13 +84,13 @@ def test_dtype_verdicts_runs_a_chapter_in_both_dtypes_into_stores_of_their_own(t
     )
     assert done.returncode == 0, done.stderr[-3000:]
     header = next(
-        line for line in done.stdout.splitlines() if line.startswith("kv_retrieval (smoke)")
+        line for line in done.stdout.splitlines() if line.startswith("attention_maps (smoke)")
     )
     claims = [
         line for line in done.stdout.splitlines() if "bfloat16: " in line and "float32: " in line
     ]
     assert len(claims) == int(header.split(": ")[1].split()[0]) > 0
-    stores = sorted(p.name for p in (tmp_path / "kv_retrieval").glob("*.jsonl"))
+    stores = sorted(p.name for p in (tmp_path / "attention_maps").glob("*.jsonl"))
     assert any("-cpu-bfloat16-" in s for s in stores) and any(
         "-cpu-float32-" in s for s in stores
     ), stores

@@ -9,7 +9,7 @@ from fakes import Tokenizer
 import helpers
 from helpers import screen
 from helpers.engine import SweepEngine
-from helpers.packing import pack
+from helpers.packing import pack, site_block
 
 
 class CharTokenizer(Tokenizer):
@@ -310,3 +310,17 @@ def test_a_pass_builds_its_mask_and_rotary_embeddings_once_and_scores_as_if_per_
     )
     engine._residuals.clear()
     np.testing.assert_array_equal(engine.loglikelihoods(ablations), once)
+
+
+def test_the_head_reads_a_batchs_sites_in_blocks_of_the_budgets_size(smol, kv):
+    """A batch's scored positions go through the vocabulary projection in blocks whose size the
+    budget sets (`packing.site_block`: about a site per 8 tokens), the last block filled with
+    zeros: small blocks, several a batch, give the log-likelihoods one block does."""
+    assert [site_block(b) for b in (1, 128, 256, 300, 512, 65536)] == [16, 16, 32, 64, 64, 64]
+    engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=256)
+    assert {b.block for b in engine.batches} == {32}
+    whole = engine.loglikelihoods([{}, {16: [0]}])
+    assert max(len(b.sites) for b in engine.batches) > 4  # so that a block of 4 splits a batch
+    for b in engine.batches:
+        b.block = 4
+    np.testing.assert_allclose(engine.loglikelihoods([{}, {16: [0]}]), whole, rtol=0, atol=1e-5)

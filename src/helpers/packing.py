@@ -254,27 +254,39 @@ class RowBatch:
     sites: torch.Tensor  # [n_sites] distinct flat positions in the batch's [rows * width]
     site_of: torch.Tensor  # [n_scored] which of `sites` each scored token is read at
     n_real: int  # rows that hold items: the first ones (the rest fill the batch to its height)
+    block: int  # sites per pass of the vocabulary projection (`site_block`)
 
     def logprobs(self, hidden: torch.Tensor, head, offset: int = 0) -> torch.Tensor:
         """Each scored token's log-probability [n_scored] (float32 log-softmax over the
         vocabulary) from the batch's final hidden states [rows, width, d], after `head`, read
         `offset` places further on (a copy of the rows further down the pass). The
-        sites go through the head in blocks of `SITE_BLOCK` (the last one filled with zeros),
-        so that the head's multiply and the log-softmax, whose rounding depends on how many rows
+        sites go through the head in blocks of `block` (the last one filled with zeros), so
+        that the head's multiply and the log-softmax, whose rounding depends on how many rows
         they hold, see the same shape whichever items share the batch."""
         at = hidden.flatten(0, 1)[(self.sites + offset).to(hidden.device)]
         # In the head's dtype: a backbone with `residual_in_fp32` (Falcon-Mamba) returns float32
         # hidden states beside a bfloat16 head (a weightless head, an oracle's Identity, takes them as they are).
         at = at.to(getattr(head, "weight", at).dtype)
         blocks = []
-        for block in at.split(SITE_BLOCK):
-            filled = torch.cat([block, block.new_zeros(SITE_BLOCK - len(block), *block.shape[1:])])
+        for block in at.split(self.block):
+            filled = torch.cat([block, block.new_zeros(self.block - len(block), *block.shape[1:])])
             blocks.append(torch.log_softmax(head(filled).float(), dim=-1)[: len(block)])
         logp = torch.cat(blocks)
         return logp[self.site_of.to(hidden.device), self.target.to(hidden.device)]
 
 
-SITE_BLOCK = 64  # scored positions per pass of the vocabulary projection
+def site_block(batch_tokens: int) -> int:
+    """Scored positions per pass of the vocabulary projection: about one per 8 tokens of the
+    batch budget, a power of two from 16 to 64 (16 at the smoke books' 128, 32 at the CPU's 256,
+    64 from 512 on, a GPU's budget). A batch reads about one site per 9 tokens of KV prompts, one
+    per 4 of cloze continuations, one per 50 of letter questions; a block of 64 at the CPU's
+    budget ran mostly zeros through a head of 150,000 to 260,000 words, which costs by its rows
+    (Qwen-1.5B's head in bfloat16 on 2 cores: 132 ms at 64 rows, 80 at 32, 56 at 16), while a
+    row's result does not depend on how many share the block from 4 rows on
+    (`benchmarks/site_block.py` measures both)."""
+    return min(64, max(16, 1 << (max(1, batch_tokens // 8) - 1).bit_length()))
+
+
 MAX_ROWS = 128  # rows per forward at most, whatever the budget (a GPU's budget is large)
 ONE_ROW = (
     1  # a batch budget below any row's width: every row a forward pass of its own, no filler rows
@@ -335,6 +347,7 @@ def batches(rows: Rows, batch_tokens: int) -> tuple[Rows, list[RowBatch]]:
                 sites,
                 site_of,
                 n_real,
+                site_block(batch_tokens),
             )
         )
     return laid, out

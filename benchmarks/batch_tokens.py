@@ -22,6 +22,7 @@ import numpy as np
 import helpers
 from helpers import benchmarks as bm
 from helpers.engine import SweepEngine
+from helpers.specs import Spec
 
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct")
 
@@ -46,7 +47,7 @@ def clean_pass(loaded, items, budget: int) -> tuple[int, int, float, np.ndarray]
     real = int(engine.rows.lengths.sum())
     run = sum(len(b.rows) * b.width for b in engine.batches)
     start = time.perf_counter()
-    ll = engine.loglikelihoods([{}])[0]
+    ll = engine.loglikelihoods([Spec()])[0]
     return real, run, time.perf_counter() - start, ll
 
 

@@ -25,12 +25,13 @@ WORKLOAD = """
 import time, helpers
 from helpers import registry, screen
 from helpers.engine import SweepEngine
+from helpers.specs import Spec
 m = helpers.load(registry.cast("cpu", "retrieval"))
 items = helpers.kv_items(8, 40, seed=0, query="repeat")
 start = time.perf_counter()
 SweepEngine(m, m.tokenizer, items).head_sweep(layers=[14, 16], progress=False)
 middle = time.perf_counter()
-screen.attribution(SweepEngine(m, m.tokenizer, items), progress=False, model_layers=list(range(20, 30)))
+screen.attribution(SweepEngine(m, m.tokenizer, items), progress=False, within=Spec(keep_layers=range(20, 30)))
 print(f"{middle - start:.2f} {time.perf_counter() - middle:.2f}")
 """
 

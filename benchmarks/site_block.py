@@ -20,6 +20,7 @@ from batch_tokens import book_sets
 import helpers
 from helpers.engine import SweepEngine
 from helpers.packing import default_batch_tokens, site_block
+from helpers.specs import Spec
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-1.5b-instruct")
 OLD = 64
@@ -34,11 +35,13 @@ def timed(engine: SweepEngine, block: int, layer: int) -> tuple[float, float, np
         b.block = block
     engine.residual(layer)
     start = time.perf_counter()
-    swept = engine.loglikelihoods([{layer: [h]} for h in range(engine.adapter.n_heads(layer))])
+    swept = engine.loglikelihoods(
+        [Spec(zero=[(layer, h)]) for h in range(engine.adapter.n_heads(layer))]
+    )
     seconds = time.perf_counter() - start
     engine.residual(engine.adapter.n_layers)
     start = time.perf_counter()
-    clean = engine.loglikelihoods([{}])
+    clean = engine.loglikelihoods([Spec()])
     return time.perf_counter() - start, seconds, np.concatenate([clean, swept])
 
 

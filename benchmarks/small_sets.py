@@ -27,6 +27,7 @@ import numpy as np
 import helpers
 from helpers import adapters
 from helpers.engine import SweepEngine
+from helpers.specs import Spec
 
 
 def best(run, repeats: int):
@@ -73,12 +74,12 @@ def main() -> None:
         heads = range(loaded.adapter.n_heads(layer))
         compare(
             f"head sweep of L{layer}: a call per head -> per layer",
-            lambda: [engine.loglikelihoods([{layer: [h]}])[0] for h in heads],
+            lambda: [engine.loglikelihoods([Spec(zero=[(layer, h)])])[0] for h in heads],
             lambda: list(engine.head_loglikelihoods([layer], progress=False).values()),
             args.repeats,
         )
         scan = {
-            f"L{l}": {l: list(range(loaded.adapter.n_heads(l)))}
+            f"L{l}": Spec(zero={l: range(loaded.adapter.n_heads(l))})
             for l in loaded.adapter.head_layers()
         }
         compare(
@@ -91,7 +92,7 @@ def main() -> None:
 
             def clean():
                 engine._residuals.clear()
-                return engine.loglikelihoods([{}])[0]
+                return engine.loglikelihoods([Spec()])[0]
 
             with mock.patch.object(adapters.LlamaAdapter, "pass_inputs", per_layer_inputs):
                 t_old, a = best(clean, args.repeats)

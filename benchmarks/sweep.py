@@ -44,6 +44,7 @@ from helpers.engine import SweepEngine
 from helpers.packing import encode_pair
 from helpers.paths import results_dir
 from helpers.registry import spec
+from helpers.specs import Spec
 
 
 @torch.inference_mode()
@@ -189,7 +190,7 @@ def scaling_table(
     ]
     # One untimed pass of each first: the first call of a path pays one-off costs (allocator
     # growth, lazy initialisation) that would otherwise land on the first configuration.
-    SweepEngine(loaded, tok, items[:1]).score_each({cells[0]: {cells[0][0]: [cells[0][1]]}})
+    SweepEngine(loaded, tok, items[:1]).score_each({cells[0]: Spec(zero=[cells[0]])})
     if bridge is not None:
         transformerlens_naive(bridge, tok, items[:1], *cells[0])
     rows = []
@@ -198,7 +199,7 @@ def scaling_table(
 
         def engine_run():
             engine = SweepEngine(loaded, tok, subset)
-            return engine.score_each({lh: {lh[0]: [lh[1]]} for lh in swept})
+            return engine.score_each({lh: Spec(zero=[lh]) for lh in swept})
 
         _, engine_s, engine_peak = measured(engine_run)
         row = {
@@ -270,7 +271,7 @@ def naive_and_engine(loaded, items, sample):
     naive_s = (time.perf_counter() - t) / len(sample)
     t = time.perf_counter()
     engine = SweepEngine(loaded, loaded.tokenizer, items)
-    lls = {lh: engine.loglikelihoods([{lh[0]: [lh[1]]}])[0] for lh in sample}
+    lls = {lh: engine.loglikelihoods([Spec(zero=[lh])])[0] for lh in sample}
     return naive_s, naive, (time.perf_counter() - t) / len(sample), lls, engine
 
 
@@ -444,9 +445,9 @@ def main() -> None:
             f"\nexact engine over all {n_heads} heads: {full_s:.0f} s ({naive_s * n_heads / full_s:.1f}x the naive loop)"
         )
         # Ties in accuracy are broken by the exact change of the mean gold margin.
-        base = engine.margins(engine.loglikelihoods([{}])[0]).mean().item()
+        base = engine.margins(engine.loglikelihoods([Spec()])[0]).mean().item()
         worst = sorted(full, key=lambda k: full[k].acc)[:20]
-        lls = engine.loglikelihoods([{l: [h]} for l, h in worst])  # side by side, one pass
+        lls = engine.loglikelihoods([Spec(zero=[lh]) for lh in worst])  # side by side, one pass
         margin = {lh: engine.margins(ll).mean().item() - base for lh, ll in zip(worst, lls)}
         exact_order = sorted(full, key=lambda k: (full[k].acc, margin.get(k, 0)))
         exact_top5 = set(exact_order[:5])

@@ -10,6 +10,7 @@ import torch
 import helpers
 from helpers import evaluate, hooks, registry, stats, tasks
 from helpers.engine import SweepEngine
+from helpers.specs import Spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -33,7 +34,7 @@ def mixed_prompts() -> list[helpers.Item]:
 
 def scorer(loaded, ablation=None):
     def run(items, batch_tokens=None):
-        with helpers.zero_heads(loaded, ablation or {}), torch.inference_mode():
+        with Spec.parse(ablation).applied(loaded), torch.inference_mode():
             return helpers.choice_loglikelihoods(
                 loaded.model, loaded.tokenizer, items, batch_tokens=batch_tokens
             )
@@ -45,7 +46,7 @@ def engine(loaded, ablation=None):
     def run(items, batch_tokens=None):
         flat = SweepEngine(
             loaded, loaded.tokenizer, items, batch_tokens=batch_tokens
-        ).loglikelihoods([ablation or {}])[0]
+        ).loglikelihoods([Spec.parse(ablation)])[0]
         bounds = np.cumsum([0] + [len(it.pairs) for it in items])
         return [flat[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
 
@@ -53,7 +54,7 @@ def engine(loaded, ablation=None):
 
 
 @pytest.mark.parametrize("path", [scorer, engine])
-@pytest.mark.parametrize("ablation", [None, {16: [0, 3]}])
+@pytest.mark.parametrize("ablation", [None, "zero L16H0,L16H3"])
 def test_an_items_bfloat16_scores_do_not_depend_on_the_items_beside_it(smol_bf16, path, ablation):
     items = mixed_prompts()
     run = path(smol_bf16, ablation)
@@ -93,7 +94,7 @@ def ours(loaded, items) -> dict[str, np.ndarray]:
         plain = np.concatenate(helpers.choice_loglikelihoods(loaded.model, loaded.tokenizer, items))
     return {
         "scorer": plain,
-        "engine": SweepEngine(loaded, loaded.tokenizer, items).loglikelihoods([{}])[0],
+        "engine": SweepEngine(loaded, loaded.tokenizer, items).loglikelihoods([Spec()])[0],
     }
 
 

@@ -58,7 +58,7 @@ def test_transformerlens_zeroing_hook_z_equals_the_engine(smol):
     assert smol.model.config._attn_implementation != "eager"
     assert type(smol.adapter.head_site(5)) is torch.nn.Linear
     engine = SweepEngine(smol, smol.tokenizer, items)
-    intact, zeroed = engine.loglikelihoods([{}, {5: [2]}])
+    intact, zeroed = engine.loglikelihoods(["none", "zero L5H2"])
     lens = sweep.transformerlens_naive(bridge, smol.tokenizer, items, 5, 2)
     # eager (the bridge) against SDPA attention: equal up to float32 rounding, and the head matters
     np.testing.assert_allclose(lens, zeroed, rtol=0, atol=1e-4)

@@ -1,5 +1,5 @@
-"""The sweep engine gives what the plain scorer gives under `zero_heads`, on every path: shared
-rows (attention), flat rows (recurrent), ablations side by side, any layer."""
+"""The sweep engine gives what the plain scorer gives under the same spec, on every path: shared
+rows (attention), flat rows (recurrent), specs side by side, any layer."""
 
 import numpy as np
 import pytest
@@ -8,8 +8,10 @@ from fakes import Tokenizer
 
 import helpers
 from helpers import screen
+from helpers.adapters import unwrap
 from helpers.engine import SweepEngine
 from helpers.packing import pack, site_block
+from helpers.specs import Spec
 
 
 class CharTokenizer(Tokenizer):
@@ -25,21 +27,23 @@ def kv(smol):
     return helpers.kv_items(5, 6, seed=2, query="paper", form="spaced")
 
 
-def plain(smol, items, ablation):
-    with helpers.zero_heads(smol, ablation):
-        return np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, items))
+def plain(model, items, spec, tokenizer=None):
+    """The plain scorer's log-likelihoods under `spec` (a Spec or its text)."""
+    bare, _ = unwrap(model)
+    with Spec.parse(spec).applied(model):
+        tokenizer = tokenizer or model.tokenizer
+        return np.concatenate(helpers.choice_loglikelihoods(bare, tokenizer, items))
 
 
 @pytest.mark.parametrize("shared_rows", [True, False])
-def test_engine_equals_scorer_under_zero_heads(smol, kv, shared_rows):
+def test_engine_equals_scorer_under_zeroed_heads(smol, kv, shared_rows):
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=300, shared_rows=shared_rows)
-    ablations = [{}, {16: [0]}, {3: [1, 2], 20: [5]}, {29: [8]}]
-    got = engine.loglikelihoods(ablations)
-    for ablation, row in zip(ablations, got):
-        np.testing.assert_allclose(row, plain(smol, kv, ablation), rtol=0, atol=2e-4)
-    s = engine.score({16: [0]})
-    with helpers.zero_heads(smol, {16: [0]}):
-        ref = helpers.score(smol.model, smol.tokenizer, kv)
+    specs = ["none", "zero L16H0", "zero L3H1,L3H2,L20H5", Spec(zero=[(29, 8)])]
+    got = engine.loglikelihoods(specs)
+    for spec, row in zip(specs, got):
+        np.testing.assert_allclose(row, plain(smol, kv, spec), rtol=0, atol=2e-4)
+    s = engine.score("zero L16H0")
+    ref = helpers.score(smol.model, smol.tokenizer, kv, spec="zero L16H0")
     assert (s.acc, s.n) == (ref.acc, ref.n) and np.array_equal(s.correct, ref.correct)
 
 
@@ -55,7 +59,7 @@ def test_head_sweep_matches_single_ablations(smol, kv):
     sweep = engine.head_sweep(layers=[16], progress=False)
     assert len(sweep) == 9
     for h in (0, 5, 8):
-        single = engine.score({16: [h]})
+        single = engine.score(Spec(zero=[(16, h)]))
         assert sweep[16, h].acc == single.acc and np.array_equal(
             sweep[16, h].correct, single.correct
         )
@@ -75,10 +79,9 @@ def test_engine_on_a_recurrent_model():
     assert engine.rows.allowed is None  # recurrent models read rows in order: no shared rows
     with pytest.raises(helpers.InterventionError, match="cannot share rows"):
         SweepEngine(model, CharTokenizer(), items, shared_rows=True)
-    for ablation in ({}, {1: [2]}):
-        with helpers.zero_heads(model, ablation):
-            ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
-        np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
+    for spec in ("none", "zero L1H2"):
+        ref = plain(model, items, spec, CharTokenizer())
+        np.testing.assert_allclose(engine.loglikelihoods([spec])[0], ref, rtol=0, atol=1e-5)
 
 
 @torch.inference_mode()
@@ -94,11 +97,12 @@ def test_engine_packs_gemma3_rows_under_both_kinds_of_attention():
     ]
     engine = SweepEngine(model, CharTokenizer(), items, batch_tokens=64, shared_rows=True)
     assert engine.rows.allowed is not None  # choices share their context's row
-    rows = engine.loglikelihoods([{}, {0: [1]}, {1: [0, 3]}])
-    for ablation, row in zip(({}, {0: [1]}, {1: [0, 3]}), rows):
-        with helpers.zero_heads(model, ablation):
-            ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
-        np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
+    specs = ["none", "zero L0H1", "zero L1H0,L1H3"]
+    rows = engine.loglikelihoods(specs)
+    for spec, row in zip(specs, rows):
+        np.testing.assert_allclose(
+            row, plain(model, items, spec, CharTokenizer()), rtol=0, atol=1e-5
+        )
     assert not np.allclose(rows[0], rows[1]) and not np.allclose(rows[0], rows[2])
 
 
@@ -121,9 +125,9 @@ def test_engine_drives_zamba2_hybrid_layers(view, dtype):
         helpers.Item((("xy", " z"), ("xyw", " z")), 1),
     ]
     engine = SweepEngine(adapter, CharTokenizer(), items, batch_tokens=64)
-    rows = engine.loglikelihoods([{}, {3: [0, 2]}])
-    for ablation, row in zip(({}, {3: [0, 2]}), rows):
-        with helpers.zero_heads(adapter, ablation):
+    rows = engine.loglikelihoods(["none", "zero L3H0,L3H2"])
+    for spec, row in zip(["none", "zero L3H0,L3H2"], rows):
+        with Spec.parse(spec).applied(adapter):
             ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
         np.testing.assert_allclose(row, ref, rtol=0, atol=1e-5)
     assert not np.allclose(rows[0], rows[1])  # the ablation reached the hybrid layer
@@ -146,7 +150,7 @@ def test_both_scorers_read_a_float32_residual_through_a_bfloat16_head():
         helpers.Item((("xy", " z"), ("xyw", " z")), 1),
     ]
     ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
-    got = SweepEngine(model, CharTokenizer(), items, batch_tokens=64).loglikelihoods([{}])[0]
+    got = SweepEngine(model, CharTokenizer(), items, batch_tokens=64).loglikelihoods(["none"])[0]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
 
 
@@ -191,7 +195,7 @@ def test_the_checkpointed_screen_gives_the_same_numbers(smol, alpha, monkeypatch
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=200)
     # rows hold several questions
     assert len(engine.batches) > 1 and len(set(engine.rows.row.tolist())) < len(items)
-    layers = list(range(3))  # a pruned model: the model_layers path too, and quick
+    layers = Spec(keep_layers=range(3))  # a pruned model: that path too, and quick
     kept = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=False)
     recomputed = screen.attribution(engine, layers, alpha=alpha, progress=False, checkpoint=True)
     assert kept == recomputed and any(v != 0 for v in kept.values())
@@ -206,23 +210,21 @@ def test_the_checkpointed_screen_gives_the_same_numbers(smol, alpha, monkeypatch
     assert not any(smol.adapter.head_site(l)._forward_pre_hooks for l in range(30))
 
 
-def test_pruned_and_removed_layers_equal_the_interventions(smol, kv):
+def test_kept_and_removed_layers_equal_the_plain_scorer_under_the_spec(smol, kv):
     engine = SweepEngine(smol, smol.tokenizer, kv)
-    minimal = list(range(22))
-    with helpers.keep_layers(smol, minimal):
+    minimal = Spec(keep_layers=range(22))
+    with helpers.keep_layers(smol, range(22)):  # the primitive the spec enters
         ref = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
-    np.testing.assert_allclose(engine.loglikelihoods([{}], minimal)[0], ref, rtol=0, atol=2e-4)
-    removed = engine.layer_sweep([5, 17], layers=minimal, progress=False)
-    with helpers.keep_layers(smol, [l for l in minimal if l != 17]):
-        ref = helpers.score(smol.model, smol.tokenizer, kv)
+    np.testing.assert_allclose(engine.loglikelihoods([minimal])[0], ref, rtol=0, atol=2e-4)
+    removed = engine.layer_sweep([5, 17], within=minimal, progress=False)
+    ref = helpers.score(smol.model, smol.tokenizer, kv, spec="keep 0..21; remove 17")
     assert np.array_equal(removed[17].correct, ref.correct)
-    with helpers.keep_layers(smol, minimal), helpers.zero_heads(smol, {16: [0]}):
-        ref = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
-    np.testing.assert_allclose(
-        engine.loglikelihoods([{16: [0]}], minimal)[0], ref, rtol=0, atol=2e-4
-    )
-    with pytest.raises(helpers.InterventionError, match="not run"):
-        engine.loglikelihoods([{25: [0]}], minimal)
+    # specs that run different layers in one call: each as alone
+    specs = [minimal.zeroing(helpers.Head(16, 0)), "remove 3", "zero L16H0; keep 0..21; remove 17"]
+    for spec, row in zip(specs, engine.loglikelihoods(specs)):
+        np.testing.assert_allclose(row, plain(smol, kv, spec), rtol=0, atol=2e-4)
+    with pytest.raises(helpers.InterventionError, match="do not run"):
+        engine.loglikelihoods(["zero L25H0; keep 0..21"])
 
 
 def test_score_by_depth_equals_the_pruned_model(smol, kv):
@@ -240,16 +242,16 @@ def test_few_shot_questions_share_their_prefix_exactly(smol):
     rows = pack(items, smol.tokenizer, True, max_row_tokens=900)
     assert len(rows.ids) < len(items)  # questions of a subject share a row behind one 5-shot prefix
     engine = SweepEngine(smol, smol.tokenizer, items, batch_tokens=2048)
-    for ablation in ({}, {16: [0]}):
+    for spec in ("none", "zero L16H0"):
         np.testing.assert_allclose(
-            engine.loglikelihoods([ablation])[0], plain(smol, items, ablation), rtol=0, atol=2e-4
+            engine.loglikelihoods([spec])[0], plain(smol, items, spec), rtol=0, atol=2e-4
         )
 
 
 def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(smol, kv):
     # The clean model, then a head of L20, then one of L18: in that order the cached stream above
     # L20 serves neither L20 nor L18, and each would rerun the model from the embedding.
-    ablations = {"none": {}, "L20H1": {20: [1]}, "L18H6": {18: [6]}}
+    ablations = {"none": Spec(), "L20H1": Spec.parse("zero L20H1"), "L18H6": "zero L18H6"}
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=256)
     runs = []
     real = engine.adapter.run_layer
@@ -262,9 +264,8 @@ def test_score_each_walks_the_residual_stream_upwards_whatever_the_order_given(s
     # the stream to L18 once, then L18.. (with its head zeroed), L20.. and the clean L18.. on top
     assert len(runs) == len(engine.batches) * (18 + (n - 18) + (n - 20) + 2 + (n - 20))
     assert list(each) == list(ablations)  # in the order given
-    for name, ablation in ablations.items():
-        with helpers.zero_heads(smol, ablation):
-            ref = helpers.score(smol.model, smol.tokenizer, kv)
+    for name, spec in ablations.items():
+        ref = helpers.score(smol.model, smol.tokenizer, kv, spec=spec)
         assert np.array_equal(each[name].correct, ref.correct), name
 
 
@@ -273,15 +274,15 @@ def test_score_each_scores_ablations_as_the_model_scores_them_one_at_a_time(smol
     # room for several copies in every batch, so that ablations of different layers share passes
     assert min(engine.fits(i) for i in range(len(engine.batches))) > 1
     ablations = {
-        "none": {},
-        "L16H0 and L18H6": {16: [0], 18: [6]},
-        **{f"L16H{h}": {16: [h]} for h in range(1, 9)},
-        **{f"L{l}H2": {l: [2]} for l in (3, 9, 17, 27)},
+        "none": "none",
+        "L16H0 and L18H6": "zero L16H0,L18H6",
+        **{f"L16H{h}": f"zero L16H{h}" for h in range(1, 9)},
+        **{f"L{l}H2": f"zero L{l}H2" for l in (3, 9, 17, 27)},
+        "L16H1 in 0..19": "zero L16H1; keep 0..19",  # another layer list in the same call
     }
     each = engine.score_each(ablations)
-    for name, ablation in ablations.items():
-        with helpers.zero_heads(smol, ablation):
-            ref = helpers.score(smol.model, smol.tokenizer, kv)
+    for name, spec in ablations.items():
+        ref = helpers.score(smol.model, smol.tokenizer, kv, spec=spec)
         assert np.array_equal(each[name].correct, ref.correct), name
         np.testing.assert_allclose(each[name].margin, ref.margin, rtol=0, atol=2e-4, err_msg=name)
 
@@ -292,7 +293,7 @@ def test_a_pass_builds_its_mask_and_rotary_embeddings_once_and_scores_as_if_per_
     from helpers import adapters
 
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=300)
-    ablations = [{}, {3: [1]}, {20: [5]}]
+    ablations = ["none", "zero L3H1", "zero L20H5"]
     built = []
     real = adapters.positions_and_mask
     monkeypatch.setattr(adapters, "positions_and_mask", lambda *a: built.append(1) or real(*a))
@@ -319,8 +320,10 @@ def test_the_head_reads_a_batchs_sites_in_blocks_of_the_budgets_size(smol, kv):
     assert [site_block(b) for b in (1, 128, 256, 300, 512, 65536)] == [16, 16, 32, 64, 64, 64]
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=256)
     assert {b.block for b in engine.batches} == {32}
-    whole = engine.loglikelihoods([{}, {16: [0]}])
+    whole = engine.loglikelihoods(["none", "zero L16H0"])
     assert max(len(b.sites) for b in engine.batches) > 4  # so that a block of 4 splits a batch
     for b in engine.batches:
         b.block = 4
-    np.testing.assert_allclose(engine.loglikelihoods([{}, {16: [0]}]), whole, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(
+        engine.loglikelihoods(["none", "zero L16H0"]), whole, rtol=0, atol=1e-5
+    )

@@ -28,7 +28,9 @@ LAYERS = [
     Layer("zoo"),
     Layer("synthetic"),
     Layer("segments"),
-    Layer("evaluate", "interventions", "attention"),
+    Layer("evaluate"),
+    Layer("specs"),  # interventions as data: what the scorers, lm-eval and the cells take
+    Layer("interventions", "attention"),
     Layer("packing"),
     Layer("hooks"),  # the one door into a forward pass: named sites, every hook installed here
     Layer("adapters", "llamba"),

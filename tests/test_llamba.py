@@ -6,6 +6,7 @@ import torch
 
 import helpers
 from helpers.llamba import LlambaConfig, LlambaForCausalLM, ssd_recurrence, ssd_scan
+from helpers.specs import Spec
 from helpers.ssm import discrete_hidden_attention
 
 
@@ -141,10 +142,10 @@ def test_sweep_engine_runs_on_llamba_and_equals_the_plain_scorer():
         helpers.Item((("xy", " z"), ("xyw", " z")), 1),
     ]
     engine = SweepEngine(model, CharTokenizer(), items)
-    for ablation in ({}, {1: [2]}):
-        with helpers.zero_heads(model, ablation):
+    for spec in ("none", "zero L1H2"):
+        with Spec.parse(spec).applied(model):
             ref = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
-        np.testing.assert_allclose(engine.loglikelihoods([ablation])[0], ref, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(engine.loglikelihoods([spec])[0], ref, rtol=0, atol=1e-5)
 
 
 def test_the_screen_runs_on_llamba():

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import helpers
-from helpers import lmeval, models, paths, tasks
+from helpers import lmeval, models, paths, specs, tasks
 from helpers.errors import ConfigError, InterventionError
 from helpers.registry import Loaded
+from helpers.specs import Spec
 
 SUMS = [(1, 2), (3, 4), (5, 6), (7, 1), (2, 8), (4, 4), (6, 3), (9, 5)]
 MC_DOCS = [
@@ -123,19 +124,17 @@ def test_clean_run_equals_plain_lm_eval(tiny, task_files, task_manager):
             s["resps"] for s in plain["samples"][task]
         ]
     assert ours["provenance"]["models"] == {"tiny-random-llama": "random, seed 0"}
-    assert ours["provenance"]["parameters"]["intervention"] == {
-        "zero": [],
-        "keep_layers": None,
-        "remove_layers": [],
-    }
+    intervention = ours["provenance"]["parameters"]["intervention"]
+    assert intervention["text"] == "none" and Spec.from_record(intervention) == Spec()
     assert ours["provenance"]["versions"]["lm-eval"] == metadata.version("lm-eval")
 
 
-# Each intervention as the CLI writes it, and as the book's primitives write it (the reference side).
+# Each spec as text or as the CLI's flags build it, and as the book's primitives write it (the
+# reference side).
 INTERVENTIONS = [
-    (dict(zero="L1H0,L2H3"), lambda m: [helpers.zero_heads(m, {1: [0], 2: [3]})]),
+    ("zero L1H0,L2H3", lambda m: [helpers.zero_heads(m, {1: [0], 2: [3]})]),
     (
-        dict(zero=[(3, 1)], keep_layers="0..3", remove_layers="1"),
+        Spec.of([(3, 1)], "0..3", "1"),
         lambda m: [helpers.zero_heads(m, {3: [1]}), helpers.keep_layers(m, [0, 2, 3])],
     ),
 ]
@@ -146,7 +145,7 @@ def test_ablated_run_equals_the_projects_scorer(
     tiny, task_files, task_manager, intervention, primitives
 ):
     clean = run(tiny, [task_files["mc"]], task_manager)
-    ablated = run(tiny, [task_files["mc"]], task_manager, **intervention)
+    ablated = run(tiny, [task_files["mc"]], task_manager, spec=intervention)
     samples = ablated["samples"]["entry_mc"]
     items = [
         helpers.Item(
@@ -170,9 +169,9 @@ def test_ablated_run_equals_the_projects_scorer(
     assert all(
         not np.allclose(a, b, atol=1e-3) for a, b in zip(theirs, loglikelihoods(clean, "entry_mc"))
     )
-    assert ablated["provenance"]["parameters"]["intervention"]["zero"] == [
-        str(h) for h in lmeval.parse_heads(intervention["zero"])
-    ]
+    recorded = ablated["provenance"]["parameters"]["intervention"]
+    assert Spec.from_record(recorded) == Spec.parse(intervention)
+    assert recorded["text"] == str(Spec.parse(intervention))
 
 
 def test_ablated_generations_differ_and_the_model_is_restored_exactly(
@@ -183,7 +182,7 @@ def test_ablated_generations_differ_and_the_model_is_restored_exactly(
     state = {k: v.clone() for k, v in tiny.model.state_dict().items()}
     blocks = tiny.adapter.layers
     clean = run(tiny, [task_files["gen"]], task_manager)
-    ablated = run(tiny, [task_files["gen"]], task_manager, zero="L0H0,L0H1,L1H2", remove_layers="2")
+    ablated = run(tiny, [task_files["gen"]], task_manager, spec="zero L0H0,L0H1,L1H2; remove 2")
     texts = lambda r: [s["filtered_resps"][0] for s in r["samples"]["entry_gen"]]
     assert texts(clean) != texts(ablated)
     # cut at the stops
@@ -194,7 +193,7 @@ def test_ablated_generations_differ_and_the_model_is_restored_exactly(
     assert torch.equal(tiny.model(ids).logits, before)
     with (
         pytest.raises(RuntimeError, match="inside"),
-        lmeval.Intervention.parse("L1H1", "0..3", "2").applied(tiny.model),
+        Spec.of("L1H1", "0..3", "2").applied(tiny.model),
     ):
         assert len(tiny.adapter.layers) == 3
         raise RuntimeError("interrupted inside the block")
@@ -242,13 +241,15 @@ def test_smollm2_by_name_on_a_generative_task(smol, task_files, task_manager, mo
     [
         (dict(model="toy-mamba2"), "toy zoo"),
         (dict(model="llamba-8b"), "plain torch module"),
-        (dict(zero="L16H"), "write it as 'L16H22'"),
-        (dict(zero="L16H8,L16H8"), "more than once"),
-        (dict(zero="L16H9"), r"smollm2-135m-instruct: head \[9\] out of range: .* heads 0..8"),
-        (dict(remove_layers="30"), "layers 0..29"),
-        (dict(keep_layers="0..17", zero="L20H1"), "layers do not run"),
-        (dict(keep_layers="0..17", remove_layers="20"), "not among --keep-layers"),
-        (dict(keep_layers="0-17"), "write them as 0..17"),
+        (dict(spec="zero L16H"), "write it as 'L16H22'"),
+        (dict(spec="zero L16H8,L16H8"), "more than once"),
+        (dict(spec="zero L16H9"), r"smollm2-135m-instruct: head \[9\] out of range: .* heads 0..8"),
+        (dict(spec="remove 30"), "layers 0..29"),
+        (dict(spec="zero L20H1; keep 0..17"), "layers do not run"),
+        (dict(spec="keep 0..17; remove 20"), "not among the kept layers"),
+        (dict(spec="keep 0-17"), "write them as 0..17"),
+        (dict(spec="zeros L16H1"), "each part is one of zero, mean"),
+        (dict(spec="mean L16H1"), "measured by the sweep engine"),
         (dict(limit=-1), "limit must be"),
     ],
 )
@@ -280,21 +281,14 @@ def test_the_books_own_tasks_skip_lm_evals_index_and_its_names_do_not():
 
 
 def test_layers_and_heads_are_read_as_written():
-    assert lmeval.parse_layers("0..3,8", "x") == (0, 1, 2, 3, 8)
+    assert specs.parse_layers("0..3,8", "x") == (0, 1, 2, 3, 8)
     both = (helpers.Head(16, 22), helpers.Head(17, 24))
-    assert lmeval.parse_heads("L16H22, L17H24") == both
-    assert (
-        lmeval.parse_heads({16: [22], 17: 24}) == lmeval.parse_heads([[16, 22], (17, 24)]) == both
-    )
-    assert lmeval.parse_heads(helpers.Head(16, 22)) == both[:1]
+    assert specs.parse_heads("L17H24, L16H22") == both  # sorted: a set of heads
+    assert specs.parse_heads({16: [22], 17: 24}) == specs.parse_heads([[16, 22], (17, 24)]) == both
+    assert specs.parse_heads(helpers.Head(16, 22)) == both[:1]
     with pytest.raises(ConfigError, match="a list"):
-        lmeval.parse_layers(5, "--keep-layers")
-    assert lmeval.Intervention.parse(keep_layers="0..5", remove_layers="2,3").runs(30) == [
-        0,
-        1,
-        4,
-        5,
-    ]
+        specs.parse_layers(5, "--keep-layers")
+    assert Spec.of(keep_layers="0..5", remove_layers="2,3").runs(30) == [0, 1, 4, 5]
 
 
 def test_the_command_line_refuses_bad_input_without_loading_a_model(capsys):

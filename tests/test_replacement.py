@@ -9,7 +9,9 @@ import torch
 import helpers
 from helpers import InterventionError
 from helpers.engine import SweepEngine
+from helpers.heads import ablation
 from helpers.interventions import replace_heads, site_width
+from helpers.specs import Spec
 
 
 @torch.inference_mode()
@@ -71,13 +73,13 @@ def test_engine_replacement_equals_the_intervention_on_the_plain_scorer(smol, kv
     engine = SweepEngine(smol, smol.tokenizer, kv, batch_tokens=300)
     width = site_width(smol.adapter, 16)
     mean = engine.site_mean(16)
-    ablations = [{16: [0]}, {16: [2, 7]}]
-    zero = engine.replaced(ablations, {16: torch.zeros(width)})
+    heads = [[(16, 0)], [(16, 2), (16, 7)]]
+    zero = engine.replaced([Spec(zero=h) for h in heads], {16: torch.zeros(width)})
     # zero: the engine's zeroing exactly
-    np.testing.assert_array_equal(zero, engine.loglikelihoods(ablations))
-    got = engine.replaced(ablations, {16: mean})
-    for ablation, row in zip(ablations, got):
-        with replace_heads(smol, ablation, {16: mean}):
+    np.testing.assert_array_equal(zero, engine.loglikelihoods([Spec(zero=h) for h in heads]))
+    got = engine.replaced([Spec(mean=h) for h in heads], {16: mean})
+    for spec, row in zip([Spec(mean=h) for h in heads], got):
+        with replace_heads(smol, ablation(spec.replaced), {16: mean}):
             ref = np.concatenate(helpers.choice_loglikelihoods(smol.model, smol.tokenizer, kv))
         np.testing.assert_allclose(row, ref, rtol=0, atol=2e-4)
     assert not np.allclose(got[0], zero[0], atol=1e-3)  # a mean is not zero
@@ -87,9 +89,12 @@ def test_resampling_from_oneself_changes_nothing_and_from_another_prompt_somethi
     engine = SweepEngine(smol, smol.tokenizer, kv)
     same = SweepEngine(smol, smol.tokenizer, kv)
     assert engine.same_layout(same)
-    clean = engine.loglikelihoods([{}])
+    clean = engine.loglikelihoods(["none"])
     np.testing.assert_allclose(
-        engine.replaced([{16: [0, 1, 2]}], {16: same.site_inputs(16)}), clean, rtol=0, atol=1e-9
+        engine.replaced(["resample L16H0,L16H1,L16H2"], {16: same.site_inputs(16)}),
+        clean,
+        rtol=0,
+        atol=1e-9,
     )
     other = [
         helpers.Item(tuple((kv[(i + 1) % len(kv)].pairs[0][0], c) for _, c in it.pairs), it.gold)
@@ -98,7 +103,7 @@ def test_resampling_from_oneself_changes_nothing_and_from_another_prompt_somethi
     donor = SweepEngine(smol, smol.tokenizer, other)
     if donor.same_layout(engine):
         assert not np.allclose(
-            engine.replaced([{16: [0]}], {16: donor.site_inputs(16)}), clean, atol=1e-3
+            engine.replaced(["resample L16H0"], {16: donor.site_inputs(16)}), clean, atol=1e-3
         )
 
 
@@ -109,4 +114,4 @@ def test_bad_replacement_values_name_the_fix(smol, kv):
         replace_heads(smol, {16: [0]}, {16: torch.zeros(5)})
     engine = SweepEngine(smol, smol.tokenizer, kv)
     with pytest.raises(InterventionError, match="no replacement values"):
-        engine.replaced([{16: [0]}], {})
+        engine.replaced(["mean L16H0"], {})

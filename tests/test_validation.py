@@ -29,6 +29,7 @@ from helpers.experiments import (
 )
 from helpers.llamba import LlambaConfig
 from helpers.protocol import checks, distilled, loading
+from helpers.specs import Spec
 
 
 def tiny_llama(layers=4, dtype=torch.float32):
@@ -679,23 +680,23 @@ def test_the_engine_checks_its_ablations_layers_and_depths_like_the_intervention
     with helpers.zero_heads(model, {0: [0, 1]}):
         zeroed = np.concatenate(helpers.choice_loglikelihoods(model, CharTokenizer(), items))
     np.testing.assert_allclose(
-        engine.loglikelihoods([{0: np.array([0, 1])}])[0], zeroed, rtol=0, atol=1e-5
+        engine.loglikelihoods([Spec(zero={0: np.array([0, 1])})])[0], zeroed, rtol=0, atol=1e-5
     )
     for layers, says in [
-        ([2, 0], r"increasing order.*write \[0, 2\]"),
-        ([0, 0, 1], r"\[0\] listed more than once"),
+        ("2,0", r"increasing order.*write \[0, 2\]"),
+        ("0,0,1", r"\[0\] listed more than once"),
     ]:
         with pytest.raises(InterventionError, match=says):
-            engine.score(layers=layers)
+            engine.score(f"keep {layers}")
     for depths in ([0], [5], [2.5]):
         with pytest.raises(
             InterventionError, match=r"score_by_depth takes depths 1..4 \(how many bottom layers"
         ):
             engine.score_by_depth(depths)
-    with pytest.raises(
-        InterventionError, match=r"an ablation is \{layer: \[head, ...\]\}, got \[0, 1\]"
-    ):
+    with pytest.raises(ConfigError, match=r"an intervention is a Spec or its text.*got \[0, 1\]"):
         engine.loglikelihoods([[0, 1]])
+    with pytest.raises(ConfigError, match=r"not \{layer: \[heads\]\}.*write Spec\(zero="):
+        engine.loglikelihoods([{0: [0, 1]}])
 
 
 def test_a_stored_score_of_the_wrong_shape_names_the_fix():

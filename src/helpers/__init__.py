@@ -36,6 +36,7 @@ _HOME = {
     "ModelUnavailable": "models",
     "load": "models",
     "paper_config": "models",
+    "Spec": "specs",
     "MODELS": "registry",
     "Loaded": "registry",
     "Score": "stats",

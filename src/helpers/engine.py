@@ -15,7 +15,7 @@ ablation, so an item's log-likelihoods in bfloat16 are the same alone, in any se
 ablation beside any other (`tests/test_batch_invariance.py`, exactly), wherever its row holds it
 alone (0-shot questions, KV prompts; few-shot questions share a row behind their prefix).
 
-The results equal `evaluate.score` under `interventions.zero_heads` (tested in float32, to 2e-4);
+The results equal `evaluate.score` under the same spec (tested in float32, to 2e-4);
 recurrent models take the same path without the shared rows. In bfloat16 (the paper's models,
 the CPU models) the two sum in other orders and agree to its rounding only, which is as far from
 float32 as lm-eval's own bfloat16 scores: measured on 100 items each, mean |bfloat16 - float32|
@@ -37,21 +37,23 @@ import torch.utils.checkpoint
 from .adapters import unwrap
 from .errors import InterventionError, as_index
 from .evaluate import from_loglikelihoods
-from .heads import Head
+from .heads import Head, ablation
 from .hooks import HEAD, hooked
 from .interventions import replaced_site, site_width
 from .packing import batches, default_batch_tokens, default_row_tokens, pack
 from .progress import bar
+from .specs import Spec
 from .stats import Score
 from .tasks import Item
 
 
 class SweepEngine:
-    """Exact scores of a model under head ablations on one evaluation set.
+    """Exact scores of a model under interventions (`specs.Spec`) on one evaluation set.
 
-    engine = SweepEngine(loaded, items)
-    engine.score({16: [0]})             # one ablation, any heads in any layers
-    engine.head_sweep(layers=[16, 17])  # every head of these layers, one at a time
+    engine = SweepEngine(loaded, loaded.tokenizer, items)
+    engine.score("zero L16H0,L17H3")     # one intervention (`specs.Spec` or its text)
+    engine.score_each({"G": g, "A": a})  # several, side by side where batches have room
+    engine.head_sweep(layers=[16, 17])   # every head of these layers, one at a time
     """
 
     def __init__(
@@ -234,42 +236,42 @@ class SweepEngine:
                     )
         return out
 
-    def layer_list(self, layers: list[int] | None) -> list[int]:
-        """The layers the model runs: all by default, else these (checked)."""
-        # The rule of keep_layers: in the model's order, none twice (a run cannot reorder layers).
-        return (
-            list(range(self.adapter.n_layers))
-            if layers is None
-            else self.adapter.check_layers(layers, "the engine's layers")
-        )
+    def specs(self, specs) -> list[tuple[Spec, list[int]]]:
+        """Each spec (or its text) read and checked against the model, with the layers it runs."""
+        out = []
+        for spec in map(Spec.parse, specs):
+            out.append((spec, spec.check(self.adapter)))
+        return out
 
     @torch.inference_mode()
-    def loglikelihoods(
-        self, ablations: list[dict[int, list[int]]], layers: list[int] | None = None
-    ) -> np.ndarray:
-        """[len(ablations), n_pairs] log-likelihoods, each ablation `{layer: [heads]}` applied
-        alone, all run side by side. `layers`: the layers the model runs, in order (default all;
-        a prefix is a pruned model, a gap a removed layer). Everything below the first ablated
-        or missing layer comes from the cached residual stream."""
-        layers = self.layer_list(layers)
-        if bad := [a for a in ablations if not isinstance(a, dict)]:
-            raise InterventionError(f"an ablation is {{layer: [head, ...]}}, got {bad[0]!r}")
-        # Checked before the emptiness test: a numpy array of heads has no truth value.
-        plans = [
-            {l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
-            for a in ablations
-        ]
-        ablated = sorted({l for p in plans for l in p})
-        if set(ablated) - set(layers):
+    def loglikelihoods(self, specs: list[Spec | str]) -> np.ndarray:
+        """[len(specs), n_pairs] log-likelihoods, each spec (its zeroed heads and the layers it
+        runs) applied alone, side by side: specs that run the same layers share passes.
+        Everything below a spec's first zeroed or missing layer comes from the cached residual
+        stream. Heads replaced by values: `replaced`."""
+        checked = self.specs(specs)
+        if others := [str(s) for s, _ in checked if s.replaced != s.zero]:
             raise InterventionError(
-                f"heads of layers {sorted(set(ablated) - set(layers))} are ablated but not run"
+                f"{others[0]}: heads replaced by values are scored by `replaced`, which takes "
+                "the values; `loglikelihoods` zeroes heads and runs layers"
             )
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for k, (_, runs) in enumerate(checked):
+            groups.setdefault(tuple(runs), []).append(k)
+        out = np.zeros((len(checked), self.rows.n_pairs))
+        for runs, members in groups.items():
+            out[members] = self.zeroed([checked[k][0].ablation for k in members], list(runs))
+        return out
+
+    def zeroed(self, plans: list[dict[int, list[int]]], layers: list[int]) -> np.ndarray:
+        """[len(plans), n_pairs] log-likelihoods with each plan's heads ({layer: [heads]},
+        checked) zeroed, in the model that runs `layers` (checked)."""
         scales = {}
-        for layer in ablated:
-            keep = torch.ones(len(plans), self.adapter.n_heads(layer))  # [ablations, heads]
+        for layer in sorted({l for p in plans for l in p}):
+            keep = torch.ones(len(plans), self.adapter.n_heads(layer))  # [specs, heads]
             for k, p in enumerate(plans):
                 keep[k, p.get(layer, [])] = 0
-            # [ablations, heads * head_dim]
+            # [specs, heads * head_dim]
             scales[layer] = keep.repeat_interleave(self.adapter.head_dim(layer), dim=1)
         if not scales:
             return self.scaled_loglikelihoods({}, layers).repeat(len(plans), 1).numpy()
@@ -280,10 +282,9 @@ class SweepEngine:
         lls = [flat[a:b] for a, b in zip(self._choices[:-1], self._choices[1:])]
         return from_loglikelihoods(lls, self.items)
 
-    def score(
-        self, ablation: dict[int, list[int]] | None = None, layers: list[int] | None = None
-    ) -> Score:
-        return self.score_loglikelihoods(self.loglikelihoods([ablation or {}], layers)[0])
+    def score(self, spec: Spec | str | None = None) -> Score:
+        """The score under one spec (default: the model as it is)."""
+        return self.score_loglikelihoods(self.loglikelihoods([Spec.parse(spec)])[0])
 
     @torch.inference_mode()
     def score_by_depth(self, depths) -> dict[int, Score]:
@@ -303,60 +304,56 @@ class SweepEngine:
         return out
 
     def layer_sweep(
-        self, remove: list[int], layers: list[int] | None = None, progress: bool = True
+        self, remove: list[int], within: Spec = Spec(), progress: bool = True
     ) -> dict[int, Score]:
-        """Remove each of `remove` alone from the model that runs `layers` (default all)."""
-        layers = list(range(self.adapter.n_layers)) if layers is None else list(layers)
+        """Remove each of `remove` alone from the model `within` runs (default: all layers)."""
         return {
-            l: self.score(layers=[k for k in layers if k != l])
+            l: self.score(within.removing(l))
             for l in bar(sorted(remove), desc="layer removal", disable=not progress)
         }
 
-    def score_each(self, ablations: dict, model_layers: list[int] | None = None) -> dict:
-        """The score under each named ablation ({layer: [heads]}) in the model that runs
-        `model_layers` (default all). They run lowest recomputed layer first:
-        the residual cache keeps only its newest stream, so a run starting below it would recompute
-        the model from the embedding (the clean model first, then a head of layer 22, then one of
-        21, cost three full passes where one and their tails do). Ablations that recompute from
-        the same layer share passes (`loglikelihoods`); so do those of nearby layers, as many as
-        every batch has room for, from the lowest of them (a small set: filler rows otherwise)."""
-        layers = self.layer_list(model_layers)
+    def score_each(self, specs: dict[str, Spec | str]) -> dict[str, Score]:
+        """The score under each named spec. Specs that run the same layers run lowest recomputed
+        layer first: the residual cache keeps only its newest stream, so a run starting below it
+        would recompute the model from the embedding (the clean model first, then a head of layer
+        22, then one of 21, cost three full passes where one and their tails do). Specs that
+        recompute from the same layer share passes (`loglikelihoods`); so do those of nearby
+        layers, as many as every batch has room for, from the lowest of them (a small set: filler
+        rows otherwise)."""
+        checked = dict(zip(specs, self.specs(specs.values())))
         start = lambda name: self.first_recomputed(
-            layers, [l for l, hs in ablations[name].items() if len(hs)]
+            checked[name][1], list(checked[name][0].ablation)
         )
         room = min(self.fits(i) for i in range(len(self.batches)))
+        by_layers: dict[tuple[int, ...], list[str]] = {}
+        for name, (_, runs) in checked.items():
+            by_layers.setdefault(tuple(runs), []).append(name)
         groups: list[list[str]] = []
-        for name in sorted(ablations, key=start):
-            if groups and (len(groups[-1]) < room or start(name) == start(groups[-1][0])):
-                groups[-1].append(name)
-            else:
-                groups.append([name])
+        for names in by_layers.values():
+            groups.append([])
+            for name in sorted(names, key=start):
+                if not groups[-1] or len(groups[-1]) < room or start(name) == start(groups[-1][0]):
+                    groups[-1].append(name)
+                else:
+                    groups.append([name])
         out = {}
         for group in groups:
-            for name, ll in zip(
-                group, self.loglikelihoods([ablations[n] for n in group], model_layers)
-            ):
+            for name, ll in zip(group, self.loglikelihoods([checked[n][0] for n in group])):
                 out[name] = self.score_loglikelihoods(ll)
-        return {name: out[name] for name in ablations}
+        return {name: out[name] for name in specs}
 
     def head_sweep(
-        self,
-        layers: list[int] | None = None,
-        progress: bool = True,
-        model_layers: list[int] | None = None,
+        self, layers: list[int] | None = None, progress: bool = True, within: Spec = Spec()
     ) -> dict[Head, Score]:
         """Zero each head of these layers alone (default: every layer with heads) in the model
-        that runs `model_layers` (default all)."""
+        `within` runs (default: as it is; its own zeroed heads stay zeroed)."""
         return {
             head: self.score_loglikelihoods(ll)
-            for head, ll in self.head_loglikelihoods(layers, progress, model_layers).items()
+            for head, ll in self.head_loglikelihoods(layers, progress, within).items()
         }
 
     def head_loglikelihoods(
-        self,
-        layers: list[int] | None = None,
-        progress: bool = True,
-        model_layers: list[int] | None = None,
+        self, layers: list[int] | None = None, progress: bool = True, within: Spec = Spec()
     ) -> dict[Head, np.ndarray]:
         """`head_sweep` before its scoring: per head zeroed alone, its row of `loglikelihoods`,
         from which both the score (`score_loglikelihoods`) and the gold answer's margin (`margins`)
@@ -370,11 +367,9 @@ class SweepEngine:
         ) as meter:
             # a layer's heads in one call, side by side where a batch has room (`slots`)
             for layer in layers:
-                heads = range(self.adapter.n_heads(layer))
-                for h, ll in zip(
-                    heads, self.loglikelihoods([{layer: [h]} for h in heads], model_layers)
-                ):
-                    out[Head(layer, h)] = ll
+                heads = [Head(layer, h) for h in range(self.adapter.n_heads(layer))]
+                for head, ll in zip(heads, self.loglikelihoods([within.zeroing(h) for h in heads])):
+                    out[head] = ll
                 meter.update(len(heads))
         return out
 
@@ -437,20 +432,21 @@ class SweepEngine:
     @torch.inference_mode()
     def replaced(
         self,
-        ablations: list[dict[int, list[int]]],
+        specs: list[Spec | str],
         values: dict[int, torch.Tensor | list[torch.Tensor]],
     ) -> np.ndarray:
-        """[len(ablations), n_pairs] log-likelihoods with each ablation's heads replaced, not
+        """[len(specs), n_pairs] log-likelihoods with each spec's heads replaced, not
         zeroed (`interventions.replaced_site`): `values[layer]` is one vector [heads * head_dim]
         (zeros: zero ablation; `site_mean` of a reference set: mean ablation) or, per batch, a
         tensor [rows, T, heads * head_dim] (`site_inputs` of another engine whose rows have our
-        layout, `same_layout`: resample ablation), in the full model, one after another (as in
-        `scaled_loglikelihoods`)."""
-        layers = self.layer_list(None)
-        plans = [
-            {l: hs for l, hs in ((l, self.adapter.check_heads(l, hs)) for l, hs in a.items()) if hs}
-            for a in ablations
-        ]
+        layout, `same_layout`: resample ablation, patching), in the full model, one after another
+        (as in `scaled_loglikelihoods`). Whichever kind a spec names its heads by (zero, mean,
+        resample, patch), what replaces them is `values`: the caller computed them for that kind."""
+        checked = self.specs(specs)
+        layers = list(range(self.adapter.n_layers))
+        if pruned := [str(s) for s, runs in checked if runs != layers]:
+            raise InterventionError(f"{pruned[0]}: heads are replaced in the full model only")
+        plans = [ablation(s.replaced) for s, _ in checked]
         touched = sorted({l for p in plans for l in p})
         if missing := [l for l in touched if l not in values]:
             raise InterventionError(f"no replacement values for layer(s) {missing}")
@@ -500,34 +496,34 @@ class SweepEngine:
                     )
         return out.numpy()
 
-    def score_replaced(self, ablations: dict, values: dict) -> dict:
-        """The score under each named ablation ({layer: [heads]}), its heads replaced by `values`
-        (see `replaced`)."""
+    def score_replaced(self, specs: dict[str, Spec | str], values: dict) -> dict:
+        """The score under each named spec, its heads replaced by `values` (see `replaced`)."""
         return {
-            name: self.score_loglikelihoods(self.replaced([ablation], values)[0])
-            for name, ablation in ablations.items()
+            name: self.score_loglikelihoods(self.replaced([spec], values)[0])
+            for name, spec in specs.items()
         }
 
     # --- activation patching: heads' outputs taken from another run of the same layout ----------
 
-    def patched(self, ablations: dict, source: "SweepEngine", progress: bool = True) -> dict:
-        """Activation patching: for each named ablation ({layer: [heads]}), the [n_pairs]
+    def patched(
+        self, specs: dict[str, Spec | str], source: "SweepEngine", progress: bool = True
+    ) -> dict:
+        """Activation patching: for each named spec (its heads named by `patch`), the [n_pairs]
         log-likelihoods of our rows with those heads' site inputs taken from `source`'s unablated
         run (typically ours the corrupted prompts, `source` the clean ones), batch by batch and
         position by position (`replaced` with `source.site_inputs`; `same_layout` checked). The
-        ablations run `copies` side by side, lowest layer first, so that both engines' cached
-        residual streams walk up the model once; only the layers the current ablation patches are held."""
+        specs run lowest layer first, so that both engines' cached residual streams walk up the
+        model once; only the layers the current spec patches are held."""
         if not self.same_layout(source):
             raise InterventionError(
                 "patching needs the source run's rows to line up with ours token by token "
                 "(`same_layout`): build the corrupted prompts with the clean prompts' layout"
             )
-        names = sorted(ablations, key=lambda n: min(ablations[n], default=0))
+        plans = {name: ablation(Spec.parse(spec).replaced) for name, spec in specs.items()}
+        names = sorted(plans, key=lambda n: min(plans[n], default=0))
         held: dict[int, list[torch.Tensor]] = {}
         out = {}
         for name in bar(names, desc="patching", disable=not progress):
-            held = {
-                l: held[l] if l in held else source.site_inputs(l) for l in sorted(ablations[name])
-            }
-            out[name] = self.replaced([ablations[name]], held)[0]
+            held = {l: held[l] if l in held else source.site_inputs(l) for l in sorted(plans[name])}
+            out[name] = self.replaced([specs[name]], held)[0]
         return out

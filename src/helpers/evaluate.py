@@ -16,6 +16,7 @@ import torch
 
 from .packing import batches, default_batch_tokens, pack
 from .progress import bar
+from .specs import Spec
 from .stats import Score, mean_of
 from .tasks import Item
 
@@ -61,9 +62,11 @@ def from_loglikelihoods(lls: list[np.ndarray], items: list[Item]) -> Score:
     )
 
 
-def score(model, tokenizer, items: list[Item], **kw) -> Score:
-    """lm-eval's `acc` over the items, with a 95% interval (see `choice_loglikelihoods`)."""
-    return from_loglikelihoods(choice_loglikelihoods(model, tokenizer, items, **kw), items)
+def score(model, tokenizer, items: list[Item], spec: Spec | str | None = None, **kw) -> Score:
+    """lm-eval's `acc` over the items, with a 95% interval (see `choice_loglikelihoods`), under
+    `spec` (default: the model as it stands); the model is left as it was."""
+    with Spec.parse(spec).applied(model):
+        return from_loglikelihoods(choice_loglikelihoods(model, tokenizer, items, **kw), items)
 
 
 def mean_over_tasks(table, by: str, name: str = "knowledge (mean)"):

@@ -26,11 +26,6 @@ class Head(NamedTuple):
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
 
-    @property
-    def ablation(self) -> dict[int, list[int]]:
-        """This head alone, in the `{layer: [heads]}` form interventions take."""
-        return {self.layer: [self.head]}
-
     @classmethod
     def parse(cls, value) -> "Head":
         """A head from `"L16H22"`, `(16, 22)`, `[16, 22]` or a Head."""

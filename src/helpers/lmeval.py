@@ -4,10 +4,12 @@
         --zero L16H8,L17H3 --keep-layers 0..17 --limit 50 --output results.json
 
 `evaluate` loads the model by its registry name (`helpers.models.load`), hands lm-eval's `HFLM`
-the loaded model object inside the reversible interventions of `helpers.interventions`, calls
+the loaded model object under an intervention spec (`helpers.specs.Spec`, the one form every
+scorer and store cell takes; the flags build it: `--zero L16H8 --keep-layers 0..17` is
+`"zero L16H8; keep 0..17"`), calls
 `lm_eval.simple_evaluate`, and returns lm-eval's own results dict with one more entry,
-`"provenance"`: the intervention as run, the model's revision, the code and package versions
-(`helpers.provenance.record`). Leaving the interventions puts the model back exactly.
+`"provenance"`: the spec as run (its record and text), the model's revision, the code and package versions
+(`helpers.provenance.record`). Leaving the spec puts the model back exactly.
 
 Heads and layers are named as in the model's full layer list (`L16H22` is head 22 of layer 16
 whatever else is removed); `--keep-layers` and `--remove-layers` together run the kept layers
@@ -31,129 +33,16 @@ import argparse
 import difflib
 import json
 import sys
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Sequence
 
+from . import registry
 from .errors import ConfigError, InterventionError
-from .heads import Head, ablation
-from .registry import Loaded, spec
+from .registry import Loaded
+from .specs import Spec
 
 # --- what to run ---------------------------------------------------------------------------------
-
-
-def parse_heads(value: str | Iterable | Mapping | None) -> tuple[Head, ...]:
-    """Heads from `"L16H22,L17H24"`, a list of anything `Head.parse` reads, one Head, or the
-    interventions' own `{layer: [head, ...]}`; each head once."""
-    if value is None or value == "":
-        return ()
-    if isinstance(value, Head):
-        value = [value]
-    elif isinstance(value, Mapping):
-        value = [
-            (layer, h) for layer, hs in value.items() for h in ([hs] if isinstance(hs, int) else hs)
-        ]
-    elif not isinstance(value, (str, Iterable)):
-        raise ConfigError(
-            f"--zero takes heads as 'L16H22,L17H24' or a list of heads, got {value!r}"
-        )
-    parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else list(value)
-    try:
-        heads = tuple(Head.parse(p) for p in parts)
-    except ValueError as e:
-        raise ConfigError(
-            f"--zero: {e}; several heads are joined by commas, e.g. L16H22,L17H24"
-        ) from None
-    twice = sorted({str(h) for h in heads if heads.count(h) > 1})
-    if twice:
-        raise ConfigError(f"--zero names {', '.join(twice)} more than once: name each head once")
-    return heads
-
-
-def parse_layers(value: str | Iterable[int] | None, what: str) -> tuple[int, ...] | None:
-    """Layers from `"0..17"`, `"16,17"` or `"0..5,8"` (ranges include both ends), or a list."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        if not isinstance(value, Iterable):  # a bare 5 could mean layer 5 or 5 layers
-            raise ConfigError(f"{what} takes layers as '0..17', '16,17' or a list, got {value!r}")
-        return tuple(value)
-    layers: list[int] = []
-    try:
-        for part in (p.strip() for p in value.split(",") if p.strip()):
-            lo, sep, hi = part.partition("..")
-            layers += range(int(lo), int(hi) + 1) if sep else [int(part)]
-    except ValueError:
-        raise ConfigError(
-            f"{what}: cannot read {value!r} as layers: write them as 0..17, 16,17 or 0..5,8"
-        ) from None
-    return tuple(layers)
-
-
-@dataclass(frozen=True)
-class Intervention:
-    """Heads zeroed and layers run, in the model's own layer numbering."""
-
-    zero: tuple[Head, ...] = ()
-    keep_layers: tuple[int, ...] | None = None
-    remove_layers: tuple[int, ...] = ()
-
-    @classmethod
-    def parse(cls, zero=None, keep_layers=None, remove_layers=None) -> "Intervention":
-        return cls(
-            parse_heads(zero),
-            parse_layers(keep_layers, "--keep-layers"),
-            parse_layers(remove_layers, "--remove-layers") or (),
-        )
-
-    def runs(self, n_layers: int) -> list[int]:
-        """The layers that run (before checking: indices may still be out of range)."""
-        kept = range(n_layers) if self.keep_layers is None else self.keep_layers
-        return [l for l in kept if l not in self.remove_layers]
-
-    def contexts(self, model) -> list:
-        """The interventions to enter, in order, each checked by its own function on this model
-        (nothing is entered here): the heads are zeroed first, on the full layer list (a hook
-        stays with its layer when others are taken out), then the layers are kept or removed."""
-        from .adapters import unwrap
-        from .interventions import keep_layers, remove_layers, zero_heads
-
-        _, adapter = unwrap(model)
-        zeroed = zero_heads(adapter, ablation(self.zero))
-        layers = remove_layers(adapter, self.remove_layers)
-        if self.keep_layers is not None:
-            keep_layers(adapter, self.keep_layers)  # the list as given, for its own message
-            missing = [l for l in self.remove_layers if l not in self.keep_layers]
-            if missing:
-                raise InterventionError(
-                    f"--remove-layers {missing} are not among --keep-layers: "
-                    "remove only layers that are kept"
-                )
-            layers = keep_layers(adapter, self.runs(adapter.n_layers))
-        idle = [str(h) for h in self.zero if h.layer not in self.runs(adapter.n_layers)]
-        if idle:
-            raise InterventionError(
-                f"--zero {', '.join(idle)}: these heads' layers do not run: zero heads of "
-                "layers that run, or keep their layers"
-            )
-        return [zeroed, layers]
-
-    @contextmanager
-    def applied(self, model):
-        """The model under this intervention; leaving (also by an exception) puts it back."""
-        with ExitStack() as stack:
-            for context in self.contexts(model):
-                stack.enter_context(context)
-            yield model
-
-    def record(self) -> dict:
-        return {
-            "zero": [str(h) for h in self.zero],
-            "keep_layers": None if self.keep_layers is None else list(self.keep_layers),
-            "remove_layers": list(self.remove_layers),
-        }
 
 
 # --- which models, which tasks --------------------------------------------------------------------
@@ -162,7 +51,7 @@ class Intervention:
 def check_model(name: str) -> None:
     """A registry name whose model HFLM can drive, else a ConfigError naming the fix."""
     try:
-        s = spec(name)
+        s = registry.spec(name)
     except KeyError as e:
         raise ConfigError(f"--model: {e.args[0]}") from None
     if s.toy:
@@ -279,10 +168,8 @@ def resolve_tasks(tasks: str | Sequence[str], task_manager) -> list:
 def evaluate(
     model: str | Loaded,
     tasks: str | Sequence[str],
+    spec: Spec | str | None = None,
     *,
-    zero=None,
-    keep_layers=None,
-    remove_layers=None,
     limit: int | float | None = None,
     num_fewshot: int | None = None,
     batch_size: int = 8,
@@ -293,14 +180,14 @@ def evaluate(
     **simple_evaluate_kwargs,
 ) -> dict:
     """lm-eval's results for `tasks` on `model` (a registry name, or a model already loaded with
-    `helpers.load`) under an intervention: heads zeroed (`"L16H22,L17H24"` or Heads), layers
-    kept and/or removed (`"0..17"`, `"16"` or lists). Everything that can be checked is checked
+    `helpers.load`) under an intervention, a `specs.Spec` or its text (`"zero L16H22,L17H24;
+    keep 0..17; remove 16"`: heads zeroed, layers kept and/or removed). Everything that can be checked is checked
     before a named model loads. The result is `lm_eval.simple_evaluate`'s dict plus
     `"provenance"`; with `log_samples`, lm-eval's per-item records are in `"samples"`."""
     # The cheap checks first: a mistyped head fails in well under a second.
     if isinstance(model, str):
         check_model(model)
-    intervention = Intervention.parse(zero, keep_layers, remove_layers)
+    spec = Spec.parse(spec).plain()
     for name, value, low in (
         ("limit", limit, 0),
         ("num_fewshot", num_fewshot, 0),
@@ -322,7 +209,7 @@ def evaluate(
 
     if isinstance(model, str):
         try:
-            intervention.contexts(shape_model(model))
+            spec.check(shape_model(model))
         except InterventionError as e:  # the interventions' own message, with the valid range
             raise InterventionError(f"{model}: {e}") from None
     task_manager = task_manager or task_manager_for(tasks)
@@ -331,14 +218,14 @@ def evaluate(
         from .models import load
 
         model = load(model, device=device)
-    intervention.contexts(model.model)  # the loaded model itself, before lm-eval starts
+    spec.check(model.model)  # the loaded model itself, before lm-eval starts
     lm = HFLM(
         pretrained=model.model,
         tokenizer=model.tokenizer,
         batch_size=batch_size,
         device=str(next(model.model.parameters()).device),
     )
-    with intervention.applied(model.model):
+    with spec.applied(model.model):
         results = simple_evaluate(
             lm,
             tasks=resolved,
@@ -350,7 +237,7 @@ def evaluate(
             **simple_evaluate_kwargs,
         )
     parameters = {
-        "intervention": intervention.record(),
+        "intervention": spec.record(),
         "tasks": list(tasks.split(",") if isinstance(tasks, str) else tasks),
         "limit": limit,
         "num_fewshot": num_fewshot,
@@ -431,9 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         results = evaluate(
             args.model,
             args.tasks,
-            zero=args.zero,
-            keep_layers=args.keep_layers,
-            remove_layers=args.remove_layers,
+            Spec.of(args.zero, args.keep_layers, args.remove_layers),
             limit=limit,
             num_fewshot=args.num_fewshot,
             batch_size=args.batch_size,
@@ -455,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.utils import make_table
 
     print(make_table(results))
-    print("intervention:", json.dumps(results["provenance"]["parameters"]["intervention"]))
+    print("intervention:", results["provenance"]["parameters"]["intervention"]["text"])
     if args.output:
         write(results, args.output)
         print(f"results written to {args.output}")

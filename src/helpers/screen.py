@@ -18,9 +18,11 @@ import torch
 
 from .adapters import unwrap
 from .engine import SweepEngine
+from .errors import InterventionError
 from .heads import Head, layers_to_sweep, ranking_table
 from .packing import default_batch_tokens
 from .progress import bar
+from .specs import Spec
 
 # a gradient pass's activations per batch on CPU (a 1.5B model: ~170 tokens; 2 GB peaked at 16.7 GB)
 GRAPH_BYTES = 1024**3
@@ -61,18 +63,20 @@ def needs_checkpoint(engine: SweepEngine, batch) -> bool:
 
 def attribution(
     engine: SweepEngine,
-    model_layers: list[int] | None = None,
+    within: Spec = Spec(),
     alpha: float = 0.5,
     progress: bool = True,
     checkpoint: bool | None = None,
 ) -> dict[Head, float]:
-    """For every head of the layers the model runs: the estimated change of the mean gold margin
-    when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
+    """For every head of the layers the model runs (all, or those `within` runs): the estimated
+    change of the mean gold margin when it is zeroed. alpha=1: one pass for all layers. Otherwise, per layer: a pass that weighs
     each log-likelihood in the margin, then a forward and backward pass from the cached residual
     stream entering the layer, batch by batch (memory: one batch's graph; with `checkpoint`, by
     default where `needs_checkpoint`, one layer's activations of it, the same numbers)."""
     adapter = engine.adapter
-    model_layers = engine.layer_list(model_layers)
+    model_layers = within.check(adapter)
+    if within.replaced:
+        raise InterventionError(f"the screen estimates heads of a model that runs layers: {within}")
     layers = [l for l in adapter.head_layers() if l in model_layers]
     groups = [layers] if alpha == 1 else [[l] for l in layers]
     out = {}
@@ -127,7 +131,7 @@ def rank_heads(
     engine: SweepEngine,
     top: int = 10,
     layers: list[int] | None = None,
-    model_layers: list[int] | None = None,
+    within: Spec = Spec(),
     alpha: float = 0.5,
     progress: bool = True,
     also: list[int] = (),
@@ -136,7 +140,7 @@ def rank_heads(
     heads (at least two; or `layers`), and the layers in `also` whatever the screen says, are
     swept exactly, every head of them. One row per head, the exactly measured ones first, most
     harmful first (`heads.ranking_table`)."""
-    estimate = attribution(engine, model_layers, alpha, progress)
+    estimate = attribution(engine, within, alpha, progress)
     layers = sorted(set(layers if layers else layers_to_sweep(estimate, top)) | set(also))
-    exact = engine.head_sweep(layers=layers, model_layers=model_layers, progress=progress)
+    exact = engine.head_sweep(layers=layers, within=within, progress=progress)
     return ranking_table(estimate, exact)

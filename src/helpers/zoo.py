@@ -491,7 +491,7 @@ def head_importance(
     answer's position pays to the queried value, the token the answer copies (Wu et al.'s
     retrieval heads, arXiv 2404.15574: a rule by attention, not by ablation); "random": a seeded
     shuffle."""
-    from .interventions import zero_heads
+    from .specs import Spec
 
     a = teacher.adapter
     heads = [(l, h) for l in a.head_layers() for h in range(a.n_heads(l))]
@@ -507,7 +507,7 @@ def head_importance(
         clean = loss()
         out = {}
         for l, h in heads:
-            with zero_heads(teacher, {l: [h]}):
+            with Spec(zero=[(l, h)]).applied(teacher):
                 out[(l, h)] = loss() - clean
         return out
     if by == "retrieval score":

@@ -23,9 +23,9 @@ def test_run_at_smoke_size_scores_every_task_under_every_condition_and_resumes(m
     )
     calls, evaluate = [], lmeval.evaluate
 
-    def spy(model, tasks, **kw):
+    def spy(model, tasks, spec, **kw):
         calls.append((tuple(tasks), kw["apply_chat_template"]))
-        return evaluate(model, tasks, **kw)
+        return evaluate(model, tasks, spec, **kw)
 
     monkeypatch.setattr(lmeval, "evaluate", spy)
     result = chapter.run(cfg)

@@ -11,6 +11,7 @@ from helpers.experiments import masking as chapter
 from helpers.heads import Head
 from helpers.protocol import head_screen
 from helpers.protocol.roles import Roles, with_closest
+from helpers.specs import Spec
 from helpers.stats import Score
 
 
@@ -83,23 +84,23 @@ def test_masked_conditions_from_one_cached_stream_equal_each_run_alone(smol):
     from helpers.segments import aggregate_pattern, gather_pattern
 
     b = bm.kv(smol.name, smol.tokenizer, 4, 1, seed=1, query="repeat")
-    layers, zeroed = list(range(20)), {16: [1, 2], 18: [0, 3]}
+    within = Spec.parse("zero L16H1,L16H2,L18H0,L18H3; keep 0..19")
     conditions = {
         "G": lambda seg: {(16, 0): gather_pattern(seg)},
         "A control": lambda seg: {(18, 6): aggregate_pattern(seg, control=True)},
         "below the zeroed layers": lambda seg: {(10, 4): gather_pattern(seg, control=True)},
         "none": lambda seg: {},
     }
-    together = chapter.masked_runs(smol, b, conditions, layers, zeroed)
+    together = chapter.masked_runs(smol, b, conditions, within)
     for name, patterns in conditions.items():
-        alone = chapter.masked_loglikelihoods(smol, b, patterns, layers, zeroed)
+        alone = chapter.masked_loglikelihoods(smol, b, patterns, within)
         for ours, theirs in zip(together[name], alone, strict=True):
             np.testing.assert_array_equal(ours, theirs)
     # the mask acts (also below the zeroed layers), and with no mask it is the engine's own ablation
     assert not np.allclose(
         np.concatenate(together["below the zeroed layers"]), np.concatenate(together["none"])
     )
-    plain = SweepEngine(smol, smol.tokenizer, b.items).loglikelihoods([zeroed], layers)[0]
+    plain = SweepEngine(smol, smol.tokenizer, b.items).loglikelihoods([within])[0]
     np.testing.assert_allclose(np.concatenate(together["none"]), plain, atol=2e-4)
 
 

@@ -16,6 +16,7 @@ from helpers.errors import ConfigError, InterventionError
 from helpers.experiments import robustness as chapter
 from helpers.experiments.robustness import agreement, patching, removal, stability
 from helpers.heads import Head
+from helpers.specs import Spec
 from helpers.stats import Score
 from helpers.sweep import Store
 from helpers.tasks import Item
@@ -301,8 +302,8 @@ def test_patching_every_head_restores_the_clean_answer_and_patching_none_restore
     # none patched the corrupted run is unchanged (recovery 0).
     clean, corrupted = swapped_runs
     every = {l: list(range(smol.adapter.n_heads(l))) for l in smol.adapter.head_layers()}
-    out = corrupted.patched({"none": {}, "every head": every}, clean)
-    c, x = clean.loglikelihoods([{}])[0], corrupted.loglikelihoods([{}])[0]
+    out = corrupted.patched({"none": Spec(), "every head": Spec(patch=every)}, clean)
+    c, x = clean.loglikelihoods(["none"])[0], corrupted.loglikelihoods(["none"])[0]
     gold = lambda engine, ll: engine.margins(torch.as_tensor(ll)).double().numpy()
     assert np.abs(gold(clean, c) - gold(corrupted, x)).max() > 0.5  # the swap moves the answer
     # (to float32's rounding: the two ablations run side by side, a batch twice as large)
@@ -322,7 +323,7 @@ def test_patching_a_layers_heads_feeds_it_the_clean_runs_head_outputs(smol, swap
         lambda m, args, out: seen.append(args[0].clone())
     )
     try:
-        corrupted.patched({"all": {layer: list(range(smol.adapter.n_heads(layer)))}}, clean)
+        corrupted.patched({"all": Spec(patch={layer: range(smol.adapter.n_heads(layer))})}, clean)
     finally:
         hook.remove()
     # the first calls are the clean run's own (its site inputs taken), the last the patched run's
@@ -332,7 +333,9 @@ def test_patching_a_layers_heads_feeds_it_the_clean_runs_head_outputs(smol, swap
     unpatched = corrupted.site_inputs(layer)
     assert not all(torch.equal(a, b) for a, b in zip(patched_run, unpatched))
     with pytest.raises(InterventionError, match="line up"):
-        corrupted.patched({"one": {layer: [0]}}, SweepEngine(smol, smol.tokenizer, clean.items[:1]))
+        corrupted.patched(
+            {"one": Spec(patch=[(layer, 0)])}, SweepEngine(smol, smol.tokenizer, clean.items[:1])
+        )
 
 
 def test_recovery_rank_correlation_and_overlap_follow_the_heads_that_recover():

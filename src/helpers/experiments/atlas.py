@@ -30,6 +30,7 @@ from ..protocol import base, fields, head_screen, loading, minimal, shared, stor
 from ..protocol.head_screen import NONE, LayerScan, ScreenConfig, measure_conditions
 from ..protocol.roles import ROLE_NAMES, Roles
 from ..reference import paper
+from ..specs import Spec
 from ..stats import Score, TaskMean, paired
 from ..sweep import sweep
 
@@ -195,11 +196,12 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
         return Row(loaded.name, task, n_layers, found.check.chance, whole, found.layers_kept, why)
     top, top_five = order[0], tuple(order[:5])
     layer = critical_layer(found.scan)
-    ablations = {
-        NONE: {},
-        TOP: top.ablation,
-        TOP_FIVE: hd.ablation(top_five),
-        LAYER: {layer: list(range(loaded.adapter.n_heads(layer)))},
+    within = Spec(keep_layers=range(found.layers_kept))
+    specs = {
+        NONE: within,
+        TOP: within.zeroing(top),
+        TOP_FIVE: within.zeroing(*top_five),
+        LAYER: within.zeroing(*(Head(layer, h) for h in range(loaded.adapter.n_heads(layer)))),
     }
     knowledge = bm.knowledge_of(found.check, cfg.profile, len(found.check), cfg.seed)
     store = stores.open_store(cfg.chapter, cfg.profile, "check", [loaded], measure_conditions)
@@ -208,15 +210,14 @@ def measure_row(cfg: Config, loaded, task: str) -> Row:
             model=loaded.name,
             benchmark=b.name,
             items=b.spec,
-            layers=found.layers_kept,
-            ablations={k: {str(l): hs for l, hs in a.items()} for k, a in ablations.items()},
+            specs={k: str(spec) for k, spec in specs.items()},
         )
         for b in [found.check, *knowledge]
     ]
     rows = sweep(store, cells, measure_conditions, desc=f"{loaded.name}: the check")
-    scores = [{c: Score.from_json(r[c]) for c in ablations} for r in rows]
+    scores = [{c: Score.from_json(r[c]) for c in specs} for r in rows]
     knowledge_means = {
-        c: TaskMean.of([s[c] for s in scores[1:]], [k.chance for k in knowledge]) for c in ablations
+        c: TaskMean.of([s[c] for s in scores[1:]], [k.chance for k in knowledge]) for c in specs
     }
     return Row(
         loaded.name,

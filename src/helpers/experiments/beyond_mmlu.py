@@ -50,6 +50,7 @@ from ..heads import Head
 from ..protocol import base, checks, fields, loading, shared, stores
 from ..reference import paper
 from ..screen import attribution, gradient_batch_tokens
+from ..specs import Spec
 from ..stats import Score
 from ..sweep import sweep
 
@@ -269,7 +270,7 @@ def top_heads(cfg: Config, loaded) -> TopHeads:
         model=cfg.model,
         **{**kv, "n": HELD_OUT if not cfg.smoke else shared.SMOKE["n"]},
         skip=kv["n"],
-        zero=[str(h) for h in heads],
+        spec=str(Spec(zero=heads)),
     )
     row = sweep(store, [held], measure_held_out, desc="KV on held-out prompts")[0]
     return TopHeads(
@@ -294,7 +295,7 @@ def measure_ranking(cell: dict) -> dict:
     )
     estimate = attribution(engine, alpha=1.0)
     confirm = sorted(estimate, key=estimate.get)[: cell["confirm"]]
-    exact = engine.score_each({str(h): h.ablation for h in confirm})
+    exact = engine.score_each({str(h): Spec(zero=(h,)) for h in confirm})
     return {
         "clean": engine.score().to_json(),
         "estimate": [[h.layer, h.head, e] for h, e in estimate.items()],
@@ -304,7 +305,7 @@ def measure_ranking(cell: dict) -> dict:
 
 def measure_held_out(cell: dict) -> dict:
     """KV accuracy on the cell's `n` prompts after the ranking's `skip` (the same seed's stream:
-    prompts the ranking did not see), clean and with the cell's heads zeroed together (a
+    prompts the ranking did not see), clean and under the cell's spec (its heads zeroed together; a
     measurement, `runner`)."""
     loaded = loading.model_for(cell["model"])
     kv = shared.held_out_kv(
@@ -318,7 +319,7 @@ def measure_held_out(cell: dict) -> dict:
         cell["form"],
     )
     engine = SweepEngine(loaded, loaded.tokenizer, kv.items)
-    zeroed = hd.ablation([Head.parse(h) for h in cell["zero"]])
+    zeroed = Spec.parse(cell["spec"])
     return {"clean": engine.score().to_json(), "zeroed": engine.score(zeroed).to_json()}
 
 
@@ -449,7 +450,7 @@ def run(cfg: Config) -> Result:
             task=task,
             runs=runs[task],
             condition=name,
-            zero=[str(h) for h in heads],
+            spec=str(Spec(zero=heads)),
             n=cfg.n,
             max_gen_toks=cfg.max_gen_toks,
             batch_size=cfg.batch_size,
@@ -483,7 +484,7 @@ def run(cfg: Config) -> Result:
                 results = lmeval.evaluate(
                     loaded,
                     [n for t in todo for n in runs[t]],
-                    zero=cell["zero"],
+                    cell["spec"],
                     limit=cfg.n,
                     batch_size=cfg.batch_size,
                     log_samples=True,

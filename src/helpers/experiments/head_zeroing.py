@@ -35,7 +35,7 @@ from .. import benchmarks as bm
 from .. import heads as hd
 from .. import registry
 from .. import verdicts as v
-from ..heads import Head, ablation
+from ..heads import Head
 from ..protocol import base, head_screen, loading, stores
 
 # The screen (minimal model, prompts split, where the harm is, ranking, roles) is shared with masking:
@@ -44,6 +44,7 @@ from ..protocol.head_screen import MAX_SWEPT, NONE, LayerScan, agreement, measur
 from ..protocol.head_screen import ScreenConfig as Config
 from ..protocol.roles import ROLE_NAMES, Roles, missing_role
 from ..reference import paper
+from ..specs import Spec
 from ..stats import Score, TaskMean
 from ..sweep import sweep
 
@@ -136,25 +137,25 @@ def toy_config(cfg: Config) -> Config:
 
 def conditions(
     roles: Roles, top: Head | None, n_heads: dict[int, int], n_controls: int, seed: int
-) -> tuple[dict[str, dict[int, list[int]]], list[tuple[Head, ...]]]:
+) -> tuple[dict[str, tuple[Head, ...]], list[tuple[Head, ...]]]:
     """What is zeroed on the check's prompts: the screen's most harmful head, each role's heads,
     both, Table 1's "keep only" configurations in the roles' layers, and random heads of the
     candidates' layers (the roles', else the harmful heads' or the top head's; other than those
     heads; of every layer in `n_heads` where those layers hold too few others for `n_controls`
-    different sets)."""
+    different sets), each as the heads it zeroes."""
     g, a = roles.heads["G"], roles.heads["A"]
-    out = {NONE: {}, **{zeroed(r): ablation(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
+    out = {NONE: (), **{zeroed(r): tuple(roles.heads[r]) for r in ROLE_NAMES if roles.heads[r]}}
     if g and a:
-        out[BOTH] = ablation(g + a)
+        out[BOTH] = tuple(g + a)
     if top is not None and top not in g + a:
-        out[TOP] = top.ablation
+        out[TOP] = (top,)
     layers = control_layers(roles, top)
     for kept in (("G", "A"), ("G",), ("A",)):
         if g and a:
             keep = {h for r in kept for h in roles.heads[r]}
-            out[kept_only(*kept)] = {
-                l: [h for h in range(n_heads[l]) if Head(l, h) not in keep] for l in layers
-            }
+            out[kept_only(*kept)] = tuple(
+                Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in keep
+            )
     taken = set(g + a) | set(roles.candidates) | ({top} if top else set())
     pool = [Head(l, h) for l in layers for h in range(n_heads[l]) if Head(l, h) not in taken]
     # a toy's few heads a layer: draw from every layer kept
@@ -166,7 +167,7 @@ def conditions(
             if Head(l, h) not in taken
         ]
     controls = distinct_draws(pool, CONTROL_SIZE, n_controls, seed)
-    out |= {control(i): ablation(c) for i, c in enumerate(controls)}
+    out |= {control(i): tuple(c) for i, c in enumerate(controls)}
     return out, controls
 
 
@@ -204,20 +205,20 @@ def run(cfg: Config) -> Result:
     )
     n_heads = {l: loaded.adapter.n_heads(l) for l in layers}
     top = next(iter(hd.measured(ranking)), None)
-    ablations, controls = conditions(roles, top, n_heads, cfg.n_controls, cfg.seed)
+    zeroes, controls = conditions(roles, top, n_heads, cfg.n_controls, cfg.seed)
+    within = Spec(keep_layers=range(kept))
+    specs = {k: within.zeroing(*heads) for k, heads in zeroes.items()}
 
     # The headline's conditions on every check prompt; the dependent claims' (random heads, keep-only) on a
     # random part of them, as many as they need, beside the heads they are compared with there (their pairs);
     # knowledge where a claim reads it (no head, the roles' and the top head zeroed), on that part's cloze twins.
-    headline = {
-        k: a for k, a in ablations.items() if k in (NONE, BOTH, TOP, *map(zeroed, ROLE_NAMES))
-    }
-    dependent = {k: a for k, a in ablations.items() if k != BOTH}
+    headline = {k: a for k, a in specs.items() if k in (NONE, BOTH, TOP, *map(zeroed, ROLE_NAMES))}
+    dependent = {k: a for k, a in specs.items() if k != BOTH}
     n_first = found.power.n_dependent if found.power else len(check)
     first = head_screen.check_part(check, n_first, cfg.seed) if n_first < len(check) else check
     # the cloze twins where the set has them
     knowledge = bm.knowledge_of(first, cfg.profile, cfg.n_knowledge, cfg.seed)
-    measured = [("check", check, headline if first is not check else ablations)]
+    measured = [("check", check, headline if first is not check else specs)]
     measured += [("first", first, dependent)] if first is not check else []
     measured += [(b.name, b, headline) for b in knowledge]
     store = stores.open_store(cfg.chapter, cfg.profile, "check", [loaded], measure_conditions)
@@ -226,8 +227,7 @@ def run(cfg: Config) -> Result:
             model=cfg.model,
             benchmark=b.name,
             items=b.spec,
-            layers=kept,
-            ablations={k: {str(l): hs for l, hs in a.items()} for k, a in conditions_of.items()},
+            specs={k: str(spec) for k, spec in conditions_of.items()},
         )
         for _, b, conditions_of in measured
     ]

@@ -34,9 +34,10 @@ from .. import verdicts as v
 from ..attention import mask_final_rows
 from ..errors import ConfigError
 from ..evaluate import score
-from ..interventions import swap_layers, zero_heads
+from ..interventions import swap_layers
 from ..protocol import base, checks, distilled, fields, loading, stores
 from ..reference import paper
+from ..specs import Spec
 from ..stats import Score, TaskMean, difference, mean_of
 from ..sweep import sweep
 
@@ -230,8 +231,8 @@ def applied(h: Hybrid, c: Condition):
     """The hybrid running under condition `c` (zeroed heads; the final-row mask is per batch)."""
     with ExitStack() as stack:
         stack.enter_context(h.running())
-        stack.enter_context(zero_heads(h.attention, c.attention))
-        stack.enter_context(zero_heads(h.mamba, c.mamba))
+        stack.enter_context(Spec(zero=c.attention).applied(h.attention))
+        stack.enter_context(Spec(zero=c.mamba).applied(h.mamba))
         yield
 
 

@@ -25,10 +25,11 @@ from .. import benchmarks as bm
 from .. import registry, runner
 from .. import verdicts as v
 from ..engine import SweepEngine
-from ..heads import Head, ablation, measured
+from ..heads import Head, measured
 from ..protocol import base, checks, fields, loading, shared, stores
 from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, missing_role
 from ..reference import paper
+from ..specs import Spec
 from ..stats import Estimate, Score, difference_in_differences
 from ..sweep import sweep
 from ..tasks import KV_FORMS, kv_items
@@ -150,16 +151,9 @@ def run(cfg: Config) -> Result:
     return Result(cfg, scores, roles, rankings, base.record(cfg, [loaded], timer), same)
 
 
-def size_conditions(heads: dict[str, list]) -> dict[str, dict]:
+def size_conditions(heads: dict[str, list]) -> dict[str, Spec]:
     """The conditions each size is scored in: the model as it is, and each role's heads zeroed."""
-    return {
-        "model": {},
-        **{
-            condition(r): ablation([Head.parse(h) for h in heads[r]])
-            for r in ROLE_NAMES
-            if heads[r]
-        },
-    }
+    return {"model": Spec(), **{condition(r): Spec(zero=heads[r]) for r in ROLE_NAMES if heads[r]}}
 
 
 def measure_size(cell: dict) -> dict:

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..evaluate import mean_over_tasks
 from ..protocol import base, checks, fields, loading, minimal, stores
 from ..reference import paper
+from ..specs import Spec
 from ..stats import Score, TaskMean
 from ..sweep import sweep
 
@@ -178,10 +179,11 @@ def measure_removals(cell: dict) -> dict:
         loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
     )
     kept = list(range(cell["minimal_layers"]))
-    removed = engine.layer_sweep(kept, kept)
+    minimal = Spec(keep_layers=kept)
+    removed = engine.layer_sweep(kept, minimal)
     return {
         "full": engine.score().to_json(),
-        "minimal": engine.score(layers=kept).to_json(),
+        "minimal": engine.score(minimal).to_json(),
         **{str(l): s.to_json() for l, s in removed.items()},
     }
 

@@ -37,12 +37,13 @@ from ..attention import mask_attention
 from ..engine import SweepEngine
 from ..errors import ConfigError
 from ..evaluate import from_loglikelihoods
-from ..heads import Head, ablation
+from ..heads import Head
 from ..packing import ONE_ROW
 from ..protocol import base, checks, fields, head_screen, loading, minimal, shared, stores
 from ..protocol.roles import ROLE_NAMES, Roles, check_pair, check_roles_of, find_roles, with_closest
 from ..reference import paper, paper_heads
 from ..segments import aggregate_pattern, gather_pattern
+from ..specs import Spec
 from ..stats import Score, difference
 from ..sweep import sweep
 
@@ -199,8 +200,7 @@ def masked_loglikelihoods(
     loaded,
     b: bm.Benchmark,
     patterns,
-    layers: list[int] | None = None,
-    zeroed: dict[int, list[int]] | None = None,
+    within: Spec = Spec(),
 ) -> list:
     """Each prompt's choices' log-likelihoods when heads may attend only where a per-prompt
     pattern allows: what `segments.score_with_patterns` computes (tested), through the sweep
@@ -209,27 +209,26 @@ def masked_loglikelihoods(
 
     `patterns(seg) -> {(layer, head): allowed [T, T]}` covers the context's T tokens; the
     continuation tokens keep the engine's own mask (they read the context and their own
-    choice), as they stay causal in `score_with_patterns`. `layers`: the layers run (default
-    all); `zeroed`: heads zeroed besides ({layer: [heads]})."""
-    return masked_runs(loaded, b, {"": patterns}, layers, zeroed)[""]
+    choice), as they stay causal in `score_with_patterns`. `within`: the layers run and the
+    heads zeroed besides (default: the model as it is)."""
+    return masked_runs(loaded, b, {"": patterns}, within)[""]
 
 
 def masked_runs(
     loaded,
     b: bm.Benchmark,
     by_condition: dict,
-    layers: list[int] | None = None,
-    zeroed: dict[int, list[int]] | None = None,
+    within: Spec = Spec(),
 ) -> dict[str, list]:
     """`masked_loglikelihoods` for several named pattern functions at once: per prompt, the
     residual stream below the lowest masked or zeroed layer is computed once and every
     condition runs the layers above it (tested equal to running each condition alone)."""
-    zeroed = zeroed or {}
+    zeroed = within.ablation
     out = {name: [] for name in by_condition}
     for item in b.items:
         engine = SweepEngine(loaded, loaded.tokenizer, [item], batch_tokens=ONE_ROW)
         seg, width = b.segments(item), engine.rows.ids.shape[1]
-        run = engine.layer_list(layers)
+        run = within.check(engine.adapter)
         for name, patterns in by_condition.items():
             masks = patterns(seg)
             scales = head_scales(engine.adapter, zeroed, {l for l, _ in masks})
@@ -255,14 +254,6 @@ def head_scales(adapter, zeroed: dict[int, list[int]], masked: set[int]) -> dict
     return scales
 
 
-def merged(*ablations: dict[int, list[int]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for a in ablations:
-        for l, hs in a.items():
-            out[l] = sorted(set(out.get(l, [])) | set(hs))
-    return out
-
-
 def others_zeroed(roles: Roles, n_heads) -> dict[int, list[int]]:
     """Table 1's "only G and A kept": every other head of the roles' layers, zeroed."""
     keep = {h for hs in roles.heads.values() for h in hs}
@@ -276,19 +267,18 @@ def scores(
     loaded,
     b: bm.Benchmark,
     heads: dict[str, tuple[Head, ...]],
-    layers: list[int],
-    keep: dict[int, list[int]],
+    within: Spec,
 ) -> dict[str, Score]:
-    """Every condition's accuracy in the keep-only model (`layers` run, `keep` zeroed), the
-    roles' heads `heads` (role -> heads, a `Roles`' heads): the unmasked ones batched, the
-    masked ones prompt by prompt from one cached stream each."""
+    """Every condition's accuracy in the keep-only model (`within`: the layers run, the other
+    heads zeroed), the roles' heads `heads` (role -> heads, a `Roles`' heads): the unmasked ones
+    batched, the masked ones prompt by prompt from one cached stream each."""
     engine = SweepEngine(loaded, loaded.tokenizer, b.items)
     plain = {
-        name: merged(keep, ablation(heads[c.zeroed]) if c.zeroed else {})
+        name: within.zeroing(*(heads[c.zeroed] if c.zeroed else ()))
         for name, c in CONDITIONS.items()
         if not c.masked
     }
-    out = engine.score_each(plain, layers)
+    out = engine.score_each(plain)
     masked = {
         name: (
             lambda seg, c=c: {
@@ -300,25 +290,19 @@ def scores(
         for name, c in CONDITIONS.items()
         if c.masked
     }
-    lls = masked_runs(loaded, b, masked, layers, keep)
+    lls = masked_runs(loaded, b, masked, within)
     out |= {name: from_loglikelihoods(lls[name], b.items) for name in masked}
     return {name: out[name] for name in CONDITIONS}
 
 
 def measure_conditions(cell: dict) -> dict:
-    """Every condition on the cell's items, in the model's first `layers` layers with the heads
-    `others_zeroed` ({layer: [heads]}, layers as text) zeroed, the roles' heads "G" and "A"
-    (lists of heads as text): {condition: score} (a measurement, `runner`)."""
+    """Every condition on the cell's items in the keep-only model (`within`, a spec's text: the
+    minimal model's layers, every other head of the roles' layers zeroed), the roles' heads "G"
+    and "A" (lists of heads as text): {condition: score} (a measurement, `runner`)."""
     loaded = loading.model_for(cell["model"])
     heads = {r: tuple(map(Head.parse, cell[r])) for r in ROLE_NAMES}
-    keep = {int(l): hs for l, hs in cell["others_zeroed"].items()}
-    found = scores(
-        loaded,
-        bm.from_spec(cell["items"], loaded.tokenizer),
-        heads,
-        list(range(cell["layers"])),
-        keep,
-    )
+    b = bm.from_spec(cell["items"], loaded.tokenizer)
+    found = scores(loaded, b, heads, Spec.parse(cell["within"]))
     return {k: s.to_json() for k, s in found.items()}
 
 
@@ -374,9 +358,8 @@ def run_model(cfg: Config, model: str, timer: base.Timer) -> tuple[ModelRun, dic
         model=model,
         benchmark=b.name,
         items=b.spec,
-        layers=kept,
         **{r: list(map(str, hs)) for r, hs in roles.heads.items()},
-        others_zeroed={str(l): hs for l, hs in keep.items()},
+        within=str(Spec(zero=keep, keep_layers=range(kept))),
     )
     row = sweep(store, [cell], measure_conditions, desc=f"{model}: conditions")[0]
     by_condition = {c: Score.from_json(row[c]) for c in CONDITIONS}

@@ -39,7 +39,6 @@ from ..heads import (
     LOCAL,
     LOCAL_MEASURE,
     Head,
-    ablation,
     assign_roles,
 )
 from ..heads import measured as exactly_measured
@@ -48,6 +47,7 @@ from ..protocol.roles import MAX_CANDIDATES, check_roles_of
 from ..protocol.roles import harmful as harmful_heads
 from ..reference import paper
 from ..segments import Segments, measure_heads
+from ..specs import Spec
 from ..stats import Z95, Difference, Estimate, Score, difference
 from ..sweep import sweep
 
@@ -258,8 +258,8 @@ def run_model(cfg: Config, loaded, settings: dict) -> ModelRun:
         may hold one condition: then nothing is shared)."""
         if not scored:
             missing = [c for c in cells.values() if c not in store]
-            ablations = {tuple(c["heads"]): ablation(map(Head.parse, c["heads"])) for c in missing}
-            scored.update({k: s.to_json() for k, s in engine().score_each(ablations).items()})
+            specs = {tuple(c["heads"]): Spec(zero=c["heads"]) for c in missing}
+            scored.update({k: s.to_json() for k, s in engine().score_each(specs).items()})
         return scored.pop(tuple(cell["heads"]))
 
     rows = sweep(store, cells.values(), zeroed_score, desc=f"{name}: heads zeroed")

@@ -18,6 +18,7 @@ from .. import registry
 from ..engine import SweepEngine
 from ..heads import Head
 from ..reference import paper, table
+from ..specs import Spec
 from ..stats import Score
 from ..sweep import sweep
 from . import loading, roles, shared, stores
@@ -130,6 +131,5 @@ def measure_teacher_layer(cell: dict) -> dict:
         teacher, teacher.tokenizer, bm.from_spec(cell["items"], teacher.tokenizer).items
     )
     layer = cell["layer"]
-    return engine.score(
-        {} if layer is None else {layer: list(range(teacher.adapter.n_heads(layer)))}
-    ).to_json()
+    heads = [] if layer is None else [Head(layer, h) for h in range(teacher.adapter.n_heads(layer))]
+    return engine.score(Spec(zero=heads)).to_json()

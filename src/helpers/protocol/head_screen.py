@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..heads import Head
 from ..reference import paper_heads
 from ..screen import attribution, gradient_batch_tokens
+from ..specs import Spec
 from ..stats import Difference, Score, TaskMean, paired, rank_correlation
 from ..sweep import sweep
 from . import base, checks, fields, loading, minimal, shared, stores
@@ -248,42 +249,38 @@ def measure_screen(cell: dict) -> dict:
     accuracy with no head zeroed and the ranking table's records."""
     loaded = loading.model_for(cell["model"])
     items = bm.from_spec(cell["items"], loaded.tokenizer).items
-    layers = list(range(cell["layers"]))
+    within = Spec(keep_layers=range(cell["layers"]))
     engine = SweepEngine(
         loaded, loaded.tokenizer, items, batch_tokens=gradient_batch_tokens(loaded.model)
     )
-    estimate = attribution(engine, layers, cell["alpha"])
+    estimate = attribution(engine, within, cell["alpha"])
     chosen = list(cell["sweep_layers"] or [])
     if sum(loaded.adapter.n_heads(l) for l in chosen) > MAX_SWEPT:
         chosen = []  # one-channel heads: the screen's estimate stands alone
-    exact = engine.head_sweep(layers=chosen, model_layers=layers) if chosen else {}
+    exact = engine.head_sweep(layers=chosen, within=within) if chosen else {}
     if cell["add_top"]:
         tops = [
             h for h in sorted(estimate, key=estimate.get)[: cell["top"]] if h.layer not in chosen
         ]
         exact |= {
             Head.parse(k): s
-            for k, s in engine.score_each({str(h): h.ablation for h in tops}, layers).items()
+            for k, s in engine.score_each({str(h): within.zeroing(h) for h in tops}).items()
         }
     return {
-        "clean": engine.score(layers=layers).to_json(),
+        "clean": engine.score(within).to_json(),
         "table": hd.ranking_table(estimate, exact).to_dict("records"),
     }
 
 
 def measure_conditions(cell: dict) -> dict:
-    """One benchmark (the cell's items) in the model's first `layers` layers under each of the
-    cell's `ablations` ({condition: {layer: [heads]}}, layers as text), {condition: score} (a
-    measurement, `runner`): the layer scan's and head zeroing's check's."""
+    """One benchmark (the cell's items) under each of the cell's `specs` ({condition: a spec's
+    text}), {condition: score} (a measurement, `runner`): the layer scan's, head zeroing's and
+    the atlas's checks."""
     loaded = loading.model_for(cell["model"])
     engine = SweepEngine(
         loaded, loaded.tokenizer, bm.from_spec(cell["items"], loaded.tokenizer).items
     )
-    ablations = {name: {int(l): hs for l, hs in a.items()} for name, a in cell["ablations"].items()}
-    return {
-        name: s.to_json()
-        for name, s in engine.score_each(ablations, list(range(cell["layers"]))).items()
-    }
+    return {name: s.to_json() for name, s in engine.score_each(cell["specs"]).items()}
 
 
 # --- where the harm is -------------------------------------------------------------------------
@@ -359,20 +356,29 @@ def layer_scan(cfg: ScreenConfig, loaded, screened: bm.Benchmark, kept: int) -> 
     knowledge = bm.knowledge_of(
         screened, cfg.profile, min(cfg.n_knowledge or len(screened), len(screened)), cfg.seed
     )
-    ablations = {
-        NONE: {},
-        **{attention_of(l): {str(l): list(range(loaded.adapter.n_heads(l)))} for l in range(kept)},
+    within = Spec(keep_layers=range(kept))
+    specs = {
+        NONE: within,
+        **{
+            attention_of(l): within.zeroing(*(Head(l, h) for h in range(loaded.adapter.n_heads(l))))
+            for l in range(kept)
+        },
     }
     store = stores.open_store(cfg.chapter, cfg.profile, "layers", [loaded], measure_conditions)
     cells = [
-        dict(model=cfg.model, benchmark=b.name, items=b.spec, layers=kept, ablations=ablations)
+        dict(
+            model=cfg.model,
+            benchmark=b.name,
+            items=b.spec,
+            specs={c: str(spec) for c, spec in specs.items()},
+        )
         for b in [screened, *knowledge]
     ]
     rows = {
         r["benchmark"]: r
         for r in sweep(store, cells, measure_conditions, desc="each layer's attention zeroed")
     }
-    scores = lambda name: {c: Score.from_json(rows[name][c]) for c in ablations}
+    scores = lambda name: {c: Score.from_json(rows[name][c]) for c in specs}
     return LayerScan(
         scores(screened.name),
         {b.name: scores(b.name) for b in knowledge},

@@ -17,6 +17,7 @@ from ...engine import SweepEngine
 from ...errors import InterventionError
 from ...heads import Head, measured
 from ...protocol import loading, shared, stores
+from ...specs import Spec
 from ...stats import Estimate, Score
 from ...sweep import sweep
 from ...tasks import KV_HEADER, Item
@@ -227,11 +228,11 @@ def measure_patching(cell: dict) -> dict:
     clean_run = SweepEngine(loaded, loaded.tokenizer, items)
     corrupted_run = SweepEngine(loaded, loaded.tokenizer, corrupted)
     gold = lambda engine, flat: engine.margins(torch.as_tensor(flat)).double().numpy().tolist()
-    lls = corrupted_run.patched({str(h): h.ablation for h in parse(cell["heads"])}, clean_run)
+    lls = corrupted_run.patched({str(h): Spec(patch=(h,)) for h in parse(cell["heads"])}, clean_run)
     return {
-        "clean": gold(clean_run, clean_run.loglikelihoods([{}])[0]),
+        "clean": gold(clean_run, clean_run.loglikelihoods([Spec()])[0]),
         "clean_acc": clean_run.score().to_json(),
-        "corrupted": gold(corrupted_run, corrupted_run.loglikelihoods([{}])[0]),
+        "corrupted": gold(corrupted_run, corrupted_run.loglikelihoods([Spec()])[0]),
         "corrupted_acc": corrupted_run.score().to_json(),
         "patched": {name: gold(corrupted_run, ll) for name, ll in lls.items()},
     }

@@ -14,11 +14,12 @@ from ... import registry
 from ... import verdicts as v
 from ...engine import SweepEngine
 from ...errors import InterventionError
-from ...heads import Head, ablation
+from ...heads import Head
 from ...interventions import site_width
 from ...packing import encode_pair
 from ...protocol import checks, loading, shared
 from ...reference import paper
+from ...specs import Spec
 from ...stats import Score, difference, paired
 from ...tasks import Item
 
@@ -59,10 +60,12 @@ def random_sets(
     return out
 
 
-def upwards(plans: dict) -> dict:
-    """Ablations ordered by their lowest layer: the engine's cached residual stream then walks up
+def upwards(specs: dict[str, Spec]) -> dict[str, Spec]:
+    """Specs ordered by their lowest layer: the engine's cached residual stream then walks up
     the model once instead of starting again from the embeddings (the scores do not change)."""
-    return dict(sorted(plans.items(), key=lambda kv: min(kv[1], default=0)))
+    return dict(
+        sorted(specs.items(), key=lambda kv: min((h.layer for h in kv[1].replaced), default=0))
+    )
 
 
 def names(heads: list[Head]) -> str:
@@ -204,11 +207,12 @@ def measure_kinds(cell: dict) -> dict:
     engine = SweepEngine(attention, attention.tokenizer, items)
     reference = SweepEngine(attention, attention.tokenizer, draw(cell["n_reference"]))
     donor = SweepEngine(attention, attention.tokenizer, donors(attention.tokenizer, items, draw))
-    plans = upwards({name: ablation(parse(h)) for name, h in cell["sets"].items()})
-    layers = sorted({l for p in plans.values() for l in p})
+    sets = {name: parse(h) for name, h in cell["sets"].items()}
+    layers = sorted({h.layer for heads in sets.values() for h in heads})
     out = {"clean": engine.score().to_json()}
     for kind in KINDS:
-        scores = engine.score_replaced(plans, kind_values(kind, engine, reference, donor, layers))
+        specs = upwards({name: Spec().with_heads(kind, heads) for name, heads in sets.items()})
+        scores = engine.score_replaced(specs, kind_values(kind, engine, reference, donor, layers))
         out[kind] = {name: sc.to_json() for name, sc in scores.items()}
     return out
 
@@ -217,7 +221,7 @@ def measure_cut(cell: dict) -> dict:
     """Each set of heads (`sets`) zeroed on the cell's items, and none (a measurement, `runner`)."""
     model = loading.model_for(cell["model"])
     engine = SweepEngine(model, model.tokenizer, bm.from_spec(cell["items"], model.tokenizer).items)
-    scores = engine.score_each(upwards({n: ablation(parse(h)) for n, h in cell["sets"].items()}))
+    scores = engine.score_each(upwards({n: Spec(zero=parse(h)) for n, h in cell["sets"].items()}))
     return {
         "clean": engine.score().to_json(),
         "scores": {n: sc.to_json() for n, sc in scores.items()},

@@ -54,7 +54,7 @@ def _fresh_results(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smol():
-    """SmolLM2 in float32, not its registered bfloat16: the tests that compare two computations of
+    """SmolLM2 in float32 (not bfloat16, where the CPU computes it natively): the tests that compare two computations of
     the same numbers (the engine against the scorer, a hook against a plain run) check them to
     2e-4, which bfloat16's rounding does not meet (they differ by up to 0.32 nats there)."""
     import helpers

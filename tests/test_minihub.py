@@ -21,6 +21,7 @@ SRC = Path(helpers.__file__).resolve().parents[1]
 # Runs in a process whose environment points huggingface_hub and datasets at the mini-hub.
 REHEARSAL = """
 import json, os, sys
+import numpy as np
 import torch
 import helpers
 from helpers import minihub
@@ -50,6 +51,31 @@ for name in ("gsm8k", "arc_challenge_chat", "swde", "bbh_cot_fewshot_navigate"):
     docs = list(task.eval_docs)
     report["lm_eval"][name] = {"n": len(docs), "target": task.doc_to_target(docs[0]), "text": task.doc_to_text(docs[0]),
                                "fewshot": len(list(task.fewshot_docs() or []))}
+# Every paper model in the GPU's bfloat16, whatever dtype this CPU rehearses the book in: a head
+# zeroed by the engine, and the screen's forward and backward passes (every head at once), on two
+# short prompts.
+from helpers import screen
+from helpers.engine import SweepEngine
+report["bfloat16"] = {}
+for name in minihub.paper_models():
+    try:
+        loaded = helpers.load(name, dtype=torch.bfloat16)
+        engine = SweepEngine(loaded, loaded.tokenizer, helpers.kv_items(2, 2, seed=0))
+        # the model cut to its first layer with heads: emulated bfloat16 is slow (Falcon-Mamba's
+        # 64 layers took 135 s in full)
+        first = loaded.adapter.head_layers()[0]
+        within = helpers.Spec.parse(f"keep 0..{first}")
+        plain, zeroed = engine.loglikelihoods([within, within.zeroing(helpers.Head(first, 0))])
+        estimates = screen.attribution(engine, within=within, alpha=1.0, progress=False)
+        report["bfloat16"][name] = {
+            "dtype": str(next(loaded.model.parameters()).dtype),
+            "finite": bool(np.isfinite(plain).all() and np.isfinite(zeroed).all()),
+            "moved": bool((plain != zeroed).any()),
+            "estimates": len(estimates),
+            "finite_estimates": bool(np.isfinite(list(estimates.values())).all()),
+        }
+    except Exception as e:
+        report["bfloat16"][name] = {"error": f"{type(e).__name__}: {e}"}
 del os.environ["GA_DEVICE"]  # and no GPU is visible (CUDA_VISIBLE_DEVICES="")
 try:
     helpers.load("llama-3.2-3b-instruct")
@@ -107,6 +133,16 @@ def test_paper_model_loads_on_cpu_with_its_published_counts(rehearsal, name):
     assert loaded["summary"] == published_summary(name)
     assert loaded["logits"][0] == 1 and loaded["logits"][2] >= loaded["vocab"] and loaded["finite"]
     assert (loaded["dtype"], loaded["device"]) == ("torch.float32", "cpu")
+
+
+@pytest.mark.parametrize("name", minihub.paper_models())
+def test_paper_model_zeroes_heads_and_screens_in_the_gpus_bfloat16(rehearsal, name):
+    """The rehearsal book runs in float32 on a CPU without native bfloat16 (`book.rehearsal_hub`):
+    the GPU's dtype is rehearsed here on every paper model, on a few tokens."""
+    got = rehearsal["bfloat16"][name]
+    assert "error" not in got, got.get("error")
+    assert got["dtype"] == "torch.bfloat16" and got["finite"] and got["moved"]
+    assert got["estimates"] > 0 and got["finite_estimates"]
 
 
 def test_published_counts_that_the_paper_names():

@@ -386,7 +386,7 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
     s = registry.spec("smollm2-135m-instruct")
-    dtype = getattr(torch, s.dtype)
+    dtype = models.cpu_dtype()
     from_gguf = models._packaged(s, None, None)  # dequantizes the GGUF, then keeps the copy
     folder = models.dequantized_folder(s.name, dtype)
     assert (folder / models.DEQUANTIZED_WEIGHTS).exists() and not list(tmp_path.glob("*.partial"))
@@ -397,7 +397,7 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     # hashed when written, not again on the first read
     assert not [p for p in hashed if p.parent == folder]
     assert from_copy.model.config._name_or_path == str(folder)  # read from the copy, not the GGUF
-    assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]} {s.dtype}"
+    assert from_copy.revision == from_gguf.revision == f"gguf {s.gguf.sha256[:12]} {str(dtype)[6:]}"
     config = models.packaged_config(s.name)  # the shape checks' config: from the copy now
     plain = lambda c: {
         k: v for k, v in c.to_dict().items() if k not in ("_name_or_path", "quantization_config")
@@ -430,32 +430,45 @@ def test_the_dequantized_copy_loads_the_same_model_bit_for_bit_and_is_checked_on
     assert models.dequantized_copy(s.name, dtype) is None and not folder.exists()
 
 
-def test_a_packaged_model_computes_in_its_registered_dtype_and_says_so(monkeypatch, tmp_path):
-    """The CPU models are registered in bfloat16 (`benchmarks/cpu_dtype.py`): a GGUF model loads in
-    its spec's dtype, keeps its copy under that dtype's key, and its revision and provenance name
-    the dtype, so a results store computed in float32 is never read as bfloat16 results."""
+def test_the_cpu_models_compute_in_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
+    for amx, avx512_bf16, expected in [
+        (True, False, torch.bfloat16),
+        (False, True, torch.bfloat16),
+        (False, False, torch.float32),  # AVX2: bfloat16 emulated, 5-25x slower
+    ]:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        assert models.cpu_dtype() == expected
+
+
+def test_a_packaged_model_computes_in_the_cpus_dtype_and_says_so(monkeypatch, tmp_path):
+    """A GGUF model loads in `models.cpu_dtype()`, keeps its copy under that dtype's key, and its
+    revision and provenance name the dtype, so that a results store computed in float32 is never
+    read as bfloat16 results; another dtype asked for keeps a copy of its own."""
     from helpers import provenance, registry
 
     monkeypatch.setenv("GA_CACHE", str(tmp_path))
-    assert {registry.spec(n).dtype for n in registry.INSTALLED} == {"bfloat16"}
+    native = models.cpu_dtype()
+    other = torch.float32 if native == torch.bfloat16 else torch.bfloat16
+    name = lambda dtype: str(dtype).removeprefix("torch.")
     s = registry.spec(registry.cast("cpu", "retrieval"))
     loaded = models._packaged(s, None, None)
-    assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
-    assert loaded.revision == f"gguf {s.gguf.sha256[:12]} bfloat16"
+    assert {p.dtype for p in loaded.model.parameters()} == {native}
+    assert loaded.revision == f"gguf {s.gguf.sha256[:12]} {name(native)}"
     assert (
-        models.dequantized_copy(s.name, torch.bfloat16) is not None
-        and models.dequantized_copy(s.name, torch.float32) is None
+        models.dequantized_copy(s.name, native) is not None
+        and models.dequantized_copy(s.name, other) is None
     )
     assert models.packaged_config(s.name)._name_or_path == str(
-        models.dequantized_folder(s.name, torch.bfloat16)
+        models.dequantized_folder(s.name, native)
     )
-    assert provenance.quantization([s.name])[s.name].endswith("), dequantized to bfloat16")
+    assert provenance.quantization([loaded])[s.name].endswith(f"), dequantized to {name(native)}")
     # asked for: another dtype
-    assert models._packaged(s, torch.float32, None).revision.endswith(" float32")
+    assert models._packaged(s, other, None).revision.endswith(f" {name(other)}")
     # each dtype keeps its copy (loading float32 deleted the bfloat16 one, so Qwen was dequantized twice)
     assert (
-        models.dequantized_copy(s.name, torch.bfloat16) is not None
-        and models.dequantized_copy(s.name, torch.float32) is not None
+        models.dequantized_copy(s.name, native) is not None
+        and models.dequantized_copy(s.name, other) is not None
     )
 
 
@@ -467,7 +480,8 @@ def test_ga_dtype_sets_a_cpu_models_dtype_and_the_stores_name_it(monkeypatch):
     loaded = models.load(name)
     assert loaded.model.dtype == torch.float32 and numerics_tag([loaded]) == "float32-"
     monkeypatch.delenv("GA_DTYPE")
-    assert numerics_tag([models.load(name)]) == "bfloat16-" and numerics_tag([]) == ""
+    native = str(models.cpu_dtype()).removeprefix("torch.")
+    assert numerics_tag([models.load(name)]) == f"{native}-" and numerics_tag([]) == ""
 
 
 def test_ga_batch_tokens_sets_the_batch_and_the_stores_name_it_and_a_bad_one_names_the_fix(
@@ -481,7 +495,10 @@ def test_ga_batch_tokens_sets_the_batch_and_the_stores_name_it_and_a_bad_one_nam
     cpu = torch.device("cpu")
     assert default_batch_tokens(cpu) == 256
     monkeypatch.setenv("GA_BATCH_TOKENS", "128")
-    assert default_batch_tokens(cpu) == 128 and numerics_tag([loaded]) == "bfloat16-b128-"
+    assert (
+        default_batch_tokens(cpu) == 128
+        and numerics_tag([loaded]) == f"{str(loaded.model.dtype)[6:]}-b128-"
+    )
     assert numerics_tag([]) == ""
     for bad in ("0", "-5", "lots"):
         monkeypatch.setenv("GA_BATCH_TOKENS", bad)

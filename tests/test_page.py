@@ -278,8 +278,9 @@ def test_the_paper_banner_names_the_gpu_the_dates_and_the_commit():
 def test_provenance_records_date_cuda_kernels_and_quantization():
     from helpers.registry import Loaded
 
-    # the name decides
-    smol = Loaded("smollm2-135m-instruct", torch.nn.Linear(1, 1), None, None, "gguf 0123")
+    # the name says how it was stored, the weights what it was dequantized to
+    weights = torch.nn.Linear(1, 1).to(torch.bfloat16)
+    smol = Loaded("smollm2-135m-instruct", weights, None, None, "gguf 0123")
     record = provenance.record([smol], {"n": 1})
     assert record["date"].endswith("+00:00") and record["date"][:4].isdigit()
     assert (record["cuda"], record["driver"]) == ("none (CPU)", "none (CPU)")

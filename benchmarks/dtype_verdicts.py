@@ -1,4 +1,5 @@
-"""Whether a chapter's verdicts hold in float32 as in bfloat16, the dtype the CPU chapters run in:
+"""Whether a chapter's verdicts hold in float32 as in bfloat16, the dtype the CPU chapters run in
+where the CPU multiplies it natively (`models.cpu_dtype`; elsewhere bfloat16 is emulated, slowly):
 
     .venv/bin/python benchmarks/dtype_verdicts.py [--smoke] [--results DIR] kv_retrieval head_zeroing ...
 

@@ -752,9 +752,9 @@ def rehearsal_hub(out: Path):
     if not (hub / "hub").exists():
         print(f"building the mini-hub in {hub} ...", flush=True)
         minihub.build(hub)
-    from .models import cpu_dtype
+    from .models import packaged_dtype
 
-    dtype = os.environ.get("GA_DTYPE") or str(cpu_dtype()).removeprefix("torch.")
+    dtype = str(packaged_dtype()).removeprefix("torch.")
     with environment(
         HF_HOME=str(hub),
         HF_HUB_OFFLINE="1",

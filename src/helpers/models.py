@@ -174,6 +174,11 @@ def cpu_dtype() -> torch.dtype:
     return torch.bfloat16 if native else torch.float32
 
 
+def packaged_dtype() -> torch.dtype:
+    """What the CPU-tier models load in: `GA_DTYPE` where set, else `cpu_dtype()`."""
+    return dtype_override() or cpu_dtype()
+
+
 def paper_dtype(device: torch.device) -> torch.dtype:
     """A paper model's working dtype on `device` (unless `load` is told otherwise): `GA_DTYPE` if
     set, else bfloat16 on a GPU and float32 on CPU."""
@@ -273,7 +278,7 @@ def _packaged(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = gguf_file(s.name)
-    dtype = dtype or dtype_override() or cpu_dtype()
+    dtype = dtype or packaged_dtype()
     copy = dequantized_copy(s.name, dtype) if cached else None
     if copy is not None:
         tokenizer = AutoTokenizer.from_pretrained(copy)
@@ -297,7 +302,7 @@ def packaged_config(name: str, dtype: torch.dtype | None = None):
     from transformers import AutoConfig
 
     gguf = gguf_file(name)
-    copy = dequantized_copy(name, dtype or dtype_override() or cpu_dtype())
+    copy = dequantized_copy(name, dtype or packaged_dtype())
     return (
         AutoConfig.from_pretrained(copy)
         if copy is not None

@@ -344,7 +344,7 @@ def test_llamba_config_states_its_head_constraint_at_config_time():
         (
             layer_pruning,
             dict(kv_pairs=101),
-            r"kv_pairs: a KV dictionary for qwen2.5-coder-1.5b-instruct holds at most 100 keys",
+            r"kv_pairs: a KV dictionary for qwen2.5-coder-0.5b-instruct holds at most 100 keys",
         ),
         (
             layer_pruning,

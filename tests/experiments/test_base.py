@@ -47,6 +47,26 @@ def test_a_config_takes_the_profile_then_smoke_then_what_was_set():
     assert cfg.parameters()["gather"] == "L16H2" and cfg.parameters()["sizes"] == [2, 8]
 
 
+def test_at_smoke_size_a_default_model_runs_its_stand_in_and_a_named_model_runs_as_named(
+    monkeypatch,
+):
+    from helpers import models, registry
+    from helpers.experiments import layer_pruning, masking
+
+    letters = registry.cast("cpu", "letters")
+    standin = registry.SMOKE_STANDINS["cpu"][letters]
+    same = {models.packaged_config(m).model_type for m in (letters, standin)}
+    assert len(same) == 1  # one architecture: the same adapter and code paths
+    assert layer_pruning.Config.for_profile("cpu").model == letters
+    assert layer_pruning.Config.for_profile("cpu", True).model == standin
+    assert layer_pruning.Config.for_profile("cpu", True, model=letters).model == letters
+    assert masking.Config.for_profile("cpu", True).models == (standin,)  # in lists too
+    monkeypatch.setitem(registry.SMOKE_STANDINS, "cpu", {"smollm2-135m-instruct": "gemma-3-270m"})
+    assert Config.for_profile("cpu", True).model == "gemma-3-270m"
+    assert Config.for_profile("cpu", False).model == "smollm2-135m-instruct"
+    assert Config.for_profile("paper", True).model == "smollm2-135m-instruct"
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -52,9 +52,9 @@ class Config:
 
     @classmethod
     def for_profile(cls, profile: str = "cpu", smoke: bool = False, **overrides) -> "Config":
-        """The config of `profile`; smoke shrinks sizes that `overrides` does not set; an
-        override of None means "the profile's default" (what papermill passes for an unset
-        parameter)."""
+        """The config of `profile`; smoke shrinks sizes that `overrides` does not set and runs a
+        default model's smoke-size stand-in (`registry.SMOKE_STANDINS`); an override of None
+        means "the profile's default" (what papermill passes for an unset parameter)."""
         if profile not in registry.PROFILES:
             raise ConfigError(
                 f"unknown profile {profile!r}: use one of {', '.join(registry.PROFILES)}"
@@ -65,7 +65,10 @@ class Config:
                 f"{cls.chapter} has no parameter {', '.join(unknown)}; its parameters: {', '.join(names)}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
-        values = {**cls.defaults(profile), **(cls.smoke_sizes if smoke else {}), **given}
+        defaults = cls.defaults(profile)
+        if smoke:
+            defaults = {k: registry.smoke_standin(profile, v) for k, v in defaults.items()}
+        values = {**defaults, **(cls.smoke_sizes if smoke else {}), **given}
         return cls(profile=profile, smoke=flag_value(smoke), **{k: values[k] for k in names})
 
     def __post_init__(self):

@@ -35,7 +35,10 @@ RANKING = {
 SWEEP_WIDEST = (
     256  # a named layer is swept exactly only up to this many heads (Falcon-Mamba: 8192 channels)
 )
-SMOKE = dict(n=4, top=3, pairs=4)  # short prompts: the rehearsal runs 64-layer SSMs on CPU
+# At smoke size: short prompts (the rehearsal runs 64-layer SSMs on CPU) and the screen's one pass
+# (alpha 1): at 0.5 a pass per layer was most of the CPU smoke book's KV chapter (73 s of SmolLM2's
+# 30 layers a form, on 4 prompts); the per-layer screen is tested in tests/test_engine.py.
+SMOKE = dict(n=4, top=3, pairs=4, alpha=1.0)
 
 
 @dataclass(frozen=True)

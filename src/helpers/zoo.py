@@ -23,6 +23,7 @@ KV training rows supervise four lookups each (one per row learned too slowly).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -201,6 +202,12 @@ FINAL = {"kv": [2, 4, 8, 16, 24, 32], "mcq": [2, 4, 6, 8], "knowledge": [None]}
 def checkpoints() -> Path:
     """data/zoo: the shipped checkpoints and their training records."""
     return paths.data() / "zoo"
+
+
+def digest(name: str, folder: Path | None = None) -> str:
+    """SHA-256 of a checkpoint's file, as its record keeps it (`build`)."""
+    path = (folder or checkpoints()) / f"{name}.safetensors"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def recipe(name: str) -> Recipe:
@@ -613,14 +620,14 @@ def build(
         "torch": torch.__version__,
     }
     save_model(model, str(folder / f"{name}.safetensors"))
-    (folder / f"{name}.json").write_text(
-        json.dumps(
-            {"name": name, "role": r.role, "arch": r.arch, "config": r.config, "record": rec},
-            indent=1,
-        )
-        + "\n"
-    )
+    write_json(folder, name, {"role": r.role, "arch": r.arch, "config": r.config}, rec)
     return rec
+
+
+def write_json(folder: Path, name: str, about: dict, rec: dict) -> None:
+    """`<name>.json` beside the checkpoint: what it is, its file's digest and its training record."""
+    body = {"name": name, **about, "sha256": digest(name, folder), "record": rec}
+    (folder / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
